@@ -1,0 +1,73 @@
+"""One entry point for the trainer: (train, valid) datasets for either dataset type."""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Callable
+
+from megatron_fixedcode.data.config import DataConfig
+from megatron_fixedcode.data.document_window import DocumentWindowDataset
+from megatron_fixedcode.data.gpt_blend import build_gpt_datasets
+
+logger = logging.getLogger(__name__)
+
+TRAIN_STREAM_ID = 0
+VALID_STREAM_ID = 1
+
+
+def build_document_window_datasets(
+    cfg: DataConfig, *, num_train_samples: int, num_valid_samples: int, seed: int
+) -> tuple[DocumentWindowDataset, DocumentWindowDataset | None]:
+    """Train windows over `data_path`; valid windows over `valid_data_path` (own stream), if set."""
+    train_ds = DocumentWindowDataset(
+        cfg.blend[0],
+        weights=cfg.blend[1],
+        seq_length=cfg.seq_length,
+        num_samples=num_train_samples,
+        seed=seed,
+        samples_per_shard_visit=cfg.samples_per_shard_visit,
+        stream_id=TRAIN_STREAM_ID,
+        mmap=cfg.mmap_bin_files,
+    )
+    valid_ds = None
+    if cfg.valid_blend is not None and num_valid_samples > 0:
+        valid_ds = DocumentWindowDataset(
+            cfg.valid_blend[0],
+            weights=cfg.valid_blend[1],
+            seq_length=cfg.seq_length,
+            num_samples=num_valid_samples,
+            seed=seed,
+            samples_per_shard_visit=cfg.samples_per_shard_visit,
+            stream_id=VALID_STREAM_ID,
+            mmap=cfg.mmap_bin_files,
+        )
+    elif cfg.valid_blend is None:
+        logger.warning("document_windows without valid_data_path: no validation dataset")
+    return train_ds, valid_ds
+
+
+def build_datasets(
+    cfg: DataConfig,
+    tokenizer: Any,
+    *,
+    num_train_samples: int,
+    num_valid_samples: int,
+    seed: int,
+    is_built_on_rank: Callable[[], bool] = lambda: True,
+) -> tuple[Any, Any]:
+    """(train, valid) for `cfg.dataset_type`; both yield dicts with the same tensor keys.
+
+    `tokenizer` is only read by the GPT path (EOD/pad ids); document windows ignore it.
+    """
+    if cfg.dataset_type == "gpt":
+        return build_gpt_datasets(
+            cfg,
+            tokenizer,
+            num_train_samples=num_train_samples,
+            num_valid_samples=num_valid_samples,
+            seed=seed,
+            is_built_on_rank=is_built_on_rank,
+        )
+    return build_document_window_datasets(
+        cfg, num_train_samples=num_train_samples, num_valid_samples=num_valid_samples, seed=seed
+    )

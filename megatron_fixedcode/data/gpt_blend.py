@@ -1,0 +1,131 @@
+"""Megatron GPTDataset blends: `--data-path 0.8 A 0.2 B` through BlendedMegatronDatasetBuilder.
+
+Samples are megatron-core's own (packed across documents, shuffled by megatron's
+seeded indices); we only choose the config knobs so that all seq_length positions
+count: no position/attention resets, no EOD loss masking, no materialised mask.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from megatron.core.datasets.blended_dataset import BlendedDataset
+from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+
+from megatron_fixedcode.data.config import DataConfig
+
+logger = logging.getLogger(__name__)
+
+# megatron.core.datasets.megatron_dataset._PAD_TOKEN_ID: an id never present in the data.
+_NO_PAD_ID = -1
+
+
+class MegatronTokenizerView:
+    """The few tokenizer attributes megatron's datasets read, plus a cache identity.
+
+    Megatron hashes `tokenizer.unique_identifiers` into its index-cache key, and masks
+    labels equal to `pad`; a pad that is missing or shared with EOD/BOS must not mask
+    real tokens, so it maps to an id that never occurs.
+    """
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.vocab_size = int(tokenizer.vocab_size)
+        self.eod = int(tokenizer.eod)
+        pad = getattr(tokenizer, "pad", None)
+        bos = getattr(tokenizer, "bos", None)
+        self.pad = _NO_PAD_ID if pad is None or pad in (self.eod, bos) else int(pad)
+        self.unique_identifiers = {
+            "class": type(tokenizer).__name__,
+            "vocab_size": self.vocab_size,
+            "eod": self.eod,
+            "pad": self.pad,
+            "fingerprint": str(getattr(tokenizer, "fingerprint", "")),
+        }
+
+
+def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
+    """The GPTDatasetConfig for `cfg`: every position is a prediction target."""
+    if cfg.valid_blend is not None:
+        blends = {"blend_per_split": [cfg.blend, cfg.valid_blend, None], "split": None}
+    else:
+        blends = {"blend": cfg.blend, "split": cfg.split}
+    return GPTDatasetConfig(
+        random_seed=seed,
+        sequence_length=cfg.seq_length,
+        path_to_cache=cfg.cache_path,
+        mmap_bin_files=cfg.mmap_bin_files,
+        num_dataset_builder_threads=cfg.num_dataset_builder_threads,
+        tokenizer=MegatronTokenizerView(tokenizer),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+        **blends,
+    )
+
+
+def build_gpt_datasets(
+    cfg: DataConfig,
+    tokenizer: Any,
+    *,
+    num_train_samples: int,
+    num_valid_samples: int,
+    seed: int,
+    is_built_on_rank: Callable[[], bool] = lambda: True,
+) -> tuple[Any, Any]:
+    """(train, valid) megatron datasets for the blend(s) in `cfg`; valid may be None.
+
+    Must be called on all ranks when torch.distributed is initialised (megatron builds
+    the index cache on rank 0 and barriers). The train stream depends on
+    `num_train_samples` (megatron sizes its shuffle and blend indices from it), so a
+    resumed run must pass the same value.
+    """
+    if cfg.dataset_type != "gpt":
+        raise ValueError(f"dataset_type: build_gpt_datasets needs 'gpt', got {cfg.dataset_type!r}")
+    if num_train_samples <= 0:
+        raise ValueError(f"num_train_samples: must be positive, got {num_train_samples}")
+    if num_valid_samples < 0:
+        raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
+    config = gpt_dataset_config(cfg, tokenizer, seed)
+    builder = BlendedMegatronDatasetBuilder(
+        GPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
+    )
+    train_ds, valid_ds, _ = builder.build()
+    if valid_ds is not None and len(valid_ds) == 0:
+        valid_ds = None
+    logger.info(
+        "GPT datasets: train=%s valid=%s",
+        None if train_ds is None else len(train_ds),
+        None if valid_ds is None else len(valid_ds),
+    )
+    return train_ds, valid_ds
+
+
+@dataclass(frozen=True, kw_only=True)
+class GptSampleLocation:
+    """Where a GPTDataset sample came from (megatron's 'documents' are IndexedDataset sequences)."""
+
+    shard: str
+    documents: list[int]
+    start: int
+
+
+def locate_gpt_sample(dataset: Any, index: int) -> GptSampleLocation:
+    """Follow megatron's blend, shuffle and sample indices back to shard/document/offset."""
+    if isinstance(dataset, BlendedDataset):
+        sub = dataset.datasets[int(dataset.dataset_index[index])]
+        index = int(dataset.dataset_sample_index[index])
+    else:
+        sub = dataset
+    if not isinstance(sub, GPTDataset):
+        raise TypeError(f"expected a GPTDataset or BlendedDataset, got {type(sub).__name__}")
+    if sub.shuffle_index is None:
+        sub._query_document_sample_shuffle_indices(0)  # loads megatron's deferred index mmaps
+    shuffled = int(sub.shuffle_index[index])
+    doc_beg, offset = (int(x) for x in sub.sample_index[shuffled])
+    doc_end = int(sub.sample_index[shuffled + 1][0])
+    documents = [int(d) for d in sub.document_index[doc_beg : doc_end + 1]]
+    return GptSampleLocation(shard=sub.dataset.path_prefix, documents=documents, start=offset)

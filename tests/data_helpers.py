@@ -1,0 +1,72 @@
+"""Shared test helpers: tiny megatron indexed datasets and a single-process gloo group.
+
+Datasets are written with megatron's own IndexedDatasetBuilder from synthetic token
+arrays, so tests do not depend on the preprocessing tool or a tokenizer.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+from typing import Iterator
+
+import numpy
+import torch
+from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+
+def write_indexed_dataset(
+    prefix: str | Path, documents: list[numpy.ndarray], dtype: type = numpy.int32
+) -> str:
+    """Write `documents` (one sequence each) as `<prefix>.bin/.idx`; returns the prefix."""
+    prefix = str(prefix)
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
+    for doc in documents:
+        builder.add_item(torch.from_numpy(numpy.asarray(doc, dtype=numpy.int64)))
+        builder.end_document()
+    builder.finalize(prefix + ".idx")
+    return prefix
+
+
+def random_documents(
+    rng: numpy.random.Generator,
+    lengths: list[int],
+    vocab_size: int = 1000,
+) -> list[numpy.ndarray]:
+    """Documents with the given lengths and random tokens in [1, vocab_size)."""
+    return [rng.integers(1, vocab_size, size=n, dtype=numpy.int64) for n in lengths]
+
+
+def tagged_documents(lengths: list[int], shard: int = 0) -> list[numpy.ndarray]:
+    """Documents whose every token encodes (shard, document, position), so a window's
+    origin can be read back from its tokens: token = shard*10^6 + doc*10^3 + pos."""
+    return [
+        shard * 1_000_000 + d * 1_000 + numpy.arange(n, dtype=numpy.int64)
+        for d, n in enumerate(lengths)
+    ]
+
+
+class StubTokenizer:
+    """The attributes megatron's GPTDataset reads (no text)."""
+
+    def __init__(self, vocab_size: int = 1 << 20, eod: int = 0) -> None:
+        self.vocab_size = vocab_size
+        self.eod = eod
+        self.bos = None
+        self.pad = None
+        self.fingerprint = f"stub-{vocab_size}-{eod}"
+
+
+@contextlib.contextmanager
+def single_process_group(tmp_dir: str | Path) -> Iterator[None]:
+    """A world-size-1 gloo group (megatron's dataset caching calls get_rank())."""
+    if torch.distributed.is_initialized():
+        yield
+        return
+    store = os.path.join(str(tmp_dir), "pg_store")
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
+    try:
+        yield
+    finally:
+        torch.distributed.destroy_process_group()
