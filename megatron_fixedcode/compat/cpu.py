@@ -1,0 +1,134 @@
+"""Run megatron-core on CPU with gloo: the only place that patches megatron-core.
+
+Every patch below is applied once, only when CUDA is unavailable, and says in one line why.
+On a GPU machine :func:`apply_cpu_patches` does nothing.
+"""
+from __future__ import annotations
+
+import contextlib
+import importlib
+import logging
+
+import torch
+
+logger = logging.getLogger(__name__)
+_APPLIED = False
+
+# Modules that create tensors with a literal device="cuda".
+_MODULES_WITH_CUDA_LITERALS = (
+    "megatron.core.transformer.utils",          # get_default_causal_mask
+    "megatron.core.pipeline_parallel.schedules",  # total_num_tokens counters
+    "megatron.core.optimizer.optimizer",        # found_inf / scale scalars
+    "megatron.core.optimizer.clip_grads",       # grad-norm scalars
+    "megatron.core.optimizer.grad_scaler",      # loss-scale scalars
+    "megatron.core.rerun_state_machine",        # validation scalars
+)
+
+
+class _CpuTorch:
+    """A view of ``torch`` whose tensor factories put ``device="cuda"`` tensors on the CPU."""
+
+    _FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
+                  "empty_like", "full_like", "randn", "rand"}
+
+    def __getattr__(self, name):
+        attr = getattr(torch, name)
+        if name not in self._FACTORIES:
+            return attr
+
+        def factory(*args, **kwargs):
+            device = kwargs.get("device")
+            if device is not None and "cuda" in str(device):
+                kwargs["device"] = "cpu"
+            return attr(*args, **kwargs)
+
+        return factory
+
+
+def _cpu_rng_tracker_class():
+    from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
+
+    class CpuRNGStatesTracker(CudaRNGStatesTracker):
+        """Megatron's named RNG streams, kept as CPU generator states."""
+
+        def add(self, name, seed):
+            self._is_initialized = True
+            if seed in self.seeds_:
+                raise Exception(f"seed {seed} already exists")
+            if name in self.states_:
+                raise Exception(f"rng state {name} already exists")
+            self.seeds_.add(seed)
+            self.states_[name] = torch.Generator().manual_seed(seed).get_state()
+
+        @contextlib.contextmanager
+        def fork(self, name="model-parallel-rng"):
+            if name not in self.states_:
+                raise Exception(f"rng state {name} is not added")
+            outer_state = torch.get_rng_state()
+            torch.set_rng_state(self.states_[name])
+            try:
+                yield
+            finally:
+                self.states_[name] = torch.get_rng_state()
+                torch.set_rng_state(outer_state)
+
+    return CpuRNGStatesTracker
+
+
+def _sequence_parallel_torch_norm(original_new):
+    """WrappedTorchNorm.__new__ that accepts sequence parallelism (see apply_cpu_patches)."""
+
+    def __new__(cls, config, hidden_size, eps=1e-5, **kwargs):
+        sequence_parallel = config.sequence_parallel
+        config.sequence_parallel = False
+        try:
+            norm = original_new(cls, config, hidden_size, eps, **kwargs)
+        finally:
+            config.sequence_parallel = sequence_parallel
+        for param in norm.parameters():
+            param.sequence_parallel = sequence_parallel
+        return norm
+
+    return __new__
+
+
+def apply_cpu_patches() -> bool:
+    """Make megatron-core's CUDA assumptions hold on a CPU-only machine. Returns True if applied."""
+    global _APPLIED
+    if torch.cuda.is_available():
+        return False
+    if _APPLIED:
+        return True
+    from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.transformer import torch_norm
+
+    # Megatron allocates on torch.cuda.current_device() (rotary, p2p, grad buffers): use the CPU.
+    torch.cuda.current_device = lambda: "cpu"
+    # p2p communication synchronizes the CUDA stream after batched isend/irecv; nothing to wait for.
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    # Literal device="cuda" tensor factories in these modules create CPU tensors instead.
+    for name in _MODULES_WITH_CUDA_LITERALS:
+        importlib.import_module(name).torch = _CpuTorch()
+    # The RNG tracker stores torch.cuda generator states; keep CPU generator states instead.
+    mcore_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
+    mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
+    mcore_random.initialize_rng_tracker = lambda *args, **kwargs: None
+    # WrappedTorchNorm refuses sequence parallelism; its parameters only need the
+    # `sequence_parallel` tag so finalize_model_grads all-reduces their gradients.
+    torch_norm.WrappedTorchNorm.__new__ = _sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm.__new__)
+    _APPLIED = True
+    logger.debug("megatron-core CPU patches applied")
+    return True
+
+
+def cpu_transformer_config_overrides() -> dict:
+    """TransformerConfig fields that megatron-core needs on CPU (no fused kernels, no streams)."""
+    return {
+        "use_cpu_initialization": True,
+        "gradient_accumulation_fusion": False,
+        "bias_activation_fusion": False,
+        "masked_softmax_fusion": False,
+        "bias_dropout_fusion": False,
+        "apply_rope_fusion": False,
+        "persist_layer_norm": False,
+    }

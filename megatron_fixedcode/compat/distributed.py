@@ -1,0 +1,94 @@
+"""Process groups: the one module that talks to megatron's ``parallel_state``.
+
+Everything else receives a ``ProcessGroupCollection`` and a :class:`ParallelLayout`.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import os
+
+import torch
+import torch.distributed as dist
+from megatron.core import parallel_state, tensor_parallel
+from megatron.core.process_groups_config import ProcessGroupCollection
+
+from megatron_fixedcode.compat.cpu import apply_cpu_patches
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ParallelLayout:
+    """Model-parallel sizes; data parallelism is whatever world size is left over."""
+
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    virtual_pipeline_model_parallel_size: int | None = None
+    context_parallel_size: int = 1
+    sequence_parallel: bool = False
+
+    def __post_init__(self):
+        for name in ("tensor_model_parallel_size", "pipeline_model_parallel_size", "context_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.sequence_parallel and self.tensor_model_parallel_size == 1:
+            raise ValueError("sequence_parallel needs tensor_model_parallel_size > 1")
+
+    @property
+    def model_parallel_size(self) -> int:
+        return self.tensor_model_parallel_size * self.pipeline_model_parallel_size * self.context_parallel_size
+
+    def data_parallel_size(self, world_size: int) -> int:
+        if world_size % self.model_parallel_size:
+            raise ValueError(
+                f"world size {world_size} is not divisible by TP×PP×CP = {self.model_parallel_size}"
+            )
+        return world_size // self.model_parallel_size
+
+
+def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: int = 600) -> ProcessGroupCollection:
+    """Start torch.distributed from torchrun's environment (NCCL on GPUs, gloo on CPU), build
+    megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1."""
+    on_cpu = apply_cpu_patches()
+    if not dist.is_initialized():
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        if not on_cpu:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group(
+            backend="gloo" if on_cpu else "nccl", timeout=datetime.timedelta(seconds=timeout_s)
+        )
+    layout.data_parallel_size(dist.get_world_size())
+    parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(
+        tensor_model_parallel_size=layout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
+        context_parallel_size=layout.context_parallel_size,
+    )
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+    return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def parallel_ranks() -> dict[str, int]:
+    """This process's coordinates: tp/pp/cp/dp ranks and sizes, plus first/last pipeline stage."""
+    return {
+        "rank": dist.get_rank(),
+        "world_size": dist.get_world_size(),
+        "tp_rank": parallel_state.get_tensor_model_parallel_rank(),
+        "tp_size": parallel_state.get_tensor_model_parallel_world_size(),
+        "pp_rank": parallel_state.get_pipeline_model_parallel_rank(),
+        "pp_size": parallel_state.get_pipeline_model_parallel_world_size(),
+        "cp_rank": parallel_state.get_context_parallel_rank(),
+        "dp_rank": parallel_state.get_data_parallel_rank(),
+        "dp_size": parallel_state.get_data_parallel_world_size(),
+        "is_first_stage": int(parallel_state.is_pipeline_first_stage(ignore_virtual=True)),
+        "is_last_stage": int(parallel_state.is_pipeline_last_stage(ignore_virtual=True)),
+    }
+
+
+def destroy_distributed() -> None:
+    parallel_state.destroy_model_parallel()
+    if dist.is_initialized():
+        dist.destroy_process_group()

@@ -1,0 +1,110 @@
+"""Build a megatron-core GPT model from a `ModelConfig`: TransformerConfig, layer spec, model."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import logging
+
+import torch
+from megatron.core.models.gpt.gpt_layer_specs import (
+    get_gpt_layer_local_spec,
+    get_gpt_layer_with_transformer_engine_spec,
+)
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.spec_utils import ModuleSpec
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron_fixedcode.compat import ParallelLayout, cpu_transformer_config_overrides
+from megatron_fixedcode.models.config import BLOCKS, ModelConfig
+from megatron_fixedcode.models.fixed_code_embedding import FixedCodeEmbedding
+from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedding
+
+logger = logging.getLogger(__name__)
+
+
+def use_transformer_engine(cfg: ModelConfig) -> bool:
+    """TE layers when asked for, or by default when TE is importable on a CUDA machine."""
+    te_available = importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
+    if cfg.transformer_impl == "transformer_engine" and not te_available:
+        raise ValueError(
+            "transformer_impl='transformer_engine' needs a CUDA GPU and Transformer Engine "
+            "(pip install 'megatron-fixedcode[te]'); use transformer_impl='local' otherwise"
+        )
+    return cfg.transformer_impl == "transformer_engine" or (cfg.transformer_impl == "auto" and te_available)
+
+
+def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrides) -> TransformerConfig:
+    """Megatron TransformerConfig for the block of ``cfg`` (init std 0.02, out-projections
+    0.02/sqrt(2L) — megatron's default output_layer_init_method)."""
+    block = BLOCKS[cfg.block]
+    fields = dict(
+        num_layers=cfg.num_layers,
+        hidden_size=cfg.hidden_size,
+        num_attention_heads=cfg.num_attention_heads,
+        num_query_groups=cfg.num_query_groups,
+        ffn_hidden_size=cfg.ffn_hidden_size,
+        normalization=block["normalization"],
+        gated_linear_unit=block["gated_linear_unit"],
+        activation_func=torch.nn.functional.silu if block["activation"] == "silu" else torch.nn.functional.gelu,
+        layernorm_epsilon=cfg.norm_epsilon,
+        add_bias_linear=False,
+        add_qkv_bias=False,
+        hidden_dropout=cfg.hidden_dropout,
+        attention_dropout=cfg.attention_dropout,
+        init_method_std=cfg.init_method_std,
+        bf16=cfg.bf16,
+        params_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+        tensor_model_parallel_size=layout.tensor_model_parallel_size,
+        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+        virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
+        context_parallel_size=layout.context_parallel_size,
+        sequence_parallel=layout.sequence_parallel,
+        recompute_granularity=cfg.recompute_granularity,
+        recompute_method="uniform" if cfg.recompute_granularity == "full" else None,
+        recompute_num_layers=1 if cfg.recompute_granularity == "full" else None,
+        pipeline_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
+        transformer_impl="transformer_engine" if use_transformer_engine(cfg) else "local",
+    )
+    if not torch.cuda.is_available():
+        fields.update(cpu_transformer_config_overrides())
+    fields.update(overrides)
+    return TransformerConfig(**fields)
+
+
+def build_layer_spec(cfg: ModelConfig, config: TransformerConfig) -> ModuleSpec:
+    if config.transformer_impl == "transformer_engine":
+        return get_gpt_layer_with_transformer_engine_spec()
+    return get_gpt_layer_local_spec(normalization=BLOCKS[cfg.block]["normalization"])
+
+
+def build_embedding_factory(cfg: ModelConfig):
+    code_spec = cfg.code_spec()
+    if code_spec is None:
+        return learned_embedding
+    return functools.partial(FixedCodeEmbedding, code_spec=code_spec)
+
+
+def build_gpt_model(
+    cfg: ModelConfig,
+    config: TransformerConfig,
+    pg_collection: ProcessGroupCollection,
+    *,
+    pre_process: bool = True,
+    post_process: bool = True,
+    vp_stage: int | None = None,
+) -> InputInterfaceGPTModel:
+    """One model chunk (a pipeline stage) on this rank."""
+    return InputInterfaceGPTModel(
+        embedding_factory=build_embedding_factory(cfg),
+        config=config,
+        transformer_layer_spec=build_layer_spec(cfg, config),
+        vocab_size=cfg.padded_vocab_size(config.tensor_model_parallel_size),
+        max_sequence_length=cfg.seq_length,
+        pre_process=pre_process,
+        post_process=post_process,
+        share_embeddings_and_output_weights=False,
+        position_embedding_type="rope",
+        rotary_base=cfg.rotary_base,
+        pg_collection=pg_collection,
+        vp_stage=vp_stage,
+    )

@@ -1,0 +1,85 @@
+"""`ModelConfig`: the architecture and input interface of one model, as plain data."""
+from __future__ import annotations
+
+import dataclasses
+
+from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED, CodeSpec
+
+INPUT_EMBEDDINGS = ("learned", "binary", "gf2")
+BLOCKS = {
+    # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
+    "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
+    # Paper 1 (0.4B): GELU MLP, RoPE; we use LayerNorm without biases (the paper names no norm).
+    "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
+}
+TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
+
+
+@dataclasses.dataclass(kw_only=True)
+class ModelConfig:
+    num_layers: int
+    hidden_size: int
+    num_attention_heads: int
+    ffn_hidden_size: int
+    seq_length: int
+    vocab_size: int  # the tokenizer's true vocabulary; the output layer is padded, the code is not
+    num_query_groups: int | None = None
+    block: str = "llama"
+    make_vocab_size_divisible_by: int = 128
+    norm_epsilon: float = 1e-5
+    rotary_base: int = 10000
+    init_method_std: float = 0.02
+    hidden_dropout: float = 0.0
+    attention_dropout: float = 0.0
+    input_embedding: str = "binary"
+    code_seed: int = PAPER_CODE_SEED
+    code_offset: int = 0
+    code_impl: str = "table_free"
+    code_scale: float = 1.0
+    code_bits: int | None = None
+    code_min_weight: int = 4
+    transformer_impl: str = "auto"
+    bf16: bool = False
+    recompute_granularity: str | None = None
+
+    def __post_init__(self):
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
+                     "seq_length", "vocab_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.hidden_size % self.num_attention_heads:
+            raise ValueError(
+                f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
+            )
+        if self.block not in BLOCKS:
+            raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {self.block!r}")
+        if self.input_embedding not in INPUT_EMBEDDINGS:
+            raise ValueError(f"input_embedding must be one of {INPUT_EMBEDDINGS}, got {self.input_embedding!r}")
+        if self.code_impl not in CODE_IMPLEMENTATIONS:
+            raise ValueError(f"code_impl must be one of {CODE_IMPLEMENTATIONS}, got {self.code_impl!r}")
+        if self.transformer_impl not in TRANSFORMER_IMPLS:
+            raise ValueError(f"transformer_impl must be one of {TRANSFORMER_IMPLS}, got {self.transformer_impl!r}")
+        if self.recompute_granularity not in (None, "full", "selective"):
+            raise ValueError(f"recompute_granularity must be full, selective or None, got {self.recompute_granularity!r}")
+        self.code_spec()  # validates V vs K, d >= K, seeds
+
+    def code_spec(self) -> CodeSpec | None:
+        """The fixed code of this model, or None for the learned table."""
+        if self.input_embedding == "learned":
+            return None
+        return CodeSpec.create(
+            kind=self.input_embedding,
+            vocab_size=self.vocab_size,
+            hidden_size=self.hidden_size,
+            code_bits=self.code_bits,
+            seed=self.code_seed,
+            min_weight=self.code_min_weight,
+            offset=self.code_offset,
+            scale=self.code_scale,
+            implementation=self.code_impl,
+        )
+
+    def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
+        """Output-layer rows, padded as Megatron-LM does (multiple of divisor × TP)."""
+        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
+        return -(-self.vocab_size // multiple) * multiple
