@@ -1,0 +1,143 @@
+"""Preprocessing throughput: ours vs a Megatron-LM-style baseline vs the tokenizer's ceiling.
+
+* baseline: like Megatron-LM ``tools/preprocess_data.py``: a ``multiprocessing.Pool``,
+  ``imap(..., chunksize=32)`` over JSON lines, one ``encode`` call per document, written with
+  ``IndexedDatasetBuilder.add_document`` (it uses the fast ``tokenizers`` library directly,
+  not ``transformers.AutoTokenizer`` as Megatron-LM does, so it is a generous baseline);
+* ours: ``megatron_fixedcode.data.preprocess.preprocess`` with the same worker count;
+* ceiling: one ``encode_batch_fast`` call (ids included) over all texts already in memory.
+
+Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the checkout).
+"""
+
+import argparse
+import json
+import multiprocessing
+import re
+import shutil
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+
+import numpy as np  # noqa: E402
+from megatron.core.datasets.indexed_dataset import DType, IndexedDatasetBuilder  # noqa: E402
+from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
+
+from megatron_fixedcode.data.preprocess import PreprocessConfig, output_prefix_for, preprocess  # noqa: E402
+
+SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+
+
+def build_documents(corpus_dir: Path, doc_bytes: int) -> list[str]:
+    """Each corpus file split at blank lines, paragraphs grouped into ~doc_bytes documents."""
+    docs = []
+    for path in sorted(p for p in corpus_dir.rglob("*") if p.is_file() and p.name != "README"):
+        raw = path.read_bytes()
+        try:
+            text = raw.decode("utf-8")
+        except UnicodeDecodeError:
+            text = raw.decode("latin-1")
+        current = ""
+        for paragraph in re.split(r"\n\s*\n", text):
+            current += paragraph + "\n\n"
+            if len(current) >= doc_bytes:
+                docs.append(current)
+                current = ""
+        if current.strip():
+            docs.append(current)
+    return docs
+
+
+_TOK = {}
+
+
+def _baseline_init(model: str) -> None:
+    _TOK["tok"] = HFTokenizer.from_file(model)
+
+
+def _baseline_encode(line: str):
+    text = json.loads(line)["text"]
+    ids = _TOK["tok"].encode(text, add_special_tokens=False).ids
+    return ids + [0] if ids else ids, len(line)
+
+
+def run_baseline(jsonl: Path, model: str, prefix: str, workers: int, vocab_size: int) -> None:
+    builder = IndexedDatasetBuilder(prefix + ".bin", dtype=DType.optimal_dtype(vocab_size))
+    with open(jsonl, encoding="utf-8") as fin, multiprocessing.get_context("fork").Pool(
+        workers, _baseline_init, (model,)
+    ) as pool:
+        for ids, _ in pool.imap(_baseline_encode, fin, 32):
+            if ids:
+                builder.add_document(ids, [len(ids)])
+    builder.finalize(prefix + ".idx")
+
+
+def run_ceiling(texts: list[str], model: str) -> float:
+    tok = HFTokenizer.from_file(model)
+    start = time.perf_counter()
+    [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)]
+    return time.perf_counter() - start
+
+
+def timed(fn, *args) -> float:
+    start = time.perf_counter()
+    fn(*args)
+    return time.perf_counter() - start
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--corpus-dir", default=str(SHARED / "corpus"))
+    p.add_argument("--tokenizer-model", default=str(SHARED / "tokenizers" / "smollm2" / "tokenizer.json"))
+    p.add_argument("--doc-bytes", type=int, default=4000, help="approximate document size")
+    p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    args = p.parse_args(argv)
+    corpus = Path(args.corpus_dir)
+    if not corpus.is_dir():
+        print(f"error: --corpus-dir {corpus} not found", file=sys.stderr)
+        return 2
+    texts = build_documents(corpus, args.doc_bytes)
+    work = Path(tempfile.mkdtemp(prefix="mfc_bench_"))
+    try:
+        jsonl = work / "corpus.jsonl"
+        with open(jsonl, "w", encoding="utf-8") as f:
+            for i, text in enumerate(texts):
+                f.write(json.dumps({"id": str(i), "text": text}) + "\n")
+        num_bytes = jsonl.stat().st_size
+        vocab_size = HFTokenizer.from_file(args.tokenizer_model).get_vocab_size()
+        print(f"corpus: {len(texts)} documents, {num_bytes / 1e6:.1f} MB JSONL, {multiprocessing.cpu_count()} CPUs")
+        ceiling_s = run_ceiling(texts, args.tokenizer_model)
+        rows = []
+        for workers in args.workers:
+            base_prefix = str(work / f"baseline_w{workers}")
+            base_s = timed(run_baseline, jsonl, args.tokenizer_model, base_prefix, workers, vocab_size)
+            cfg = PreprocessConfig(
+                input=[str(jsonl)], output_prefix=str(work / f"ours_w{workers}"), workers=workers,
+                tokenizer_type="HuggingFaceTokenizer", tokenizer_model=args.tokenizer_model,
+                append_eod=True, valid_fraction=0.0, log_interval=10**9,
+            )
+            ours_s = timed(preprocess, cfg)
+            ours_prefix = output_prefix_for(cfg.output_prefix, "train", "text")
+            identical = all(
+                Path(base_prefix + s).read_bytes() == Path(ours_prefix + s).read_bytes() for s in (".bin", ".idx")
+            )
+            rows.append((workers, base_s, ours_s, identical))
+        num_tokens = int(np.fromfile(ours_prefix + ".bin", dtype=DType.optimal_dtype(vocab_size)).size)
+    finally:
+        shutil.rmtree(work)
+    rate = lambda s: f"{len(texts) / s:8.0f} docs/s {num_tokens / s / 1e3:7.0f} ktok/s {num_bytes / s / 1e6:5.2f} MB/s"
+    print(f"ceiling (encode_batch_fast, in memory): {rate(ceiling_s)}")
+    for workers, base_s, ours_s, identical in rows:
+        print(f"workers={workers} baseline: {rate(base_s)}")
+        print(f"workers={workers} ours:     {rate(ours_s)}")
+        print(f"workers={workers} ours/baseline {base_s / ours_s:.2f}x  ours/ceiling {ceiling_s / ours_s:.0%}  "
+              f"identical .bin/.idx: {identical}")
+    return 0 if all(r[3] for r in rows) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

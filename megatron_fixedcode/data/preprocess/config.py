@@ -1,0 +1,50 @@
+"""Settings of a preprocessing run (Megatron-LM flag names) and output naming."""
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(kw_only=True)
+class PreprocessConfig:
+    """Megatron-LM flag names; see docs/data.md."""
+
+    input: list[str]
+    output_prefix: str
+    tokenizer_type: str
+    tokenizer_model: str
+    eod_token: Optional[str] = None
+    json_keys: list[str] = dataclasses.field(default_factory=lambda: ["text"])
+    id_key: Optional[str] = None
+    append_eod: bool = False
+    split_sentences: bool = False
+    workers: int = 1
+    valid_fraction: float = 0.001
+    split_seed: int = 1234
+    min_doc_tokens: int = 2049
+    skip_bad_documents: bool = False
+    log_interval: int = 10000
+    chunk_docs: int = 1024
+    chunk_bytes: int = 4 << 20
+
+    def __post_init__(self):
+        if not self.input:
+            raise ValueError("--input: give at least one file, glob or directory")
+        if not self.json_keys:
+            raise ValueError("--json-keys: give at least one key")
+        if self.workers < 1:
+            raise ValueError(f"--workers must be >= 1, got {self.workers}")
+        if not 0.0 <= self.valid_fraction < 1.0:
+            raise ValueError(f"--valid-fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.chunk_docs < 1 or self.chunk_bytes < 1:
+            raise ValueError("chunk_docs and chunk_bytes must be >= 1")
+
+    @property
+    def splits(self) -> tuple[str, ...]:
+        return ("train", "valid") if self.valid_fraction > 0 else ("train",)
+
+
+def output_prefix_for(output_prefix: str, split: str, key: str) -> str:
+    """Where one split of one json key goes (the prefix for ``--data-path``)."""
+    return f"{output_prefix}_{split}_{key}_document"
+
+

@@ -1,0 +1,127 @@
+"""Worker side: parse, split and batch-encode one chunk of records.
+
+The same function runs in-process (``workers=1``) and in pool processes, so outputs do not
+depend on the worker count.
+"""
+
+import collections
+import hashlib
+import json
+import os
+from typing import Optional
+
+import numpy as np
+from megatron.core.datasets.indexed_dataset import DType
+
+from megatron_fixedcode.data.preprocess.config import PreprocessConfig
+from megatron_fixedcode.data.preprocess.inputs import Chunk
+from megatron_fixedcode.tokenizers import build_tokenizer
+
+
+def is_validation_document(doc_key: bytes, seed: int, valid_fraction: float) -> bool:
+    """Document-level split: a seeded 64-bit hash of the id (or text) below the fraction."""
+    digest = hashlib.blake2b(doc_key, digest_size=8, key=seed.to_bytes(8, "little", signed=True))
+    return int.from_bytes(digest.digest(), "little") < valid_fraction * 2.0**64
+
+
+_WORKER: dict = {}
+
+
+def sentence_splitter():
+    """nltk punkt if its data is installed; never downloads (falls back to untrained punkt)."""
+    from nltk.tokenize.punkt import PunktSentenceTokenizer
+
+    try:
+        from nltk.tokenize.punkt import PunktTokenizer
+
+        return PunktTokenizer("english"), True
+    except (LookupError, ImportError, OSError):
+        return PunktSentenceTokenizer(), False
+
+
+def init_worker(cfg: PreprocessConfig, threads: Optional[int]) -> None:
+    if threads is not None:  # pool process: share the cores between workers
+        os.environ["RAYON_NUM_THREADS"] = str(threads)
+        if threads == 1:  # never switch it on: after a fork the tokenizers library may have turned it off
+            os.environ["TOKENIZERS_PARALLELISM"] = "false"
+    _WORKER["cfg"] = cfg
+    _WORKER["tok"] = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
+    _WORKER["dtype"] = DType.optimal_dtype(_WORKER["tok"].vocab_size)
+    _WORKER["splitter"] = sentence_splitter()[0] if cfg.split_sentences else None
+
+
+def _parse(chunk: Chunk, index: int, cfg: PreprocessConfig):
+    """One record -> (doc key for the split hash, {json key: [texts]}) or raises ValueError."""
+    item = chunk.items[index]
+    if chunk.is_parquet:
+        record = item
+    else:
+        if not item.strip():
+            return None
+        try:
+            record = json.loads(item)
+        except UnicodeDecodeError as e:
+            raise ValueError(f"not valid UTF-8 ({e.reason})") from None
+        except json.JSONDecodeError as e:
+            raise ValueError(f"malformed JSON ({e.msg}, column {e.colno})") from None
+        if not isinstance(record, dict):
+            raise ValueError("a JSON line must be an object")
+    texts = {}
+    for key in cfg.json_keys:
+        value = record.get(key)
+        if isinstance(value, str):
+            value = [value]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise ValueError(f"missing or non-text key {key!r}" if value is None else f"key {key!r} is not text")
+        texts[key] = value
+    if cfg.id_key is not None:
+        if record.get(cfg.id_key) is None:
+            raise ValueError(f"missing id key {cfg.id_key!r}")
+        doc_key = str(record[cfg.id_key]).encode("utf-8")
+    else:
+        doc_key = "".join(texts[cfg.json_keys[0]]).encode("utf-8", "surrogatepass")
+    return doc_key, texts
+
+
+def encode_chunk(chunk: Chunk) -> dict:
+    """Parse and encode a chunk; bad records are reported, not raised, so order decides."""
+    cfg, tok, dtype = _WORKER["cfg"], _WORKER["tok"], _WORKER["dtype"]
+    where = lambda i: f"{chunk.path}:{'row ' if chunk.is_parquet else ''}{chunk.first_line + i}"
+    result = {"errors": [], "empty": 0, "records": 0, "parts": {}, "bytes_done": chunk.bytes_done}
+    if chunk.error:
+        result["errors"].append((f"{chunk.path}:{chunk.first_line}", chunk.error))
+        return result
+    docs = []  # (split, key, sentence list)
+    for i in range(len(chunk.items)):
+        try:
+            parsed = _parse(chunk, i, cfg)
+        except ValueError as e:
+            result["errors"].append((where(i), str(e)))
+            continue
+        if parsed is None:
+            continue
+        result["records"] += 1
+        doc_key, texts = parsed
+        valid = cfg.valid_fraction > 0 and is_validation_document(doc_key, cfg.split_seed, cfg.valid_fraction)
+        for key, sentences in texts.items():
+            if _WORKER["splitter"] is not None:
+                sentences = [s for text in sentences for s in _WORKER["splitter"].tokenize(text)]
+            docs.append(("valid" if valid else "train", key, sentences))
+    flat = [s for _, _, sentences in docs for s in sentences]
+    encoded = iter(tok.encode_batch(flat) if flat else [])
+    collected = collections.defaultdict(lambda: ([], [], []))  # ids, sequence lengths, seqs per doc
+    for split, key, sentences in docs:
+        seqs = [ids for ids in (next(encoded) for _ in sentences) if ids]
+        if not seqs:
+            result["empty"] += 1
+            continue
+        if cfg.append_eod:
+            seqs[-1] = seqs[-1] + [tok.eod]
+        ids, lengths, counts = collected[(split, key)]
+        ids.extend(seqs)
+        lengths.extend(len(s) for s in seqs)
+        counts.append(len(seqs))
+    for part, (ids, lengths, counts) in collected.items():
+        flat_ids = np.fromiter((t for s in ids for t in s), dtype=dtype, count=sum(lengths))
+        result["parts"][part] = (flat_ids, np.asarray(lengths, np.int64), np.asarray(counts, np.int64))
+    return result
