@@ -1,0 +1,162 @@
+"""Tokenizers: one interface over HF tokenizer.json and SentencePiece, megatron-core compatible."""
+
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from megatron_fixedcode.tokenizers import (
+    HuggingFaceTokenizer,
+    SentencePieceTokenizer,
+    build_tokenizer,
+    train_bpe_tokenizer,
+)
+
+REPO = Path(__file__).resolve().parents[1]
+SAMPLE_TEXT = (
+    "The quick brown fox jumps over the lazy dog. Numbers 12345 and symbols #$%! "
+    "Unicode: café, naïve, 東京, emoji 🙂.\n\nA second paragraph with  double  spaces.\n"
+)
+
+
+@pytest.fixture(scope="session")
+def shared_data() -> Path:
+    path = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not path.is_dir():
+        pytest.skip(f"shared data not found at {path} (set MFC_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="session")
+def smollm2(shared_data):
+    return build_tokenizer("HuggingFaceTokenizer", str(shared_data / "tokenizers" / "smollm2"))
+
+
+@pytest.fixture(scope="session")
+def sp_model(tmp_path_factory) -> Path:
+    import sentencepiece
+
+    out = tmp_path_factory.mktemp("sp")
+    lines = [f"document {i}: {SAMPLE_TEXT} word{i % 37} and more words {i * 7}" for i in range(200)]
+    (out / "train.txt").write_text("\n".join(lines), encoding="utf-8")
+    sentencepiece.SentencePieceTrainer.train(
+        input=str(out / "train.txt"), model_prefix=str(out / "sp"), vocab_size=400,
+        model_type="bpe", character_coverage=1.0, byte_fallback=True, minloglevel=2,
+    )
+    return out / "sp.model"
+
+
+def corpus_texts(shared_data: Path, num: int = 200) -> list[str]:
+    text = (shared_data / "corpus" / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
+    return [p for p in text.split("\n \n") if p.strip()][:num]
+
+
+def test_smollm2_properties(smollm2, shared_data):
+    assert isinstance(smollm2, HuggingFaceTokenizer)
+    assert smollm2.vocab_size == 49152
+    assert smollm2.eod == 0 and smollm2.eos == 0
+    assert len(smollm2.fingerprint) == 16
+    same = build_tokenizer("HuggingFaceTokenizer", str(shared_data / "tokenizers" / "smollm2" / "tokenizer.json"))
+    assert same.fingerprint == smollm2.fingerprint and same.eod == 0
+    assert smollm2.describe()["vocab_size"] == 49152
+
+
+def test_batch_equals_single_and_roundtrip(smollm2, shared_data):
+    texts = corpus_texts(shared_data) + [SAMPLE_TEXT, ""]
+    assert smollm2.encode_batch(texts) == [smollm2.tokenize(t) for t in texts]
+    assert smollm2.detokenize(smollm2.tokenize(SAMPLE_TEXT)) == SAMPLE_TEXT
+
+
+def test_megatron_core_compatible(smollm2):
+    from megatron.core.tokenizers import MegatronTokenizerBase
+
+    assert isinstance(smollm2, MegatronTokenizerBase)
+    assert smollm2.unique_identifiers["class"] == "HuggingFaceTokenizer"
+    clone = pickle.loads(pickle.dumps(smollm2))
+    assert clone.tokenize(SAMPLE_TEXT) == smollm2.tokenize(SAMPLE_TEXT) and clone.eod == smollm2.eod
+
+
+def test_gpt_dataset_accepts_tokenizer(smollm2, tmp_path):
+    from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+    from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
+    from megatron.core.datasets.utils import Split
+
+    builder = IndexedDatasetBuilder(str(tmp_path / "d.bin"), dtype=np.uint16)
+    for _ in range(4):
+        builder.add_document(smollm2.tokenize(SAMPLE_TEXT) + [smollm2.eod], [len(smollm2.tokenize(SAMPLE_TEXT)) + 1])
+    builder.finalize(str(tmp_path / "d.idx"))
+    config = GPTDatasetConfig(
+        random_seed=1, sequence_length=16, split="100,0,0", tokenizer=smollm2, reset_position_ids=False,
+        reset_attention_mask=False, eod_mask_loss=False, path_to_cache=None, mmap_bin_files=True,
+    )
+    dataset = IndexedDataset(str(tmp_path / "d"))
+    gpt = GPTDataset(dataset, str(tmp_path / "d"), np.arange(4, dtype=np.int32), 4, Split.train, config)
+    assert gpt[0]["tokens"].shape == (16,)
+
+
+def test_eod_detection_and_override(tmp_path):
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"[UNK]": 0, "hello": 1, "<|stop|>": 2}, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(tmp_path / "tokenizer.json"))
+    with pytest.raises(ValueError, match=r"tokenizer\.json: no end-of-document token"):
+        build_tokenizer("HuggingFaceTokenizer", str(tmp_path))
+    assert build_tokenizer("HuggingFaceTokenizer", str(tmp_path), eod_token="<|stop|>").eod == 2
+    with pytest.raises(ValueError, match="not in the vocabulary"):
+        build_tokenizer("HuggingFaceTokenizer", str(tmp_path), eod_token="<nope>")
+
+
+def test_user_errors(tmp_path):
+    with pytest.raises(ValueError, match="--tokenizer-type"):
+        build_tokenizer("GPT2BPETokenizer", str(tmp_path))
+    with pytest.raises(ValueError, match="no tokenizer.json"):
+        build_tokenizer("HuggingFaceTokenizer", str(tmp_path))
+    with pytest.raises(ValueError, match="no SentencePiece model"):
+        build_tokenizer("SentencePieceTokenizer", str(tmp_path / "missing.model"))
+
+
+def test_sentencepiece(sp_model):
+    tok = build_tokenizer("SentencePieceTokenizer", str(sp_model))
+    assert isinstance(tok, SentencePieceTokenizer)
+    assert tok.vocab_size == 400 and tok.eod == 2 and tok.bos == 1 and tok.pad is None
+    texts = [SAMPLE_TEXT, "word3 and more", ""]
+    assert tok.encode_batch(texts) == [tok.tokenize(t) for t in texts]
+    assert tok.detokenize(tok.tokenize("word3 and more")) == "word3 and more"
+    assert pickle.loads(pickle.dumps(tok)).tokenize(SAMPLE_TEXT) == tok.tokenize(SAMPLE_TEXT)
+
+
+def test_train_bpe_tokenizer(tmp_path):
+    (tmp_path / "a.txt").write_text(SAMPLE_TEXT * 20, encoding="utf-8")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "b.txt").write_text("other words entirely " * 50, encoding="utf-8")
+    path = train_bpe_tokenizer([str(tmp_path)], 300, str(tmp_path / "out"))
+    tok = build_tokenizer("HuggingFaceTokenizer", str(path.parent))
+    assert tok.vocab_size == 300 and tok.eod == 0
+    assert tok.detokenize(tok.tokenize(SAMPLE_TEXT)) == SAMPLE_TEXT  # byte-level: lossless
+    (tmp_path / "bad.txt").write_bytes(b"fine\nbad \xff byte\n")
+    with pytest.raises(ValueError, match=r"bad\.txt:2: not valid UTF-8"):
+        train_bpe_tokenizer([str(tmp_path / "bad.txt")], 300, str(tmp_path / "out2"))
+    with pytest.raises(ValueError, match="--vocab-size"):
+        train_bpe_tokenizer([str(tmp_path / "a.txt")], 100, str(tmp_path / "out3"))
+
+
+def test_train_tokenizer_cli(tmp_path):
+    (tmp_path / "a.txt").write_text(SAMPLE_TEXT * 20, encoding="utf-8")
+    run = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(tmp_path / "*.txt"),
+         "--vocab-size", "280", "--output", str(tmp_path / "tok")],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert run.returncode == 0, run.stderr
+    assert build_tokenizer("HuggingFaceTokenizer", str(tmp_path / "tok")).vocab_size == 280
+    bad = subprocess.run(
+        [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(tmp_path / "none*"),
+         "--vocab-size", "280", "--output", str(tmp_path / "tok2")],
+        capture_output=True, text=True, cwd=REPO,
+    )
+    assert bad.returncode == 2 and "--input" in bad.stderr and "Traceback" not in bad.stderr
