@@ -3,6 +3,9 @@
 import argparse
 import logging
 import sys
+import warnings
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
 from megatron_fixedcode.data.preprocess import merge_datasets
 

@@ -7,6 +7,9 @@ see docs/data.md.
 import argparse
 import logging
 import sys
+import warnings
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
 
@@ -40,7 +43,10 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print(f"{summary['documents']} documents, {summary['tokens']} tokens -> {summary['output_prefix']}_*")
+    docs, tokens = summary["documents"], summary["tokens"]
+    for split in docs:
+        print(f"{split}: {docs[split]} documents, {tokens[split]} tokens")
+    print(f"summary: {summary['output_prefix']}_summary.json")
     return 0
 
 

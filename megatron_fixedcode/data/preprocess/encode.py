@@ -89,7 +89,7 @@ def encode_chunk(chunk: Chunk) -> dict:
     where = lambda i: f"{chunk.path}:{'row ' if chunk.is_parquet else ''}{chunk.first_line + i}"
     result = {"errors": [], "empty": 0, "records": 0, "parts": {}, "bytes_done": chunk.bytes_done}
     if chunk.error:
-        result["errors"].append((f"{chunk.path}:{chunk.first_line}", chunk.error))
+        result["errors"].append((where(0) if chunk.first_line else chunk.path, chunk.error))
         return result
     docs = []  # (split, key, sentence list)
     for i in range(len(chunk.items)):

@@ -91,7 +91,7 @@ def _parquet_chunks(path: Path, cfg: PreprocessConfig, bytes_before: int) -> Ite
             yield Chunk(str(path), row + 1, records, is_parquet=True, bytes_done=done)
             row += len(records)
     except (pyarrow.ArrowException, OSError) as e:
-        yield Chunk(str(path), row + 1, [], is_parquet=True, error=f"unreadable parquet ({e})")
+        yield Chunk(str(path), row + 1 if row else 0, [], is_parquet=True, error=f"unreadable parquet ({e})")
         return
     if row == 0:
         yield Chunk(str(path), 0, [], is_parquet=True, error="empty file")
