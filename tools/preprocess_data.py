@@ -32,7 +32,7 @@ def parse_args(argv=None) -> PreprocessConfig:
     p.add_argument("--skip-bad-documents", action="store_true")
     p.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
     p.add_argument("--chunk-docs", type=int, default=1024)
-    p.add_argument("--chunk-bytes", type=int, default=4 << 20)
+    p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     return PreprocessConfig(**vars(p.parse_args(argv)))
 
 

@@ -24,7 +24,8 @@ class PreprocessConfig:
     skip_bad_documents: bool = False
     log_interval: int = 10000
     chunk_docs: int = 1024
-    chunk_bytes: int = 4 << 20
+    chunk_bytes: int = 1 << 20
+    """Chunks bound memory and are the unit of work of a pool process: many per worker."""
 
     def __post_init__(self):
         if not self.input:

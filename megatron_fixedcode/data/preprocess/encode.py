@@ -6,6 +6,7 @@ depend on the worker count.
 
 import collections
 import hashlib
+import itertools
 import json
 import os
 from typing import Optional
@@ -15,7 +16,7 @@ from megatron.core.datasets.indexed_dataset import DType
 
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
 from megatron_fixedcode.data.preprocess.inputs import Chunk
-from megatron_fixedcode.tokenizers import build_tokenizer
+from megatron_fixedcode.tokenizers import Tokenizer, build_tokenizer
 
 
 def is_validation_document(doc_key: bytes, seed: int, valid_fraction: float) -> bool:
@@ -39,13 +40,14 @@ def sentence_splitter():
         return PunktSentenceTokenizer(), False
 
 
-def init_worker(cfg: PreprocessConfig, threads: Optional[int]) -> None:
+def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Optional[Tokenizer] = None) -> None:
+    """Per-process state; ``threads`` is set in pool processes, ``tokenizer`` when in-process."""
     if threads is not None:  # pool process: share the cores between workers
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         if threads == 1:  # never switch it on: after a fork the tokenizers library may have turned it off
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["cfg"] = cfg
-    _WORKER["tok"] = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
+    _WORKER["tok"] = tokenizer or build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
     _WORKER["dtype"] = DType.optimal_dtype(_WORKER["tok"].vocab_size)
     _WORKER["splitter"] = sentence_splitter()[0] if cfg.split_sentences else None
 
@@ -122,6 +124,6 @@ def encode_chunk(chunk: Chunk) -> dict:
         lengths.extend(len(s) for s in seqs)
         counts.append(len(seqs))
     for part, (ids, lengths, counts) in collected.items():
-        flat_ids = np.fromiter((t for s in ids for t in s), dtype=dtype, count=sum(lengths))
+        flat_ids = np.fromiter(itertools.chain.from_iterable(ids), dtype=dtype, count=sum(lengths))
         result["parts"][part] = (flat_ids, np.asarray(lengths, np.int64), np.asarray(counts, np.int64))
     return result

@@ -12,6 +12,7 @@ import math
 import multiprocessing
 import os
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Sequence
 
@@ -29,16 +30,17 @@ logger = logging.getLogger(__name__)
 MAX_LISTED_SKIPS = 1000
 
 
-def _ordered_map(pool, fn, iterable, max_pending: int):
-    """Like ``pool.imap`` (input order kept) but reads ahead at most ``max_pending`` chunks,
-    which keeps memory bounded by the chunk size (``imap`` would read all input ahead)."""
+def _ordered_map(submit, iterable, max_pending: int):
+    """Like ``Pool.imap`` (input order kept) but reads ahead at most ``max_pending`` chunks,
+    which keeps memory bounded by the chunk size (``imap`` would read all input ahead).
+    ``submit(item)`` starts the work and returns a function that waits for its result."""
     pending = collections.deque()
     for item in iterable:
-        pending.append(pool.apply_async(fn, (item,)))
+        pending.append(submit(item))
         if len(pending) >= max_pending:
-            yield pending.popleft().get()
+            yield pending.popleft()()
     while pending:
-        yield pending.popleft().get()
+        yield pending.popleft()()
 
 
 class _Progress:
@@ -100,14 +102,17 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     progress, outputs = _Progress(cfg, files), AtomicIndexedOutputs(prefixes, dtype)
     try:
         if cfg.workers == 1:
-            init_worker(cfg, None)
-            results = map(encode_chunk, iter_chunks(files, cfg))
-            _consume(results, progress, outputs)
+            init_worker(cfg, None, tokenizer)
+            # Two threads: the native batch encode of one chunk (GIL released, all cores)
+            # overlaps JSON parsing of the next and writing of the previous one.
+            with ThreadPoolExecutor(2) as threads:
+                submit = lambda chunk: threads.submit(encode_chunk, chunk).result
+                _consume(_ordered_map(submit, iter_chunks(files, cfg), 3), progress, outputs)
         else:
             threads = max(1, (os.cpu_count() or 1) // cfg.workers)
             with multiprocessing.get_context("fork").Pool(cfg.workers, init_worker, (cfg, threads)) as pool:
-                results = _ordered_map(pool, encode_chunk, iter_chunks(files, cfg), 2 * cfg.workers)
-                _consume(results, progress, outputs)
+                submit = lambda chunk: pool.apply_async(encode_chunk, (chunk,)).get
+                _consume(_ordered_map(submit, iter_chunks(files, cfg), 2 * cfg.workers), progress, outputs)
         progress.log(force=True)
         outputs.publish()
     except BaseException:
