@@ -13,6 +13,7 @@ Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the 
 import argparse
 import json
 import multiprocessing
+import os
 import re
 import shutil
 import sys
@@ -95,6 +96,7 @@ def main(argv=None) -> int:
     p.add_argument("--tokenizer-model", default=str(SHARED / "tokenizers" / "smollm2" / "tokenizer.json"))
     p.add_argument("--doc-bytes", type=int, default=4000, help="approximate document size")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
+    p.add_argument("--repeat", type=int, default=3, help="best of N runs of each measurement")
     args = p.parse_args(argv)
     corpus = Path(args.corpus_dir)
     if not corpus.is_dir():
@@ -109,26 +111,35 @@ def main(argv=None) -> int:
                 f.write(json.dumps({"id": str(i), "text": text}) + "\n")
         num_bytes = jsonl.stat().st_size
         vocab_size = HFTokenizer.from_file(args.tokenizer_model).get_vocab_size()
-        print(f"corpus: {len(texts)} documents, {num_bytes / 1e6:.1f} MB JSONL, {multiprocessing.cpu_count()} CPUs")
-        ceiling_s = run_ceiling(texts, args.tokenizer_model)
+        print(f"corpus: {len(texts)} documents, {num_bytes / 1e6:.1f} MB JSONL, {multiprocessing.cpu_count()} CPUs, "
+              f"load average before {os.getloadavg()[0]:.2f}")
+        # Interleaved repeats, best of each: other load on the machine hits all variants alike.
+        times = {}
+        for _ in range(args.repeat):
+            times.setdefault("ceiling", []).append(run_ceiling(texts, args.tokenizer_model))
+            for workers in args.workers:
+                base_prefix = str(work / f"baseline_w{workers}")
+                times.setdefault(("baseline", workers), []).append(
+                    timed(run_baseline, jsonl, args.tokenizer_model, base_prefix, workers, vocab_size))
+                cfg = PreprocessConfig(
+                    input=[str(jsonl)], output_prefix=str(work / f"ours_w{workers}"), workers=workers,
+                    tokenizer_type="HuggingFaceTokenizer", tokenizer_model=args.tokenizer_model,
+                    append_eod=True, valid_fraction=0.0, log_interval=10**9,
+                )
+                times.setdefault(("ours", workers), []).append(timed(preprocess, cfg))
+        ceiling_s = min(times["ceiling"])
         rows = []
         for workers in args.workers:
             base_prefix = str(work / f"baseline_w{workers}")
-            base_s = timed(run_baseline, jsonl, args.tokenizer_model, base_prefix, workers, vocab_size)
-            cfg = PreprocessConfig(
-                input=[str(jsonl)], output_prefix=str(work / f"ours_w{workers}"), workers=workers,
-                tokenizer_type="HuggingFaceTokenizer", tokenizer_model=args.tokenizer_model,
-                append_eod=True, valid_fraction=0.0, log_interval=10**9,
-            )
-            ours_s = timed(preprocess, cfg)
-            ours_prefix = output_prefix_for(cfg.output_prefix, "train", "text")
+            ours_prefix = output_prefix_for(str(work / f"ours_w{workers}"), "train", "text")
             identical = all(
                 Path(base_prefix + s).read_bytes() == Path(ours_prefix + s).read_bytes() for s in (".bin", ".idx")
             )
-            rows.append((workers, base_s, ours_s, identical))
+            rows.append((workers, min(times[("baseline", workers)]), min(times[("ours", workers)]), identical))
         num_tokens = int(np.fromfile(ours_prefix + ".bin", dtype=DType.optimal_dtype(vocab_size)).size)
     finally:
         shutil.rmtree(work)
+    print(f"load average after {os.getloadavg()[0]:.2f}, best of {args.repeat} interleaved runs")
     rate = lambda s: f"{len(texts) / s:8.0f} docs/s {num_tokens / s / 1e3:7.0f} ktok/s {num_bytes / s / 1e6:5.2f} MB/s"
     print(f"ceiling (encode_batch_fast, in memory): {rate(ceiling_s)}")
     for workers, base_s, ours_s, identical in rows:

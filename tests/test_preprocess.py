@@ -234,6 +234,7 @@ BAD_INPUTS = {
     "bad_json": ("b.jsonl", lambda _: b'{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n', r"b\.jsonl:3: malformed JSON"),
     "missing_key": ("m.jsonl", lambda _: b'{"text": "a"}\n{"body": "b"}\n', r"m\.jsonl:2: missing .*'text'"),
     "non_utf8": ("u.jsonl", lambda _: b'{"text": "a"}\n{"text": "bad \xff"}\n', r"u\.jsonl:2: not valid UTF-8"),
+    "lone_surrogate": ("s.jsonl", lambda _: b'{"text": "a"}\n{"text": "x \\ud800 y"}\n', r"s\.jsonl:2: key 'text' holds a lone surrogate"),
     "empty_file": ("e.jsonl", lambda _: b"", r"e\.jsonl: empty file"),
     "truncated_gzip": ("g.jsonl.gz", lambda _: _truncated(gzip.compress(b'{"text": "abc"}\n' * 5000)), r"g\.jsonl\.gz:\d+: truncated or corrupt gzip"),
     "truncated_parquet": ("p.parquet", lambda t: _truncated(_parquet_bytes(t, [{"text": "abc"}] * 100)), r"p\.parquet: unreadable parquet"),

@@ -75,13 +75,18 @@ def _parse(chunk: Chunk, index: int, cfg: PreprocessConfig):
             value = [value]
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"missing or non-text key {key!r}" if value is None else f"key {key!r} is not text")
+        try:
+            for text in value:
+                text.encode("utf-8")
+        except UnicodeEncodeError:
+            raise ValueError(f"key {key!r} holds a lone surrogate (\\ud800-\\udfff), not valid Unicode") from None
         texts[key] = value
     if cfg.id_key is not None:
         if record.get(cfg.id_key) is None:
             raise ValueError(f"missing id key {cfg.id_key!r}")
         doc_key = str(record[cfg.id_key]).encode("utf-8")
     else:
-        doc_key = "".join(texts[cfg.json_keys[0]]).encode("utf-8", "surrogatepass")
+        doc_key = "".join(texts[cfg.json_keys[0]]).encode("utf-8")
     return doc_key, texts
 
 
