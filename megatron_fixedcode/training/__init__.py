@@ -1,0 +1,1 @@
+"""Training: model chunks under DDP, one forward/backward over microbatches, optimizer."""

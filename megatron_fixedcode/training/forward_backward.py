@@ -1,0 +1,61 @@
+"""One pass of megatron-core's pipeline schedule over a list of microbatches.
+
+A microbatch is a dict with ``tokens``, ``labels``, ``loss_mask`` ``[b, s]`` and optionally
+``position_ids``. The loss is the mean next-token NLL over all loss-mask positions of the batch.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Iterable
+
+import torch
+from megatron.core.pipeline_parallel import get_forward_backward_func
+
+
+def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):
+    """Sum of masked token losses and their count: megatron averages over all microbatches."""
+    losses = output_BS.float() * loss_mask_BS
+    num_tokens = loss_mask_BS.sum().to(torch.int)
+    total = losses.sum()
+    return total, num_tokens, {"lm loss": torch.stack([total.detach(), num_tokens.float()])}
+
+
+def gpt_forward_step(data_iterator, model):
+    batch = next(data_iterator)
+    tokens_BS = batch["tokens"]
+    position_ids = batch.get("position_ids")
+    if position_ids is None:
+        position_ids = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
+    output_BS = model(tokens_BS, position_ids, None, labels=batch["labels"])
+    return output_BS, functools.partial(_loss_func, batch["loss_mask"].float())
+
+
+def forward_backward(
+    model_chunks: list[torch.nn.Module],
+    microbatches: Iterable[dict],
+    *,
+    num_microbatches: int,
+    seq_length: int,
+    micro_batch_size: int,
+    forward_only: bool = False,
+    pg_collection=None,
+) -> tuple[float, int] | None:
+    """Run the schedule; on the last pipeline stage return (summed NLL, token count), else None."""
+    microbatches = list(microbatches)
+    num_chunks = len(model_chunks)
+    # Every virtual stage reads the same microbatch stream.
+    iterators = [iter(microbatches) for _ in range(num_chunks)] if num_chunks > 1 else iter(microbatches)
+    schedule = get_forward_backward_func()
+    losses = schedule(
+        forward_step_func=gpt_forward_step,
+        data_iterator=iterators,
+        model=model_chunks if num_chunks > 1 else model_chunks[0],
+        num_microbatches=num_microbatches,
+        seq_length=seq_length,
+        micro_batch_size=micro_batch_size,
+        forward_only=forward_only,
+    )
+    if not losses:
+        return None
+    total = torch.stack([d["lm loss"] for d in losses]).sum(dim=0)
+    return float(total[0]), int(total[1])

@@ -1,0 +1,51 @@
+"""Build this rank's model chunks (pipeline stages) and wrap them in megatron-core's DDP."""
+from __future__ import annotations
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
+from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.transformer_config import TransformerConfig
+
+from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models import ModelConfig, build_gpt_model
+
+
+def build_model_chunks(
+    cfg: ModelConfig,
+    config: TransformerConfig,
+    layout: ParallelLayout,
+    pg_collection: ProcessGroupCollection,
+    *,
+    wrap_ddp: bool = True,
+    use_distributed_optimizer: bool = False,
+) -> list[torch.nn.Module]:
+    """One chunk per virtual pipeline stage; the first stage embeds, the last has the head."""
+    pp_rank, pp_size = pg_collection.pp.rank(), pg_collection.pp.size()
+    num_vp = layout.virtual_pipeline_model_parallel_size or 1
+    chunks = []
+    for vp_stage in range(num_vp):
+        chunks.append(
+            build_gpt_model(
+                cfg,
+                config,
+                pg_collection,
+                pre_process=pp_rank == 0 and vp_stage == 0,
+                post_process=pp_rank == pp_size - 1 and vp_stage == num_vp - 1,
+                vp_stage=vp_stage if layout.virtual_pipeline_model_parallel_size else None,
+            )
+        )
+    if not wrap_ddp:
+        return chunks
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=use_distributed_optimizer,
+    )
+    wrapped = [
+        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
+                                disable_bucketing=i > 0, pg_collection=pg_collection)
+        for i, chunk in enumerate(chunks)
+    ]
+    config.finalize_model_grads_func = finalize_model_grads
+    config.no_sync_func = [c.no_sync for c in wrapped] if len(wrapped) > 1 else wrapped[0].no_sync
+    return wrapped
