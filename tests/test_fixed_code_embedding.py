@@ -1,0 +1,134 @@
+"""FixedCodeEmbedding and the model around it, on one rank."""
+import dataclasses
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_fixedcode.codes import CodeSpec
+from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models import (
+    FixedCodeEmbedding,
+    ModelConfig,
+    build_gpt_model,
+    build_transformer_config,
+    parameter_report,
+)
+
+VOCAB = 49152
+
+
+def tiny(input_embedding="binary", **kw) -> ModelConfig:
+    fields = dict(num_layers=2, hidden_size=40, num_attention_heads=4, ffn_hidden_size=64,
+                  seq_length=16, vocab_size=VOCAB, input_embedding=input_embedding)
+    fields.update(kw)
+    return ModelConfig(**fields)
+
+
+def build(single_rank, cfg, **config_overrides):
+    torch.manual_seed(7)
+    config = build_transformer_config(cfg, ParallelLayout(), **config_overrides)
+    return build_gpt_model(cfg, config, single_rank)
+
+
+def embed_all_ids(model, vocab=VOCAB):
+    ids_BS = torch.arange(vocab).reshape(1, -1)
+    return model.embedding(ids_BS, None)  # [s, b, h]
+
+
+@pytest.mark.parametrize("kind,offset", [("binary", 0), ("gf2", 0), ("gf2", 0b1011)])
+def test_output_is_scaled_tiled_code_for_every_id(single_rank, kind, offset):
+    cfg = tiny(kind, code_offset=offset, code_scale=0.25)
+    x_SBH = embed_all_ids(build(single_rank, cfg))
+    expected = cfg.code_spec().vectors(np.arange(VOCAB))  # float64 [V, d]
+    assert x_SBH.shape == (VOCAB, 1, 40) and x_SBH.dtype == torch.float32
+    assert np.array_equal(x_SBH[:, 0].double().numpy(), expected)
+
+
+@pytest.mark.parametrize("kind", ["binary", "gf2"])
+def test_table_free_equals_lookup_bit_for_bit(single_rank, kind):
+    table_free = build(single_rank, tiny(kind, code_offset=6, code_impl="table_free"))
+    lookup = build(single_rank, tiny(kind, code_offset=6, code_impl="lookup"))
+    assert lookup.embedding.codebook_VK.shape == (VOCAB, 16)
+    assert table_free.embedding.codebook_VK is None
+    assert torch.equal(embed_all_ids(table_free), embed_all_ids(lookup))
+
+
+def test_no_trainable_input_parameters_and_report(single_rank):
+    model = build(single_rank, tiny("gf2"))
+    assert list(model.embedding.parameters()) == []
+    assert all(p.requires_grad for p in model.parameters())  # everything else trains, head untied
+    report = parameter_report(tiny("gf2"), [model], single_rank)
+    learned = parameter_report(tiny("learned"), [build(single_rank, tiny("learned"))], single_rank)
+    assert report["input_interface_params"] == 0
+    assert learned["input_interface_params"] == VOCAB * 40 == learned["learned_table_params"]
+    assert learned["total_params"] - report["total_params"] == VOCAB * 40
+    assert report["optimizer_state_bytes_saved"] == VOCAB * 40 * 8
+
+
+def test_backbone_init_does_not_depend_on_input_interface(single_rank):
+    states = {k: build(single_rank, tiny(k)).state_dict() for k in ("learned", "binary", "gf2")}
+    backbone = [k for k, v in states["binary"].items() if k.startswith(("decoder.", "output_layer.")) and torch.is_tensor(v)]
+    assert len(backbone) > 10
+    for key in backbone:
+        assert torch.equal(states["learned"][key], states["binary"][key]), key
+        assert torch.equal(states["gf2"][key], states["binary"][key]), key
+
+
+@pytest.mark.parametrize("dtype_flags,dtype", [({}, torch.float32), ({"bf16": True}, torch.bfloat16)])
+def test_output_dtype_follows_config(single_rank, dtype_flags, dtype):
+    cfg = tiny("gf2", **dtype_flags)
+    assert embed_all_ids(build(single_rank, cfg), vocab=64).dtype == dtype
+
+
+@pytest.mark.parametrize("kind", ["binary", "gf2"])
+def test_token_zero_only_input_gives_exactly_uniform_logits(single_rank, kind):
+    model = build(single_rank, tiny(kind)).eval()
+    ids = torch.zeros(2, 16, dtype=torch.long)
+    pos = torch.arange(16).expand(2, -1)
+    with torch.no_grad():
+        logits = model(ids, pos, None)  # [b, s, V_padded]
+        assert torch.equal(logits, torch.zeros_like(logits))  # bias-free: zero in, zero out
+        shifted = build(single_rank, tiny(kind, code_offset=1)).eval()(ids, pos, None)
+        assert shifted.std() > 0  # an offset b != 0 avoids it
+
+
+def test_out_of_vocabulary_ids_are_refused(single_rank):
+    model = build(single_rank, tiny("binary", vocab_size=1000))
+    with pytest.raises(ValueError, match="input_ids contain 1000"):
+        model.embedding(torch.tensor([[1, 1000]]), None)
+
+
+def test_untied_head_and_no_learned_positions_enforced(single_rank):
+    cfg = tiny("binary")
+    config = build_transformer_config(cfg, ParallelLayout())
+    with pytest.raises(ValueError, match="learned_absolute"):
+        FixedCodeEmbedding(config, cfg.code_spec(), position_embedding_type="learned_absolute")
+    from megatron_fixedcode.models.builder import build_embedding_factory, build_layer_spec
+    from megatron_fixedcode.models.gpt import InputInterfaceGPTModel
+
+    with pytest.raises(ValueError, match="share_embeddings_and_output_weights"):
+        InputInterfaceGPTModel(embedding_factory=build_embedding_factory(cfg), config=config,
+                               transformer_layer_spec=build_layer_spec(cfg, config), vocab_size=49152,
+                               max_sequence_length=16, share_embeddings_and_output_weights=True)
+
+
+def test_state_dict_carries_code_and_refuses_a_different_code(single_rank):
+    gf2 = build(single_rank, tiny("gf2", code_impl="lookup"))
+    sd = gf2.state_dict()
+    assert {"embedding.row_masks_K", "embedding.offset_K", "embedding.codebook_VK", "embedding._extra_state"} <= set(sd)
+    build(single_rank, tiny("gf2", code_impl="lookup")).load_state_dict(sd)  # same code loads
+    other = build(single_rank, tiny("gf2", code_impl="lookup", code_seed=1))
+    fp_saved, fp_model = tiny("gf2").code_spec().fingerprint, tiny("gf2", code_seed=1).code_spec().fingerprint
+    with pytest.raises(ValueError, match=f"{fp_saved}.*{fp_model}"):
+        other.load_state_dict(sd)
+
+
+def test_model_config_errors_name_the_field():
+    with pytest.raises(ValueError, match="input_embedding"):
+        tiny("hash")
+    with pytest.raises(ValueError, match="hidden_size=8"):
+        tiny("binary", hidden_size=8, num_attention_heads=2)
+    with pytest.raises(ValueError, match="code_bits=8"):
+        tiny("gf2", code_bits=8)
+    assert dataclasses.replace(tiny("learned"), hidden_size=8, num_attention_heads=2).code_spec() is None
