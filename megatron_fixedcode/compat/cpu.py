@@ -22,6 +22,7 @@ _MODULES_WITH_CUDA_LITERALS = (
     "megatron.core.optimizer.clip_grads",       # grad-norm scalars
     "megatron.core.optimizer.grad_scaler",      # loss-scale scalars
     "megatron.core.rerun_state_machine",        # validation scalars
+    "megatron.core.utils",                      # local_multi_tensor_l2_norm result
 )
 
 
@@ -92,6 +93,15 @@ def _sequence_parallel_torch_norm(original_new):
     return __new__
 
 
+def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled_grad=False):
+    """megatron's clip_grad_by_total_norm_fp32 minus its 'torch.cuda.FloatTensor' assertion."""
+    attr = "decoupled_grad" if use_decoupled_grad else "grad"
+    grads = [getattr(p, attr).detach() for p in parameters if getattr(p, attr, None) is not None]
+    clip_coeff = max_norm / (total_norm + 1.0e-6)
+    if clip_coeff < 1.0 and grads:
+        torch._foreach_mul_(grads, clip_coeff)
+
+
 def apply_cpu_patches() -> bool:
     """Make megatron-core's CUDA assumptions hold on a CPU-only machine. Returns True if applied."""
     global _APPLIED
@@ -99,6 +109,7 @@ def apply_cpu_patches() -> bool:
         return False
     if _APPLIED:
         return True
+    from megatron.core.optimizer import optimizer as mcore_optimizer
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer import torch_norm
 
@@ -116,6 +127,8 @@ def apply_cpu_patches() -> bool:
     # WrappedTorchNorm refuses sequence parallelism; its parameters only need the
     # `sequence_parallel` tag so finalize_model_grads all-reduces their gradients.
     torch_norm.WrappedTorchNorm.__new__ = _sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm.__new__)
+    # Gradient clipping asserts grad.type() == 'torch.cuda.FloatTensor'; clip CPU grads the same way.
+    mcore_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
     _APPLIED = True
     logger.debug("megatron-core CPU patches applied")
     return True
