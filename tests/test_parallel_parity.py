@@ -54,3 +54,11 @@ def test_fixed_code_input_issues_no_collective(parity_runs):
         assert rank_result["gf2"]["embedding_collectives"] == 0
         # The counter works: the vocab-parallel table reduce-scatters forward, all-gathers backward.
         assert rank_result["learned"]["embedding_collectives"] == 2
+
+
+def test_distributed_checkpoint_of_another_code_is_refused(parity_runs):
+    from tests.distributed.parity_worker import model_config
+
+    message = parity_runs["compare_tp2sp"]["code_mismatch_error"]
+    saved, wanted = model_config("gf2").code_spec().fingerprint, model_config("binary").code_spec().fingerprint
+    assert saved in message and wanted in message, message

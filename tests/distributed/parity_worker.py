@@ -105,6 +105,18 @@ def run(args, layout):
     destroy_distributed()
 
 
+def load_other_code_error(args, layout, pg) -> str:
+    """Load the gf2 weights checkpoint into a binary-code model: must be refused."""
+    cfg = model_config("binary")
+    chunks = build_model_chunks(cfg, build_transformer_config(cfg, layout), layout, pg, wrap_ddp=False)
+    sd = dist_checkpointing.load(sharded(chunks), str(Path(args.workdir) / "weights_gf2"))
+    try:
+        chunks[0].load_state_dict(sd)
+    except ValueError as e:
+        return str(e)
+    return ""
+
+
 def compare(args):
     layout = LAYOUTS["single"]
     pg = initialize_distributed(layout, seed=1234)
@@ -126,6 +138,7 @@ def compare(args):
         report[variant] = {"max_rel_diff": max(worst.values()), "worst_param": max(worst, key=worst.get),
                            "num_params": len(worst),
                            "min_grad_scale": min(g.abs().max().item() for g in ref.values())}
+    report["code_mismatch_error"] = load_other_code_error(args, layout, pg)
     Path(args.workdir, f"compare_{args.layout}.json").write_text(json.dumps(report))
     destroy_distributed()
 
