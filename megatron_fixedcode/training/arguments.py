@@ -1,0 +1,231 @@
+"""Megatron-LM style command line + YAML recipes → validated component configs.
+
+``--config recipe.yaml`` sets defaults (keys are flag names with underscores, ``${VAR}`` in
+strings is expanded from the environment); flags given on the command line override the file.
+Every inconsistency is refused here, before any process group, model or data exists.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import os
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
+from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models.config import BLOCKS, INPUT_EMBEDDINGS, TRANSFORMER_IMPLS, ModelConfig
+from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
+
+
+def _add_model(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("model")
+    g.add_argument("--num-layers", type=int)
+    g.add_argument("--hidden-size", type=int)
+    g.add_argument("--num-attention-heads", type=int)
+    g.add_argument("--num-query-groups", type=int, default=None)
+    g.add_argument("--ffn-hidden-size", type=int)
+    g.add_argument("--seq-length", type=int)
+    g.add_argument("--block", choices=sorted(BLOCKS), default="llama")
+    g.add_argument("--norm-epsilon", type=float, default=1e-5)
+    g.add_argument("--rotary-base", type=int, default=10000)
+    g.add_argument("--init-method-std", type=float, default=0.02)
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
+    g.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer's vocabulary")
+    g = p.add_argument_group("input interface")
+    g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary")
+    g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED)
+    g.add_argument("--code-offset", type=int, default=0, help="offset b as a K-bit integer mask")
+    g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free")
+    g.add_argument("--code-scale", type=float, default=1.0)
+    g.add_argument("--code-bits", type=int, default=None)
+    g.add_argument("--code-min-weight", type=int, default=4)
+
+
+def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("parallelism and precision")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
+    g.add_argument("--context-parallel-size", type=int, default=1)
+    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default="auto")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+
+
+def _add_training(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("batch, optimizer, schedule, budget")
+    g.add_argument("--micro-batch-size", type=int, default=1)
+    g.add_argument("--global-batch-size", type=int, default=None)
+    g.add_argument("--lr", type=float, default=1.5e-4)
+    g.add_argument("--min-lr", type=float, default=0.0)
+    g.add_argument("--lr-warmup-iters", type=int, default=0)
+    g.add_argument("--lr-decay-style", choices=["cosine", "linear", "constant"], default="cosine")
+    g.add_argument("--lr-decay-iters", type=int, default=None)
+    g.add_argument("--weight-decay", type=float, default=0.01)
+    g.add_argument("--adam-beta1", type=float, default=0.9)
+    g.add_argument("--adam-beta2", type=float, default=0.95)
+    g.add_argument("--adam-eps", type=float, default=1e-8)
+    g.add_argument("--clip-grad", type=float, default=1.0)
+    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--train-tokens", type=int, default=None, help="stop at the first step boundary past this many prediction targets")
+    g.add_argument("--seed", type=int, default=1234)
+
+
+def _add_data(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("data")
+    g.add_argument("--data-path", nargs="+", default=None, help="prefixes, or weight prefix pairs")
+    g.add_argument("--valid-data-path", nargs="+", default=None)
+    g.add_argument("--dataset-type", choices=["gpt", "document_windows"], default="gpt")
+    g.add_argument("--split", default="99,1,0")
+    g.add_argument("--data-cache-path", default=None)
+    g.add_argument("--samples-per-shard-visit", type=int, default=16384)
+    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer"], default="HuggingFaceTokenizer")
+    g.add_argument("--tokenizer-model", default=None)
+
+
+def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoints")
+    g.add_argument("--save", default=None)
+    g.add_argument("--load", default=None)
+    g.add_argument("--save-interval", type=int, default=None)
+    g.add_argument("--ckpt-keep-last", type=int, default=2)
+    g.add_argument("--exit-duration-in-mins", type=float, default=None)
+    g.add_argument("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
+    g.add_argument("--exit-interval", type=int, default=None, help="save and exit after this step (testing, preemption drills)")
+    g = p.add_argument_group("logging")
+    g.add_argument("--log-interval", type=int, default=10)
+    g.add_argument("--eval-interval", type=int, default=None)
+    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--tensorboard-dir", default=None)
+    g.add_argument("--metrics-file", default=None)
+    g.add_argument("--wandb-project", default=None)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=__doc__,
+                                usage="%(prog)s [--config RECIPE.yaml] [--dry-run] [flags]  (see --help)",
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", default=None, help="YAML recipe; command-line flags override it")
+    p.add_argument("--dry-run", action="store_true", help="validate and print the resolved config as JSON, then exit")
+    _add_model(p)
+    _add_parallel_and_precision(p)
+    _add_training(p)
+    _add_data(p)
+    _add_checkpoint_and_logging(p)
+    return p
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        return os.path.expandvars(value)
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
+    """YAML recipe → parser defaults; unknown keys are refused naming the file and key."""
+    try:
+        data = yaml.safe_load(Path(path).read_text()) or {}
+    except (OSError, yaml.YAMLError) as e:
+        parser.error(f"--config {path}: {e}")
+    if not isinstance(data, dict):
+        parser.error(f"--config {path}: expected a mapping of flag names to values")
+    known = {a.dest for a in parser._actions}
+    for key in data:
+        if key.replace("-", "_") not in known or key in ("config", "dry_run"):
+            parser.error(f"--config {path}: unknown key {key!r}")
+    values = {k.replace("-", "_"): _expand(v) for k, v in data.items()}
+    for key in ("data_path", "valid_data_path"):
+        if values.get(key) is not None:
+            values[key] = [str(v) for v in values[key]]
+    return values
+
+
+@dataclasses.dataclass(kw_only=True)
+class PretrainConfig:
+    """Everything one training run needs, each part owned by its component."""
+
+    args: argparse.Namespace
+    layout: ParallelLayout
+    optim: OptimConfig
+    schedule: ScheduleConfig
+    checkpoint: CheckpointConfig
+    logging: LoggingConfig
+
+    def model_config(self, vocab_size: int) -> ModelConfig:
+        a = self.args
+        return ModelConfig(
+            num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+            num_query_groups=a.num_query_groups, ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
+            vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.norm_epsilon,
+            rotary_base=a.rotary_base, init_method_std=a.init_method_std,
+            make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
+            code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_scale=a.code_scale,
+            code_bits=a.code_bits, code_min_weight=a.code_min_weight, transformer_impl=a.transformer_impl,
+            bf16=a.bf16, recompute_granularity=a.recompute_granularity,
+        )
+
+    def as_dict(self) -> dict[str, Any]:
+        return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run")}
+
+
+def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    for flag in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
+        if getattr(a, flag) is None:
+            p.error(f"--{flag.replace('_', '-')} is required (on the command line or in --config)")
+    if a.train_iters is None and a.train_tokens is None:
+        p.error("give --train-iters or --train-tokens (or both: the first reached stops training)")
+    if not a.dry_run and not a.data_path:
+        p.error("--data-path is required")
+    if a.data_path and not a.tokenizer_model and not a.vocab_size:
+        p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
+    if a.dataset_type == "document_windows" and a.valid_data_path is None and a.eval_interval:
+        p.error("--dataset-type document_windows evaluates on --valid-data-path: give it, or drop --eval-interval")
+    if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
+        p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")
+    if a.virtual_pipeline_model_parallel_size and a.pipeline_model_parallel_size < 2:
+        p.error("--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size >= 2")
+    if a.num_attention_heads % a.tensor_model_parallel_size:
+        p.error("--num-attention-heads must be divisible by --tensor-model-parallel-size")
+    if a.sequence_parallel and a.tensor_model_parallel_size == 1:
+        p.error("--sequence-parallel needs --tensor-model-parallel-size > 1")
+    if a.seq_length % (a.tensor_model_parallel_size if a.sequence_parallel else 1):
+        p.error("--seq-length must be divisible by --tensor-model-parallel-size under --sequence-parallel")
+    if a.context_parallel_size > 1 and a.seq_length % (2 * a.context_parallel_size):
+        p.error("--seq-length must be divisible by 2 x --context-parallel-size")
+    if a.save_interval and not a.save:
+        p.error("--save-interval needs --save")
+    if a.min_lr > a.lr:
+        p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
+
+
+def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
+    parser = build_parser()
+    pre, _ = parser.parse_known_args(argv)
+    if pre.config:
+        parser.set_defaults(**load_recipe(pre.config, parser))
+    a = parser.parse_args(argv)
+    _validate(a, parser)
+    try:
+        layout = ParallelLayout(
+            tensor_model_parallel_size=a.tensor_model_parallel_size,
+            pipeline_model_parallel_size=a.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
+            context_parallel_size=a.context_parallel_size,
+            sequence_parallel=a.sequence_parallel,
+        )
+        cfg = PretrainConfig(
+            args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
+            checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
+        )
+        if a.vocab_size or a.dry_run:
+            cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
+    except ValueError as e:
+        parser.error(str(e))
+    return cfg

@@ -1,0 +1,114 @@
+"""Small configs of the training components, built from parsed arguments."""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class OptimConfig:
+    """AdamW with weight decay on matrices only (megatron's default no-decay rule: 1-D and bias)."""
+
+    lr: float
+    min_lr: float
+    weight_decay: float
+    adam_beta1: float
+    adam_beta2: float
+    adam_eps: float
+    clip_grad: float
+    use_distributed_optimizer: bool
+    lr_warmup_iters: int
+    lr_decay_iters: int | None
+    lr_decay_style: str
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "OptimConfig":
+        for name in ("lr", "adam_eps"):
+            if getattr(a, name) <= 0:
+                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+        if not (0 <= a.adam_beta1 < 1 and 0 <= a.adam_beta2 < 1):
+            raise ValueError("--adam-beta1/--adam-beta2 must be in [0, 1)")
+        return cls(lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, adam_beta1=a.adam_beta1,
+                   adam_beta2=a.adam_beta2, adam_eps=a.adam_eps, clip_grad=a.clip_grad,
+                   use_distributed_optimizer=a.use_distributed_optimizer, lr_warmup_iters=a.lr_warmup_iters,
+                   lr_decay_iters=a.lr_decay_iters, lr_decay_style=a.lr_decay_style)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class ScheduleConfig:
+    """Batch geometry and when to stop. ``global_batch_size`` defaults to micro × data-parallel."""
+
+    micro_batch_size: int
+    global_batch_size: int | None
+    seq_length: int
+    train_iters: int | None
+    train_tokens: int | None
+    eval_interval: int | None
+    eval_iters: int
+    seed: int
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "ScheduleConfig":
+        if a.micro_batch_size < 1:
+            raise ValueError(f"--micro-batch-size must be >= 1, got {a.micro_batch_size}")
+        if a.global_batch_size is not None and a.global_batch_size % a.micro_batch_size:
+            raise ValueError(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size {a.micro_batch_size}")
+        if a.train_iters is not None and a.train_iters < 1:
+            raise ValueError(f"--train-iters must be >= 1, got {a.train_iters}")
+        if a.train_tokens is not None and a.train_tokens < 1:
+            raise ValueError(f"--train-tokens must be >= 1, got {a.train_tokens}")
+        return cls(micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
+                   seq_length=a.seq_length, train_iters=a.train_iters, train_tokens=a.train_tokens,
+                   eval_interval=a.eval_interval, eval_iters=a.eval_iters, seed=a.seed)
+
+    def resolve_global_batch(self, data_parallel_size: int) -> int:
+        gbs = self.global_batch_size or self.micro_batch_size * data_parallel_size
+        if gbs % (self.micro_batch_size * data_parallel_size):
+            raise ValueError(
+                f"--global-batch-size {gbs} is not divisible by --micro-batch-size {self.micro_batch_size} "
+                f"x data-parallel size {data_parallel_size}"
+            )
+        return gbs
+
+    def max_steps(self, global_batch_size: int) -> int:
+        """Steps until the first budget is reached (tokens: the first step boundary at or past it)."""
+        by_tokens = None
+        if self.train_tokens is not None:
+            per_step = global_batch_size * self.seq_length
+            by_tokens = -(-self.train_tokens // per_step)
+        candidates = [s for s in (self.train_iters, by_tokens) if s is not None]
+        return min(candidates)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    save: str | None
+    load: str | None
+    save_interval: int | None
+    keep_last: int
+    exit_duration_in_mins: float | None
+    exit_signal_handler: bool
+    exit_interval: int | None
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
+        if a.ckpt_keep_last < 1:
+            raise ValueError(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
+        return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last,
+                   exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
+                   exit_interval=a.exit_interval)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class LoggingConfig:
+    log_interval: int
+    tensorboard_dir: str | None
+    metrics_file: str | None
+    wandb_project: str | None
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
+        if a.log_interval < 1:
+            raise ValueError(f"--log-interval must be >= 1, got {a.log_interval}")
+        return cls(log_interval=a.log_interval, tensorboard_dir=a.tensorboard_dir,
+                   metrics_file=a.metrics_file, wandb_project=a.wandb_project)
