@@ -7,7 +7,7 @@ import math
 import numpy
 import pytest
 import torch
-from data_helpers import random_documents, tagged_documents, write_indexed_dataset
+from tests.data_helpers import random_documents, tagged_documents, write_indexed_dataset
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from megatron_fixedcode.data import (

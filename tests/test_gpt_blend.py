@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy
 import pytest
 import torch
-from data_helpers import StubTokenizer, single_process_group, tagged_documents, write_indexed_dataset
+from tests.data_helpers import StubTokenizer, single_process_group, tagged_documents, write_indexed_dataset
 
 from megatron_fixedcode.data import DataConfig, build_datasets, locate_gpt_sample, parse_blend
 from megatron_fixedcode.data.sampler import count_prediction_targets, fetch_microbatch
@@ -27,6 +27,7 @@ def data(tmp_path_factory):
 
 
 def _build(data, data_path, num_train=400, num_valid=40, seed=11, **kw):
+    kw.setdefault("split", "90,10,0")
     cfg = DataConfig(
         data_path=data_path, seq_length=SEQ, cache_path=str(data["root"] / "cache"), **kw
     )
@@ -86,6 +87,11 @@ def test_same_seed_same_stream_other_seed_other_stream(data):
     same = [torch.equal(first[i]["tokens"], again[i]["tokens"]) for i in range(50)]
     diff = [torch.equal(first[i]["tokens"], other[i]["tokens"]) for i in range(50)]
     assert all(same) and not all(diff)
+
+
+def test_empty_split_is_an_error_not_a_hang(data):
+    with pytest.raises(ValueError, match="split: the valid part"):
+        _build(data, [data["prefixes"][0]], split="99,1,0")
 
 
 def test_parse_blend_forms():

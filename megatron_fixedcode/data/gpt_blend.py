@@ -14,6 +14,8 @@ from typing import Any, Callable
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.indexed_dataset import IndexedDataset
+from megatron.core.datasets.utils import Split
 
 from megatron_fixedcode.data.config import DataConfig
 
@@ -90,6 +92,7 @@ def build_gpt_datasets(
     if num_valid_samples < 0:
         raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
     config = gpt_dataset_config(cfg, tokenizer, seed)
+    _check_splits_not_empty(config)
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
     )
@@ -102,6 +105,38 @@ def build_gpt_datasets(
         None if valid_ds is None else len(valid_ds),
     )
     return train_ds, valid_ds
+
+
+def _check_splits_not_empty(config: GPTDatasetConfig) -> None:
+    """Megatron loops forever sizing a split that holds no tokens; name the cause instead."""
+    if config.blend_per_split is not None:
+        fields = ("data_path", "valid_data_path")
+        checks = [
+            (prefix, (0.0, 1.0), name)
+            for blend, name in zip(config.blend_per_split, fields)
+            if blend is not None
+            for prefix in blend[0]
+        ]
+    else:
+        checks = [
+            (prefix, bounds, Split(i).name)
+            for prefix in config.blend[0]
+            for i, bounds in enumerate(config.split_matrix)
+            if bounds is not None
+        ]
+    opened: dict[str, IndexedDataset] = {}  # kept open: sequence_lengths views its mmap
+    for prefix, (lo, hi), name in checks:
+        if prefix not in opened:
+            if not IndexedDataset.exists(prefix):
+                raise ValueError(f"data_path: no {prefix}.bin/.idx")
+            opened[prefix] = IndexedDataset(prefix, mmap=False)
+        lengths = opened[prefix].sequence_lengths
+        beg, end = int(round(lo * len(lengths))), int(round(hi * len(lengths)))
+        if int(lengths[beg:end].sum()) == 0:
+            raise ValueError(
+                f"split: the {name} part of {prefix} ({end - beg} of {len(lengths)} sequences) "
+                "has no tokens; change --split or give --valid-data-path"
+            )
 
 
 @dataclass(frozen=True, kw_only=True)
