@@ -1,0 +1,155 @@
+"""Distributed checkpoints (megatron-core ``dist_checkpointing``) with a crash-safe ``latest`` marker.
+
+Layout: ``SAVE/iter_0000100/`` per checkpoint, ``SAVE/latest_checkpointed_iteration.txt`` naming
+the newest *complete* one — written (atomically) only after every rank finished saving, so a
+crash while saving leaves the previous checkpoint as the one that loads. Model weights reshard
+to any TP/PP layout on load; the optimizer is restored when the layout is unchanged.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+logger = logging.getLogger(__name__)
+LATEST_MARKER = "latest_checkpointed_iteration.txt"
+
+
+def checkpoint_dir(root: str | Path, step: int) -> Path:
+    return Path(root) / f"iter_{step:07d}"
+
+
+def latest_step(root: str | Path) -> int | None:
+    marker = Path(root) / LATEST_MARKER
+    if not marker.exists():
+        return None
+    text = marker.read_text().strip()
+    if not text.isdigit():
+        raise ValueError(f"{marker}: expected an iteration number, found {text!r}")
+    return int(text)
+
+
+def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+    while hasattr(chunk, "module"):
+        chunk = chunk.module
+    return chunk
+
+
+def model_sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
+    if len(chunks) == 1:
+        return {"model": _unwrap(chunks[0]).sharded_state_dict()}
+    return {f"model{i}": _unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
+
+
+def _rng_object(world_size: int, rank: int, data: Any = None) -> ShardedObject:
+    """Each rank's RNG states; keyed by world size since they only restore on the same layout."""
+    return ShardedObject(f"rng_state_world{world_size}", data, (world_size,), (rank,), replica_id=0)
+
+
+def capture_rng_state() -> dict[str, Any]:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()},
+    }
+
+
+def restore_rng_state(state: dict[str, Any]) -> None:
+    from megatron.core.tensor_parallel import get_cuda_rng_tracker
+
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
+def _fsync_write(path: Path, text: str) -> None:
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+
+
+def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
+    """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    target = checkpoint_dir(root, step)
+    if rank == 0:
+        shutil.rmtree(target, ignore_errors=True)  # a partial save of this step from a crashed run
+        target.mkdir(parents=True)
+    dist.barrier()
+    model_state = model_sharded_state(chunks)
+    state = {
+        **model_state,
+        "optimizer": optimizer.sharded_state_dict(model_state),
+        "opt_param_scheduler": scheduler.state_dict(),
+        "trainer": trainer_state,
+        "rng": _rng_object(world, rank, capture_rng_state()),
+    }
+    dist_checkpointing.save(state, str(target))
+    dist.barrier()
+    if rank == 0:
+        _fsync_write(Path(root) / LATEST_MARKER, str(step))
+        _prune(Path(root), keep_last, step)
+    dist.barrier()
+    return target
+
+
+def _prune(root: Path, keep_last: int, newest: int) -> None:
+    steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
+    for old in [s for s in steps if s <= newest][:-keep_last]:
+        shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
+
+
+def read_trainer_state(root: str) -> dict | None:
+    step = latest_step(root)
+    if step is None:
+        return None
+    common = dist_checkpointing.load_common_state_dict(str(checkpoint_dir(root, step)))
+    return common["trainer"]
+
+
+def load_checkpoint(root: str, chunks, optimizer, scheduler) -> dict | None:
+    """Restore model (any layout), and optimizer, scheduler and RNG (same layout). Returns the
+    trainer state, or None when ``root`` has no complete checkpoint."""
+    step = latest_step(root)
+    if step is None:
+        return None
+    target = checkpoint_dir(root, step)
+    trainer_state = read_trainer_state(root)
+    same_layout = trainer_state["layout"] == _current_layout(trainer_state)
+    model_state = model_sharded_state(chunks)
+    template: dict[str, Any] = dict(model_state)
+    if same_layout:
+        template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
+        template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
+    loaded = dist_checkpointing.load(template, str(target))
+    for i, chunk in enumerate(chunks):
+        _unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    if same_layout:
+        optimizer.load_state_dict(loaded["optimizer"])
+        restore_rng_state(loaded["rng"])
+    else:
+        logger.warning("checkpoint layout %s differs from this run's: weights resharded, optimizer state "
+                       "and RNG start fresh", trainer_state["layout"])
+    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    logger.info("resumed from %s (step %d)", target, trainer_state["step"])
+    return trainer_state
+
+
+def _current_layout(saved: dict) -> dict:
+    from megatron_fixedcode.compat import parallel_ranks
+
+    ranks = parallel_ranks()
+    return {k: ranks[k] for k in saved["layout"]}

@@ -1,0 +1,247 @@
+"""The pretraining loop on megatron-core: DDP, pipeline schedules, optimizer, LR schedule,
+token budget, evaluation, checkpoints, preemption.
+
+A sample is a pure function of (seed, global sample index) and step ``n`` reads indices
+``[n·G, (n+1)·G)`` (G = global batch), so the data position *is* the step counter: resuming
+restores model, optimizer, scheduler, RNG and step, and continues the exact stream.
+"""
+from __future__ import annotations
+
+import logging
+import math
+import signal
+import time
+import types
+
+import torch
+import torch.distributed as dist
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron_fixedcode.compat import destroy_distributed, initialize_distributed, parallel_ranks
+from megatron_fixedcode.data import DataConfig, build_datasets
+from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
+from megatron_fixedcode.tokenizers import build_tokenizer
+from megatron_fixedcode.training import checkpointing
+from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.metrics import MetricsSink, require_logging_backends
+from megatron_fixedcode.training.model_chunks import build_model_chunks
+
+logger = logging.getLogger(__name__)
+
+
+class _ExitRequest:
+    """Set by SIGTERM/SIGUSR1 (Slurm's --signal); acted on at the next step boundary."""
+
+    def __init__(self, enabled: bool):
+        self.flag = False
+        if enabled:
+            for sig in (signal.SIGTERM, signal.SIGUSR1):
+                signal.signal(sig, self._handle)
+
+    def _handle(self, signum, frame):
+        logger.warning("received signal %d: saving a checkpoint at the end of this step", signum)
+        self.flag = True
+
+
+def _any_rank(flag: bool) -> bool:
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item())
+
+
+def _global_sum(values: list[float]) -> list[float]:
+    """Sum over every rank; callers zero the entries a rank does not own (e.g. non-last stages)."""
+    t = torch.tensor(values, dtype=torch.float64)
+    dist.all_reduce(t)
+    return t.tolist()
+
+
+def _check_runtime(cfg: PretrainConfig) -> None:
+    if not torch.cuda.is_available():
+        if cfg.args.bf16:
+            raise ValueError("--bf16 needs a GPU; on CPU training runs in FP32 (drop --bf16)")
+        if cfg.layout.context_parallel_size > 1:
+            raise ValueError("--context-parallel-size > 1 needs Transformer Engine attention on GPUs")
+        if cfg.optim.use_distributed_optimizer:
+            raise ValueError("--use-distributed-optimizer is supported on GPUs only (megatron checks CUDA tensor types)")
+    require_logging_backends(cfg.logging)
+
+
+class Trainer:
+    def __init__(self, cfg: PretrainConfig):
+        a = cfg.args
+        self.cfg = cfg
+        self.pg = initialize_distributed(cfg.layout, seed=a.seed)
+        self.ranks = parallel_ranks()
+        # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
+        # GPT index reads it; our datasets never mask on it).
+        self.tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
+                          else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
+                                                     fingerprint=f"vocab{a.vocab_size}"))
+        self.model_cfg = cfg.model_config(self.tokenizer.vocab_size)
+        code = self.model_cfg.code_spec()
+        self.identity = {"input_embedding": self.model_cfg.input_embedding,
+                         "code_fingerprint": code.fingerprint if code else "learned"}
+        self.global_batch = cfg.schedule.resolve_global_batch(self.ranks["dp_size"])
+        self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
+        self.max_steps = cfg.schedule.max_steps(self.global_batch)
+        self._check_resume_compatible()
+        torch.manual_seed(a.seed)
+        config = build_transformer_config(self.model_cfg, cfg.layout)
+        self.chunks = build_model_chunks(self.model_cfg, config, cfg.layout, self.pg,
+                                         use_distributed_optimizer=cfg.optim.use_distributed_optimizer)
+        self.report = parameter_report(self.model_cfg, [checkpointing._unwrap(c) for c in self.chunks], self.pg)
+        o = cfg.optim
+        self.optimizer = get_megatron_optimizer(
+            OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
+                            adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
+                            clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
+                            use_distributed_optimizer=o.use_distributed_optimizer),
+            self.chunks,
+        )
+        self.scheduler = OptimizerParamScheduler(
+            self.optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
+            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=o.lr_decay_iters or self.max_steps,
+            lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
+            wd_incr_steps=self.max_steps, wd_incr_style="constant",
+        )
+        self.train_ds, self.valid_ds = build_datasets(
+            DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
+                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
+                       samples_per_shard_visit=a.samples_per_shard_visit),
+            self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
+            num_valid_samples=(a.eval_iters * self.global_batch) if a.eval_interval else 0, seed=a.seed,
+        )
+        self.step, self.tokens = 0, 0
+        if cfg.checkpoint.load:
+            state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler)
+            if state is not None:
+                self.step, self.tokens = state["step"], state["tokens"]
+
+    def _check_resume_compatible(self) -> None:
+        load = self.cfg.checkpoint.load
+        saved = checkpointing.read_trainer_state(load) if load else None
+        if saved is None:
+            return
+        if saved["identity"] != self.identity:
+            raise ValueError(
+                f"--load {load}: checkpoint was trained with input {saved['identity']['input_embedding']} "
+                f"(code {saved['identity']['code_fingerprint']}) but this run uses {self.identity['input_embedding']} "
+                f"(code {self.identity['code_fingerprint']}); refusing to resume with a different input interface"
+            )
+        for key, now in (("global_batch_size", self.global_batch), ("seq_length", self.cfg.args.seq_length),
+                         ("seed", self.cfg.args.seed)):
+            if saved[key] != now:
+                raise ValueError(f"--load {load}: checkpoint has {key}={saved[key]}, this run {now}; "
+                                 "the data stream would not continue exactly")
+
+    def trainer_state(self) -> dict:
+        r = self.ranks
+        return {"step": self.step, "tokens": self.tokens, "identity": self.identity,
+                "global_batch_size": self.global_batch, "seq_length": self.cfg.args.seq_length,
+                "seed": self.cfg.args.seed,
+                "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
+
+    def _microbatches(self, dataset, step: int) -> list[dict]:
+        a = self.cfg.args
+        return [fetch_microbatch(dataset, rank_microbatch_indices(
+                    step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
+                    dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
+                for m in range(self.num_microbatches)]
+
+    def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
+        """(mean NLL over the global batch, prediction targets of the global batch)."""
+        out = forward_backward(self.chunks, microbatches, num_microbatches=self.num_microbatches,
+                               seq_length=self.cfg.args.seq_length, micro_batch_size=self.cfg.args.micro_batch_size,
+                               forward_only=forward_only)
+        # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
+        owns = out is not None and self.ranks["tp_rank"] == 0
+        total, count = _global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0])
+        return total / count, count
+
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        loss, targets = self._run(self._microbatches(self.train_ds, self.step), forward_only=False)
+        _, grad_norm, _ = self.optimizer.step()
+        self.scheduler.step(increment=1)
+        self.step += 1
+        self.tokens += int(targets)
+        return {"step": self.step, "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same)."""
+        for chunk in self.chunks:
+            chunk.eval()
+        totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True) for k in range(self.cfg.args.eval_iters)]
+        for chunk in self.chunks:
+            chunk.train()
+        nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
+        return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
+
+    def save(self) -> None:
+        ck = self.cfg.checkpoint
+        path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                             self.trainer_state(), ck.keep_last)
+        logger.info("saved checkpoint %s", path)
+
+    def train(self) -> int:
+        cfg, a, ck = self.cfg, self.cfg.args, self.cfg.checkpoint
+        rank0 = self.ranks["rank"] == 0
+        if rank0:
+            logger.info(format_parameter_report(self.report))
+            logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
+                        self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
+                        self.max_steps, self.step)
+        flops_per_token = 6 * self.report["trainable_params"] + 12 * a.num_layers * a.hidden_size * a.seq_length
+        sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
+                           num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
+                           run_config=cfg.as_dict())
+        exit_request = _ExitRequest(ck.exit_signal_handler)
+        started = time.time()
+        saved_at = self.step
+        while self.step < self.max_steps:
+            record = self.train_step()
+            if self.valid_ds is not None and a.eval_interval and (self.step % a.eval_interval == 0 or self.step == self.max_steps):
+                record.update(self.evaluate())
+            sink.record(record)
+            timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
+            stop = _any_rank(exit_request.flag or timed_out) or (ck.exit_interval and self.step >= ck.exit_interval)
+            if ck.save and ((ck.save_interval and self.step % ck.save_interval == 0) or stop or self.step == self.max_steps):
+                self.save()
+                saved_at = self.step
+            if stop:
+                if rank0:
+                    logger.info("exiting at step %d (%s)", self.step, "signal/duration" if not ck.exit_interval else "exit interval")
+                break
+        if ck.save and saved_at != self.step:
+            self.save()
+        sink.close()
+        if rank0:
+            logger.info("done: step %d, %d prediction targets (budget %s)", self.step, self.tokens, a.train_tokens)
+        return 0
+
+
+def run_pretraining(cfg: PretrainConfig) -> int:
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines drown ours
+    try:
+        _check_runtime(cfg)
+    except ValueError as e:
+        logger.error("%s", e)
+        return 2
+    trainer = Trainer(cfg)
+    if trainer.ranks["rank"] != 0:
+        logging.getLogger().setLevel(logging.WARNING)
+    try:
+        return trainer.train()
+    finally:
+        destroy_distributed()
