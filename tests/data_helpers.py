@@ -65,7 +65,9 @@ def single_process_group(tmp_dir: str | Path) -> Iterator[None]:
         yield
         return
     store = os.path.join(str(tmp_dir), "pg_store")
-    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
+    torch.distributed.init_process_group(
+        "gloo", init_method=f"file://{store}", world_size=1, rank=0
+    )
     try:
         yield
     finally:

@@ -7,7 +7,6 @@ import math
 import numpy
 import pytest
 import torch
-from tests.data_helpers import random_documents, tagged_documents, write_indexed_dataset
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
 from megatron_fixedcode.data import (
@@ -23,6 +22,7 @@ from megatron_fixedcode.data import (
     rank_microbatch_indices,
     samples_per_shard_visit,
 )
+from tests.data_helpers import random_documents, tagged_documents, write_indexed_dataset
 
 SEQ = 8
 # Lengths straddle the eligibility bound SEQ + 1 = 9: 8 and 3 are too short, 9 has one start.
@@ -76,7 +76,11 @@ def test_documents_of_several_sequences_are_one_document(tmp_path):
         builder.add_document(tokens, lengths)
     builder.finalize(str(tmp_path / "split.idx"))
     ds = DocumentWindowDataset(
-        [str(tmp_path / "split")], seq_length=SEQ, num_samples=300, seed=1, samples_per_shard_visit=7
+        [str(tmp_path / "split")],
+        seq_length=SEQ,
+        num_samples=300,
+        seed=1,
+        samples_per_shard_visit=7,
     )
     assert ds.eligible[0].document.tolist() == [0, 2]
     for i in range(len(ds)):
@@ -155,7 +159,8 @@ def test_data_parallel_ranks_read_the_same_global_stream(shards):
                         dp_rank=rank, dp_size=dp_size,
                     )
                     parts.append(fetch_microbatch(ds, idx))
-            union = collate_samples([{k: v[j] for k, v in p.items()} for p in parts for j in range(mbs)])
+            samples = [{k: v[j] for k, v in p.items()} for p in parts for j in range(mbs)]
+            union = collate_samples(samples)
             for key in expected:
                 assert torch.equal(union[key], expected[key])
 
@@ -182,12 +187,15 @@ def test_rank_sampler_with_workers_resumes_mid_stream(shards):
 
 
 def test_build_datasets_document_windows(shards, tmp_path):
-    valid = write_indexed_dataset(tmp_path / "valid", random_documents(numpy.random.default_rng(0), [30, 12]))
+    docs = random_documents(numpy.random.default_rng(0), [30, 12])
+    valid = write_indexed_dataset(tmp_path / "valid", docs)
     cfg = DataConfig(
         data_path=shards, valid_data_path=[valid], dataset_type="document_windows",
         seq_length=SEQ, samples_per_shard_visit=samples_per_shard_visit(4, 2, 2),
     )
-    train_ds, valid_ds = build_datasets(cfg, None, num_train_samples=50, num_valid_samples=10, seed=5)
+    train_ds, valid_ds = build_datasets(
+        cfg, None, num_train_samples=50, num_valid_samples=10, seed=5
+    )
     assert len(train_ds) == 50 and len(valid_ds) == 10
     assert train_ds.samples_per_shard_visit == 16
     assert valid_ds.prefixes == [valid]
@@ -197,12 +205,16 @@ def test_build_datasets_document_windows(shards, tmp_path):
 def test_bad_inputs_raise_value_errors(shards, tmp_path):
     short = write_indexed_dataset(tmp_path / "short", tagged_documents([3, 8]))
     with pytest.raises(ValueError, match="prefixes"):
-        DocumentWindowDataset([short], seq_length=SEQ, num_samples=1, seed=0, samples_per_shard_visit=1)
+        DocumentWindowDataset(
+            [short], seq_length=SEQ, num_samples=1, seed=0, samples_per_shard_visit=1
+        )
     with pytest.raises(ValueError, match="weights"):
         _dataset([shards[0], short], weights=[0.5, 0.5])
     with pytest.raises(ValueError, match="samples_per_shard_visit"):
         DataConfig(data_path=shards, dataset_type="document_windows", samples_per_shard_visit=0)
     with pytest.raises(ValueError, match="global_batch_size"):
-        rank_microbatch_indices(0, 0, global_batch_size=10, micro_batch_size=4, dp_rank=0, dp_size=1)
+        rank_microbatch_indices(
+            0, 0, global_batch_size=10, micro_batch_size=4, dp_rank=0, dp_size=1
+        )
     with pytest.raises(IndexError):
         _dataset(shards, num_samples=5)[5]

@@ -5,10 +5,15 @@ from __future__ import annotations
 import numpy
 import pytest
 import torch
-from tests.data_helpers import StubTokenizer, single_process_group, tagged_documents, write_indexed_dataset
 
 from megatron_fixedcode.data import DataConfig, build_datasets, locate_gpt_sample, parse_blend
 from megatron_fixedcode.data.sampler import count_prediction_targets, fetch_microbatch
+from tests.data_helpers import (
+    StubTokenizer,
+    single_process_group,
+    tagged_documents,
+    write_indexed_dataset,
+)
 
 SEQ = 16
 

@@ -42,7 +42,9 @@ def parse_blend(
         weights = [float(x) for x in items[0::2]]
         prefixes = items[1::2]
         if any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(f"{field_name}: weights must be >= 0 with a positive sum, got {weights}")
+            raise ValueError(
+                f"{field_name}: weights must be >= 0 with a positive sum, got {weights}"
+            )
         return prefixes, weights
     if any(numeric):
         raise ValueError(
@@ -83,7 +85,7 @@ class DataConfig:
     """GPT path only, used when valid_data_path is None (Megatron's `--split`)."""
 
     cache_path: str | None = None
-    """Megatron index cache dir (`--data-cache-path`); None uses megatron's default next to the data."""
+    """Megatron index cache dir (`--data-cache-path`); None: megatron's default beside the data."""
 
     samples_per_shard_visit: int = PAPER2_SAMPLES_PER_SHARD_VISIT
     """Document windows: global samples drawn from one shard before moving to the next."""
@@ -96,7 +98,9 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.dataset_type not in DATASET_TYPES:
-            raise ValueError(f"dataset_type: must be one of {DATASET_TYPES}, got {self.dataset_type!r}")
+            raise ValueError(
+                f"dataset_type: must be one of {DATASET_TYPES}, got {self.dataset_type!r}"
+            )
         if self.seq_length <= 0:
             raise ValueError(f"seq_length: must be positive, got {self.seq_length}")
         if self.samples_per_shard_visit <= 0:

@@ -125,7 +125,8 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         if weights is None:
             shards = numpy.array([s for s, c in enumerate(counts) if c > 0], dtype=numpy.int64)
             if len(shards) < len(counts):
-                logger.warning("skipping %d shard(s) with no eligible document", len(counts) - len(shards))
+                num_skipped = len(counts) - len(shards)
+                logger.warning("skipping %d shard(s) with no eligible document", num_skipped)
             if len(shards) == 0:
                 raise ValueError(f"prefixes: no document has >= {self.seq_length + 1} tokens")
             return shards, None
@@ -165,7 +166,10 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         k = int(rng.integers(len(eligible)))
         start = int(rng.integers(int(eligible.length[k]) - self.seq_length))
         return WindowLocation(
-            shard=shard, prefix=self.prefixes[shard], document=int(eligible.document[k]), start=start
+            shard=shard,
+            prefix=self.prefixes[shard],
+            document=int(eligible.document[k]),
+            start=start,
         )
 
     def window_tokens(self, location: WindowLocation) -> numpy.ndarray:
