@@ -41,7 +41,7 @@ def build_document_window_datasets(
             stream_id=VALID_STREAM_ID,
             mmap=cfg.mmap_bin_files,
         )
-    elif cfg.valid_blend is None:
+    elif num_valid_samples > 0:
         logger.warning("document_windows without valid_data_path: no validation dataset")
     return train_ds, valid_ds
 
