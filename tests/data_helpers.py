@@ -72,3 +72,57 @@ def single_process_group(tmp_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         torch.distributed.destroy_process_group()
+
+
+def _dp_stream_worker(out_dir: str, step: int, global_batch_size: int, micro_batch_size: int,
+                      seq_length: int, prefixes: list[str]) -> None:
+    """One torchrun rank: read this rank's microbatches of `step` for both dataset types and
+    gather them; rank 0 writes {dataset_type: {index: tokens}} to out_dir/stream.json."""
+    import json
+
+    from megatron_fixedcode.data import (
+        DataConfig,
+        build_datasets,
+        fetch_microbatch,
+        num_microbatches,
+        rank_microbatch_indices,
+    )
+
+    torch.distributed.init_process_group("gloo")
+    rank, world = torch.distributed.get_rank(), torch.distributed.get_world_size()
+    result = {}
+    for dataset_type in ("gpt", "document_windows"):
+        cfg = DataConfig(
+            data_path=prefixes, dataset_type=dataset_type, seq_length=seq_length,
+            split="60,40,0", cache_path=os.path.join(out_dir, "cache"), samples_per_shard_visit=5,
+        )
+        train_ds, _ = build_datasets(
+            cfg, StubTokenizer(), num_train_samples=(step + 1) * global_batch_size,
+            num_valid_samples=0, seed=9,
+        )
+        mine = {}
+        for mb in range(num_microbatches(global_batch_size, micro_batch_size, world)):
+            idx = rank_microbatch_indices(
+                step, mb, global_batch_size=global_batch_size,
+                micro_batch_size=micro_batch_size, dp_rank=rank, dp_size=world,
+            )
+            tokens = fetch_microbatch(train_ds, idx)["tokens"]
+            mine.update({i: t.tolist() for i, t in zip(idx, tokens)})
+        gathered = [None] * world
+        torch.distributed.all_gather_object(gathered, mine)
+        union = {}
+        for part in gathered:
+            assert not set(part) & set(union), "ranks read overlapping samples"
+            union.update(part)
+        result[dataset_type] = {str(i): union[i] for i in sorted(union)}
+    if rank == 0:
+        with open(os.path.join(out_dir, "stream.json"), "w") as f:
+            json.dump(result, f)
+    torch.distributed.destroy_process_group()
+
+
+if __name__ == "__main__":
+    import sys
+
+    _out, _step, _gbs, _mbs, _seq, *_prefixes = sys.argv[1:]
+    _dp_stream_worker(_out, int(_step), int(_gbs), int(_mbs), int(_seq), _prefixes)

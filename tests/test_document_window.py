@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy
 import pytest
@@ -218,3 +219,31 @@ def test_bad_inputs_raise_value_errors(shards, tmp_path):
         )
     with pytest.raises(IndexError):
         _dataset(shards, num_samples=5)[5]
+
+
+@pytest.mark.slow
+def test_two_gloo_ranks_read_the_dp1_global_batch(shards, tmp_path):
+    """torchrun, 2 ranks: gathered per-rank microbatches == the 1-rank global batch, both types."""
+    import json
+
+    from tests.data_helpers import StubTokenizer, single_process_group
+    from tests.helpers import torchrun
+
+    step, gbs, mbs = 3, 8, 2
+    torchrun(Path(__file__).with_name("data_helpers.py"), str(tmp_path), str(step), str(gbs),
+             str(mbs), str(SEQ), *shards, nproc=2, timeout=180)
+    gathered = json.loads((tmp_path / "stream.json").read_text())
+    for dataset_type in ("gpt", "document_windows"):
+        cfg = DataConfig(
+            data_path=shards, dataset_type=dataset_type, seq_length=SEQ, split="60,40,0",
+            cache_path=str(tmp_path / "cache1"), samples_per_shard_visit=5,
+        )
+        with single_process_group(tmp_path):
+            train_ds, _ = build_datasets(
+                cfg, StubTokenizer(), num_train_samples=(step + 1) * gbs, num_valid_samples=0,
+                seed=9,
+            )
+            indices = global_batch_indices(step, gbs)
+            expected = fetch_microbatch(train_ds, indices)["tokens"].tolist()
+        assert list(gathered[dataset_type]) == [str(i) for i in indices]
+        assert list(gathered[dataset_type].values()) == expected

@@ -75,6 +75,17 @@ def test_weighted_blend_is_honoured(data):
         assert loc.shard == (a if shards[i] == 0 else b)
 
 
+def test_unweighted_blend_runs_past_one_epoch_in_size_proportion(data):
+    """Megatron alone would stop an unweighted multi-prefix blend after one epoch."""
+    a, b, _ = data["prefixes"]
+    one_epoch = sum(sum(data["lengths"][s]) for s in (0, 1)) // SEQ
+    train_ds, _ = _build(data, [a, b], num_train=3 * one_epoch)
+    assert len(train_ds) >= 3 * one_epoch
+    shards = numpy.array([int(train_ds[i]["tokens"][0]) // 1_000_000 for i in range(len(train_ds))])
+    share_a = sum(data["lengths"][0]) / sum(sum(data["lengths"][s]) for s in (0, 1))
+    assert abs(float((shards == 0).mean()) - share_a) < 0.03
+
+
 def test_separate_valid_data_path(data):
     a, b, c = data["prefixes"]
     train_ds, valid_ds = _build(data, [a, b], valid_data_path=[c])

@@ -1,7 +1,7 @@
 """Print every sample of global batch N: shard, document, window start and decoded text.
 
-    python tools/inspect_batch.py --dataset-type document_windows --data-path PREFIX --seq-length 2048 \
-        --global-batch-size 128 --seed 1234 --tokenizer-type HuggingFaceTokenizer \
+    python tools/inspect_batch.py --dataset-type document_windows --data-path PREFIX \
+        --seq-length 2048 --global-batch-size 128 --seed 1234 --tokenizer-type HuggingFaceTokenizer \
         --tokenizer-model tokenizer.json --step 100
 """
 

@@ -11,6 +11,7 @@ import logging
 from dataclasses import dataclass
 from typing import Any, Callable
 
+import numpy
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
 from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
@@ -20,6 +21,8 @@ from megatron.core.datasets.utils import Split
 from megatron_fixedcode.data.config import DataConfig
 
 logger = logging.getLogger(__name__)
+
+Blend = tuple[list[str], list[float] | None]
 
 # megatron.core.datasets.megatron_dataset._PAD_TOKEN_ID: an id never present in the data.
 _NO_PAD_ID = -1
@@ -48,13 +51,39 @@ class MegatronTokenizerView:
         }
 
 
+class _Lengths:
+    """Sequence lengths per prefix; datasets stay open since the arrays view their mmaps."""
+
+    def __init__(self) -> None:
+        self._opened: dict[str, IndexedDataset] = {}
+
+    def __call__(self, prefix: str, field_name: str) -> Any:
+        if prefix not in self._opened:
+            if not IndexedDataset.exists(prefix):
+                raise ValueError(f"{field_name}: no {prefix}.bin/.idx")
+            self._opened[prefix] = IndexedDataset(prefix, mmap=False)
+        return self._opened[prefix].sequence_lengths
+
+
+def _weighted_by_tokens(blend: Blend, lengths: _Lengths, field_name: str) -> Blend:
+    """Megatron stops an unweighted multi-prefix blend after one epoch (then IndexError);
+    weights equal to the prefixes' token counts keep its proportions and allow more epochs."""
+    prefixes, weights = blend
+    if weights is not None or len(prefixes) == 1:
+        return blend
+    return prefixes, [float(lengths(p, field_name).sum(dtype=numpy.int64)) for p in prefixes]
+
+
 def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
     """The GPTDatasetConfig for `cfg`: every position is a prediction target."""
+    lengths = _Lengths()
+    blend = _weighted_by_tokens(cfg.blend, lengths, "data_path")
     if cfg.valid_blend is not None:
-        blends = {"blend_per_split": [cfg.blend, cfg.valid_blend, None], "split": None}
+        valid_blend = _weighted_by_tokens(cfg.valid_blend, lengths, "valid_data_path")
+        blends = {"blend_per_split": [blend, valid_blend, None], "split": None}
     else:
-        blends = {"blend": cfg.blend, "split": cfg.split}
-    return GPTDatasetConfig(
+        blends = {"blend": blend, "split": cfg.split}
+    config = GPTDatasetConfig(
         random_seed=seed,
         sequence_length=cfg.seq_length,
         path_to_cache=cfg.cache_path,
@@ -67,6 +96,8 @@ def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDataset
         create_attention_mask=False,
         **blends,
     )
+    _check_splits_not_empty(config, lengths)
+    return config
 
 
 def build_gpt_datasets(
@@ -92,7 +123,6 @@ def build_gpt_datasets(
     if num_valid_samples < 0:
         raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
     config = gpt_dataset_config(cfg, tokenizer, seed)
-    _check_splits_not_empty(config)
     builder = BlendedMegatronDatasetBuilder(
         GPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
     )
@@ -107,7 +137,7 @@ def build_gpt_datasets(
     return train_ds, valid_ds
 
 
-def _check_splits_not_empty(config: GPTDatasetConfig) -> None:
+def _check_splits_not_empty(config: GPTDatasetConfig, lengths: _Lengths) -> None:
     """Megatron loops forever sizing a split that holds no tokens; name the cause instead."""
     if config.blend_per_split is not None:
         fields = ("data_path", "valid_data_path")
@@ -124,17 +154,13 @@ def _check_splits_not_empty(config: GPTDatasetConfig) -> None:
             for i, bounds in enumerate(config.split_matrix)
             if bounds is not None
         ]
-    opened: dict[str, IndexedDataset] = {}  # kept open: sequence_lengths views its mmap
     for prefix, (lo, hi), name in checks:
-        if prefix not in opened:
-            if not IndexedDataset.exists(prefix):
-                raise ValueError(f"data_path: no {prefix}.bin/.idx")
-            opened[prefix] = IndexedDataset(prefix, mmap=False)
-        lengths = opened[prefix].sequence_lengths
-        beg, end = int(round(lo * len(lengths))), int(round(hi * len(lengths)))
-        if int(lengths[beg:end].sum()) == 0:
+        seq_lengths = lengths(prefix, "data_path" if name != "valid_data_path" else name)
+        num_seqs = len(seq_lengths)
+        beg, end = int(round(lo * num_seqs)), int(round(hi * num_seqs))
+        if int(seq_lengths[beg:end].sum(dtype=numpy.int64)) == 0:
             raise ValueError(
-                f"split: the {name} part of {prefix} ({end - beg} of {len(lengths)} sequences) "
+                f"split: the {name} part of {prefix} ({end - beg} of {num_seqs} sequences) "
                 "has no tokens; change --split or give --valid-data-path"
             )
 
