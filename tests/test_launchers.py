@@ -1,0 +1,243 @@
+"""Slurm launchers and YAML recipes: syntax, dry runs the trainer accepts, recipe invariants,
+and the requeue-on-USR1 path against a fake Slurm (no cluster needed)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+RECIPES = EXAMPLES / "recipes"
+INPUT_KEYS = re.compile(r"^(input_embedding|code_\w+)$")
+# what the launchers set on the command line, on top of the recipe
+LAUNCHER_KEYS = {"data_path", "valid_data_path", "tokenizer_model", "seed", "save", "load", "save_interval",
+                 "exit_signal_handler", "tensorboard_dir", "metrics_file"}
+
+# (script, positional args, recipe)
+LAUNCHERS = [
+    ("pretrain_1p7b_fixedcode.sh", [], "paper2_1p7b_binary.yaml"),
+    ("pretrain_1p7b_gf2.sh", [], "paper2_1p7b_gf2.yaml"),
+    ("pretrain_1p7b_learned.sh", [], "paper2_1p7b_learned.yaml"),
+    ("pretrain_paper1.sh", ["gf2"], "paper1_0p4b_gf2.yaml"),
+    ("pretrain_paper1.sh", ["learned", "9"], "paper1_0p4b_learned_L9.yaml"),
+]
+
+
+def recipe(name: str) -> dict:
+    return yaml.safe_load((RECIPES / name).read_text())
+
+
+def launcher_env(tmp_path: Path, **extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(
+        DATA_PATH="/data/shard_000_train_text_document /data/shard_001_train_text_document",
+        VALID_DATA_PATH="/data/valid_text_document",
+        TOKENIZER="/tok/tokenizer.json",
+        FINEWEB_PREFIX="/data/fineweb",
+        COSMOPEDIA_PREFIX="/data/cosmopedia",
+        CKPT_DIR=str(tmp_path / "ckpt"),
+        LOG_DIR=str(tmp_path / "logs"),
+        PYTHONWARNINGS="ignore",
+        **extra,
+    )
+    return env
+
+
+def run_dry(script: str, args: list[str], env: dict[str, str]) -> tuple[list[str], dict, str]:
+    """(launch command as argv, the printed resolved config, stderr) of a launcher's --dry-run."""
+    out = subprocess.run(["bash", str(EXAMPLES / script), *args, "--dry-run"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    command = shlex.split(lines[lines.index("# command:") + 1])
+    config = json.loads(lines[lines.index("# resolved config:") + 1])
+    return command, config, out.stderr
+
+
+def trainer_args(command: list[str]) -> list[str]:
+    return command[command.index("megatron_fixedcode.pretrain") + 1:]
+
+
+def test_all_shell_scripts_parse():
+    scripts = sorted(EXAMPLES.glob("*.sh")) + sorted((ROOT / "scripts").glob("*.sh"))
+    assert len(scripts) >= 6
+    for script in scripts:
+        out = subprocess.run(["bash", "-n", str(script)], capture_output=True, text=True)
+        assert out.returncode == 0, f"{script}: {out.stderr}"
+
+
+@pytest.mark.parametrize("script", sorted({s for s, _, _ in LAUNCHERS}))
+def test_sbatch_header(script):
+    text = (EXAMPLES / script).read_text()
+    sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, flags=re.M))
+    for key in ("nodes", "gpus-per-node", "ntasks-per-node", "time", "signal", "requeue", "output"):
+        assert key in sbatch, f"{script}: no #SBATCH --{key}"
+    assert sbatch["gpus-per-node"] == "8" and sbatch["ntasks-per-node"] == "1"
+    assert sbatch["signal"] == "B:USR1@300"
+    assert "%j" in sbatch["output"]
+    # the dry run outside Slurm uses the same node count as the allocation
+    assert re.search(rf"^DEFAULT_NODES={sbatch['nodes']}$", text, flags=re.M)
+    # SBATCH lines are only read before the first command
+    first_command = re.search(r"^[^#\n]", text, flags=re.M).start()
+    assert text.rfind("#SBATCH") < first_command
+
+
+@pytest.mark.parametrize("script,args,recipe_name", LAUNCHERS, ids=[f"{s}:{'-'.join(a)}" for s, a, _ in LAUNCHERS])
+def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsys, script, args, recipe_name):
+    from megatron_fixedcode.pretrain import main
+
+    env = launcher_env(tmp_path)
+    if recipe_name.startswith("paper1"):  # paper 1 expands ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} in its recipe
+        del env["DATA_PATH"], env["VALID_DATA_PATH"]
+    command, printed, stderr = run_dry(script, args, env)
+    assert "would be refused" not in stderr, stderr
+    assert command[:1] == ["srun"] and "torchrun" in command
+    torchrun = command[command.index("torchrun"):]
+    for flag in ("--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id"):
+        assert flag in torchrun
+    assert torchrun[torchrun.index("--rdzv_backend") + 1] == "c10d"
+    assert torchrun[torchrun.index("--nproc_per_node") + 1] == "8"
+
+    # the trainer's own parser, in this process, with the launcher's environment
+    for key in ("FINEWEB_PREFIX", "COSMOPEDIA_PREFIX", "DATA_PATH", "VALID_DATA_PATH", "TOKENIZER"):
+        monkeypatch.delenv(key, raising=False)
+        if key in env:
+            monkeypatch.setenv(key, env[key])
+    capsys.readouterr()
+    assert main([*trainer_args(command), "--dry-run"]) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert resolved == printed
+    for key, value in recipe(recipe_name).items():
+        if key not in LAUNCHER_KEYS:
+            assert resolved[key] == value, key
+    assert resolved["save"] == resolved["load"] == env["CKPT_DIR"]
+    assert resolved["exit_signal_handler"] is True
+    assert resolved["metrics_file"].startswith(env["LOG_DIR"])
+    if recipe_name.startswith("paper2"):
+        assert resolved["data_path"] == env["DATA_PATH"].split()
+        assert resolved["tokenizer_model"] == env["TOKENIZER"]
+        assert resolved["global_batch_size"] * resolved["seq_length"] == 262_144
+    else:
+        assert resolved["data_path"] == ["0.8", "/data/fineweb_train_text_document",
+                                         "0.2", "/data/cosmopedia_train_text_document"]
+
+
+def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_batch(tmp_path):
+    env = launcher_env(tmp_path, SLURM_NNODES="1", SEED="7")
+    command, config, stderr = run_dry("pretrain_1p7b_learned.sh", ["--log-interval", "1"], env)
+    assert command[command.index("--nnodes") + 1] == "1"
+    assert config["log_interval"] == 1 and config["seed"] == 7
+    assert config["global_batch_size"] == 128 and "would be refused" not in stderr
+    # 4 nodes x 8 GPUs x micro batch 8 > 128: refused with the reason
+    _, _, stderr = run_dry("pretrain_1p7b_learned.sh", [], launcher_env(tmp_path, SLURM_NNODES="4"))
+    assert "would be refused" in stderr and "data-parallel size 32" in stderr
+
+
+def test_paper1_launcher_rejects_unknown_recipe(tmp_path):
+    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_paper1.sh"), "gf2", "9", "--dry-run"],
+                         env=launcher_env(tmp_path), capture_output=True, text=True, timeout=60)
+    assert out.returncode == 2 and "paper1_0p4b_gf2_L9.yaml not found" in out.stderr
+
+
+def _only_input_keys_differ(a: dict, b: dict, also: frozenset = frozenset()) -> set:
+    keys = set(a) | set(b)
+    return {k for k in keys if a.get(k, None) != b.get(k, None) and not INPUT_KEYS.match(k) and k not in also}
+
+
+def test_paper2_recipes_differ_only_in_input_keys():
+    learned, binary, gf2 = (recipe(f"paper2_1p7b_{v}.yaml") for v in ("learned", "binary", "gf2"))
+    assert (learned["input_embedding"], binary["input_embedding"], gf2["input_embedding"]) == ("learned", "binary", "gf2")
+    assert gf2["code_seed"] == 12345 and gf2.get("code_offset", 0) == 0
+    for a, b in ((learned, binary), (learned, gf2), (binary, gf2)):
+        assert _only_input_keys_differ(a, b) == set()
+
+
+def test_paper1_recipes_differ_only_in_input_keys_and_depth():
+    names = sorted(p.name for p in RECIPES.glob("paper1_0p4b_*.yaml"))
+    assert {"paper1_0p4b_learned.yaml", "paper1_0p4b_binary.yaml", "paper1_0p4b_gf2.yaml",
+            "paper1_0p4b_learned_L9.yaml", "paper1_0p4b_binary_L9.yaml",
+            "paper1_0p4b_learned_L16.yaml", "paper1_0p4b_binary_L16.yaml"} <= set(names)
+    base = recipe("paper1_0p4b_learned.yaml")
+    for name in names:
+        r = recipe(name)
+        assert _only_input_keys_differ(base, r, frozenset({"num_layers"})) == set(), name
+        layers = re.search(r"_L(\d+)\.yaml$", name)
+        assert r["num_layers"] == (int(layers.group(1)) if layers else 32)
+
+
+def test_recipes_hold_the_spec_numbers():
+    p2 = recipe("paper2_1p7b_binary.yaml")
+    expected2 = dict(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192, seq_length=2048,
+                     block="llama", lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
+                     lr_decay_iters=382_500, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, weight_decay=0.01,
+                     clip_grad=1.0, bf16=True, recompute_granularity="full", micro_batch_size=8,
+                     global_batch_size=128, train_tokens=100_000_000_000, dataset_type="document_windows",
+                     samples_per_shard_visit=1024 * 8 * 2, tokenizer_type="HuggingFaceTokenizer", vocab_size=49152)
+    assert {k: p2[k] for k in expected2} == expected2
+    assert isinstance(p2["train_tokens"], int)
+    p1 = recipe("paper1_0p4b_binary.yaml")
+    expected1 = dict(num_layers=32, hidden_size=1024, num_attention_heads=32, ffn_hidden_size=4096, seq_length=1024,
+                     block="gpt_gelu", weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536)
+    assert {k: p1[k] for k in expected1} == expected1
+    assert not p1.get("bf16", False) and p1["lr_warmup_iters"] > 0
+    assert abs(p1["train_tokens"] - 17.1e9) < 1e8
+    assert p1["data_path"][0::2] == [0.8, 0.2]
+    tiny = recipe("tiny_cpu.yaml")
+    expected_tiny = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=64,
+                         micro_batch_size=4, global_batch_size=8, transformer_impl="local", lr=3e-3, train_iters=50,
+                         log_interval=5, eval_interval=25, eval_iters=2)
+    assert {k: tiny[k] for k in expected_tiny} == expected_tiny and not tiny.get("bf16", False)
+
+
+def test_every_recipe_passes_the_trainer_dry_run(capsys):
+    from megatron_fixedcode.pretrain import main
+
+    for path in sorted(RECIPES.glob("*.yaml")):
+        assert main(["--config", str(path), "--dry-run"]) == 0, path.name
+        assert json.loads(capsys.readouterr().out)["num_layers"] == recipe(path.name)["num_layers"]
+
+
+def _fake_slurm(bin_dir: Path) -> None:
+    """srun that runs until SIGTERM; scancel that SIGTERMs it; scontrol that records requeues."""
+    bin_dir.mkdir()
+    scripts = {
+        "srun": 'echo "$@" > "$FAKE/srun.args"; trap \'echo term >> "$FAKE/srun.log"; exit 0\' TERM\n'
+                'echo $$ > "$FAKE/srun.pid"; while :; do sleep 0.1; done',
+        "scancel": 'echo "$@" >> "$FAKE/scancel.log"; kill -TERM "$(cat "$FAKE/srun.pid")"',
+        "scontrol": 'echo "$@" >> "$FAKE/scontrol.log"; [[ $1 == show ]] && echo node001 || true',
+    }
+    for name, body in scripts.items():
+        (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
+        (bin_dir / name).chmod(0o755)
+
+
+def test_usr1_checkpoints_and_requeues_under_a_fake_slurm(tmp_path):
+    fake = tmp_path / "fake"
+    _fake_slurm(fake)
+    env = launcher_env(tmp_path, FAKE=str(fake), PATH=f"{fake}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
+                       SLURM_NNODES="2", SLURM_JOB_NODELIST="node[001-002]", SLURM_RESTART_COUNT="0")
+    proc = subprocess.Popen(["bash", str(EXAMPLES / "pretrain_1p7b_gf2.sh")], env=env, cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not (fake / "srun.pid").exists():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGUSR1)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    srun_args = (fake / "srun.args").read_text().split()
+    assert "node001:24242" in srun_args  # MASTER_ADDR from the node list, port 20000 + job id mod 20000
+    assert (fake / "scancel.log").read_text().split() == ["--signal=TERM", "4242"]
+    assert "requeue 4242" in (fake / "scontrol.log").read_text()
+    assert json.loads((tmp_path / "logs" / "config-4242.json").read_text())["input_embedding"] == "gf2"
