@@ -257,10 +257,12 @@ def test_bad_input_names_file_and_line(tmp_path, small_tokenizer, case):
     assert summary["documents"]["train"] >= 1
 
 
-def test_empty_documents_are_counted(tmp_path, small_tokenizer):
+def test_empty_documents_are_counted_and_progress_is_logged(tmp_path, small_tokenizer, caplog):
     (tmp_path / "e.jsonl").write_text('{"text": "a"}\n{"text": ""}\n\n{"text": "b"}\n')
-    summary = run(tmp_path, [tmp_path / "e.jsonl"], small_tokenizer, append_eod=True)
+    with caplog.at_level("INFO", logger="megatron_fixedcode.data.preprocess"):
+        summary = run(tmp_path, [tmp_path / "e.jsonl"], small_tokenizer, append_eod=True)
     assert summary["empty_documents"] == 1 and summary["documents"]["train"] == 2
+    assert re.search(r"docs/s, .* tokens/s, .* MB/s \| 100\.0% of input, ETA", caplog.text)
 
 
 def test_failure_keeps_previous_output(tmp_path, small_tokenizer):
