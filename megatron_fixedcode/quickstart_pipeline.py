@@ -1,0 +1,293 @@
+"""The embedded default: corpus → tokenizer → index → a tiny fixed-code model and its learned-input
+control, trained the same way on CPU ranks; prints both validation perplexities side by side.
+
+    python -m megatron_fixedcode.quickstart_pipeline            # a few minutes on 2 CPU cores
+    python -m megatron_fixedcode.quickstart_pipeline --quick    # a few steps: checks the pipeline
+    python -m megatron_fixedcode.quickstart_pipeline --input my_docs/ --tokenizer-model tok/tokenizer.json
+
+Without ``--input`` the corpus is the docstrings of the Python standard library's sources (read
+with ``ast``, nothing imported): about 1.8 MB of English text present on every Python installation,
+one document per module, in sorted path order, so the same Python version gives the same bytes.
+Every stage writes under ``--work-dir`` (default ``runs/quickstart``):
+``corpus/``, ``tokenizer/``, ``data/``, ``checkpoints/<variant>/``, ``logs/<variant>/``.
+"""
+from __future__ import annotations
+
+import argparse
+import ast
+import gzip
+import json
+import logging
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import sysconfig
+import time
+from pathlib import Path
+from typing import Iterator, Sequence
+
+logger = logging.getLogger(__name__)
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+TINY_RECIPE = REPO_ROOT / "examples" / "recipes" / "tiny_cpu.yaml"
+SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
+JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
+INDEXED_SUFFIXES = JSON_SUFFIXES + (".parquet",)
+
+
+# ---------------------------------------------------------------- corpus
+
+
+def stdlib_documents(max_bytes: int = 3 << 20) -> Iterator[dict]:
+    """``{"id": module, "text": docstrings}`` for each stdlib source file, in sorted path order.
+
+    Module, class and function docstrings (``ast.walk`` order) joined by blank lines; files that do
+    not parse or hold no docstring are skipped. Stops after ``max_bytes`` of UTF-8 text.
+    """
+    root = Path(sysconfig.get_paths()["stdlib"])
+    total = 0
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root)
+        if SKIPPED_DIRS.intersection(rel.parts[:-1]):
+            continue
+        try:
+            tree = ast.parse(path.read_bytes())
+        except (SyntaxError, ValueError):
+            continue
+        nodes = (n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+        text = "\n\n".join(d for d in (ast.get_docstring(n) for n in nodes) if d)
+        try:
+            size = len(text.encode("utf-8"))
+        except UnicodeEncodeError:  # a lone surrogate escape in a docstring
+            continue
+        if not size:
+            continue
+        module = ".".join(rel.with_suffix("").parts).removesuffix(".__init__")
+        yield {"id": module, "text": text}
+        total += size
+        if total >= max_bytes:
+            return
+
+
+def write_corpus(documents: Iterator[dict], out_dir: Path) -> tuple[Path, Path, int]:
+    """``corpus.jsonl`` (for indexing) and ``corpus.txt`` (for tokenizer training); returns both and the count."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    jsonl, txt, count = out_dir / "corpus.jsonl", out_dir / "corpus.txt", 0
+    with open(jsonl, "w", encoding="utf-8") as fj, open(txt, "w", encoding="utf-8") as ft:
+        for doc in documents:
+            fj.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            ft.write(doc["text"] + "\n\n")
+            count += 1
+    if count == 0:
+        raise ValueError("the corpus is empty: this Python ships no stdlib sources; give --input files")
+    return jsonl, txt, count
+
+
+def _json_texts(path: Path, key: str = "text") -> Iterator[str]:
+    opener = gzip.open if path.name.endswith(".gz") else open
+    with opener(path, "rt", encoding="utf-8") as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)[key]
+
+
+def user_corpus(inputs: Sequence[str], out_dir: Path, need_text: bool) -> tuple[list[str], Path | None]:
+    """User inputs → (files for the indexer, a text file for tokenizer training or None).
+
+    JSONL/JSON(.gz)/Parquet files are indexed as they are (key ``text``); any other file is one
+    document (``corpus/user_text.jsonl``). Directories are searched recursively, in sorted order.
+    """
+    files: list[Path] = []
+    for item in inputs:
+        path = Path(item)
+        if not path.exists():
+            raise ValueError(f"--input {item}: no such file or directory")
+        files += sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
+    out_dir.mkdir(parents=True, exist_ok=True)
+    indexed = [str(f) for f in files if f.name.endswith(INDEXED_SUFFIXES)]
+    plain = [f for f in files if not f.name.endswith(INDEXED_SUFFIXES)]
+    if plain:
+        converted = out_dir / "user_text.jsonl"
+        with open(converted, "w", encoding="utf-8") as out:
+            for f in plain:
+                try:
+                    text = f.read_text(encoding="utf-8")
+                except UnicodeDecodeError as e:
+                    raise ValueError(f"--input {f}: not UTF-8 text ({e.reason})") from None
+                if text.strip():
+                    out.write(json.dumps({"id": str(f), "text": text}, ensure_ascii=False) + "\n")
+        indexed.append(str(converted))
+    if not indexed:
+        raise ValueError(f"--input {list(inputs)}: no files found")
+    if not need_text:
+        return indexed, None
+    if any(f.endswith(".parquet") for f in indexed):
+        raise ValueError("training a tokenizer on Parquet input is not supported here: give --tokenizer-model")
+    txt = out_dir / "tokenizer_text.txt"
+    with open(txt, "w", encoding="utf-8") as out:
+        for f in indexed:
+            for text in _json_texts(Path(f)):
+                out.write(text + "\n\n")
+    return indexed, txt
+
+
+# ---------------------------------------------------------------- tokenizer and index
+
+
+def build_data(args: argparse.Namespace) -> dict:
+    """Corpus, tokenizer and index under ``args.work_dir``; returns the paths the trainer needs."""
+    from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
+    from megatron_fixedcode.tokenizers import train_bpe_tokenizer
+
+    work = Path(args.work_dir)
+    corpus_dir = work / "corpus"
+    if args.input:
+        inputs, text = user_corpus(args.input, corpus_dir, need_text=args.tokenizer_model is None)
+        id_key = None  # split by text hash: user files need no id field
+    else:
+        jsonl, text, count = write_corpus(stdlib_documents(int(args.corpus_mb * 2**20)), corpus_dir)
+        logger.info("corpus: %d stdlib modules' docstrings, %.2f MB -> %s", count, jsonl.stat().st_size / 2**20, jsonl)
+        inputs, id_key = [str(jsonl)], "id"
+    tokenizer_model = args.tokenizer_model
+    if tokenizer_model is None:
+        tokenizer_model = str(train_bpe_tokenizer([str(text)], args.vocab_size, str(work / "tokenizer")))
+        logger.info("tokenizer: byte-level BPE, vocab %d -> %s", args.vocab_size, tokenizer_model)
+    prefix = work / "data" / "corpus"
+    summary = preprocess(PreprocessConfig(
+        input=inputs, output_prefix=str(prefix), tokenizer_type=args.tokenizer_type, tokenizer_model=tokenizer_model,
+        append_eod=True, id_key=id_key, valid_fraction=args.valid_fraction, min_doc_tokens=65,
+        log_interval=1_000_000,
+    ))
+    if summary["documents"].get("valid", 0) == 0:
+        raise ValueError(f"no document fell into the validation split: raise --valid-fraction ({args.valid_fraction})")
+    logger.info("index: %s", ", ".join(f"{s} {summary['documents'][s]} documents / {summary['tokens'][s]} tokens"
+                                      for s in summary["documents"]))
+    return {
+        "tokenizer_model": tokenizer_model,
+        "train": summary["outputs"]["train_text"],
+        "valid": summary["outputs"]["valid_text"],
+        "summary": summary,
+    }
+
+
+# ---------------------------------------------------------------- training
+
+
+def train_command(variant: str, data: dict, args: argparse.Namespace) -> list[str]:
+    """The torchrun command of one variant (``python -m torch.distributed.run`` is ``torchrun``)."""
+    work = Path(args.work_dir)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
+           "-m", "megatron_fixedcode.pretrain", "--config", str(args.config),
+           "--input-embedding", variant,
+           "--data-path", data["train"], "--valid-data-path", data["valid"],
+           "--tokenizer-type", args.tokenizer_type, "--tokenizer-model", data["tokenizer_model"],
+           "--save", str(work / "checkpoints" / variant),
+           "--metrics-file", str(work / "logs" / variant / "metrics.jsonl"),
+           "--exit-duration-in-mins", f"{args.minutes:g}"]
+    if args.quick:
+        cmd += ["--train-iters", "6", "--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1"]
+    elif args.train_iters:
+        cmd += ["--train-iters", str(args.train_iters), "--eval-interval", str(max(1, args.train_iters // 4))]
+    return cmd
+
+
+def run_variant(variant: str, data: dict, args: argparse.Namespace) -> int:
+    """Train one variant from scratch, streaming rank 0's log; returns the exit code."""
+    work = Path(args.work_dir)
+    for stale in (work / "checkpoints" / variant, work / "logs" / variant):
+        shutil.rmtree(stale, ignore_errors=True)  # a rerun starts fresh instead of resuming
+    (work / "logs" / variant).mkdir(parents=True)
+    cmd = train_command(variant, data, args)
+    print(f"\n=== {variant}: torchrun {' '.join(cmd[3:])}", flush=True)
+    env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONWARNINGS="ignore")
+    log_path = work / "logs" / variant / "train.log"
+    deadline = time.monotonic() + 60 * args.minutes + 180  # the trainer stops itself; this is a backstop
+    with open(log_path, "w") as log, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                                      env=env, cwd=REPO_ROOT, start_new_session=True) as proc:
+        for line in proc.stdout:
+            log.write(line)
+            print(f"[{variant}] {line}", end="", flush=True)
+            if time.monotonic() > deadline:
+                os.killpg(proc.pid, signal.SIGTERM)
+                print(f"[{variant}] stopped: past {args.minutes} minutes + 3 minutes of slack", flush=True)
+                break
+        rc = proc.wait()
+    return rc
+
+
+def read_metrics(path: Path) -> dict:
+    """Last training record and last evaluation record of a metrics JSONL file."""
+    last, last_eval = {}, {}
+    if path.exists():
+        for line in path.read_text().splitlines():
+            if line.strip():
+                record = json.loads(line)
+                last = record
+                if "val_loss" in record:
+                    last_eval = record
+    return {"last": last, "eval": last_eval}
+
+
+def format_results(results: dict[str, dict], work: Path) -> str:
+    rows = [f"{'input':>8}  {'steps':>6}  {'tokens':>9}  {'train loss':>10}  {'val loss':>8}  {'val ppl':>8}  checkpoint"]
+    for variant, m in results.items():
+        last, ev = m["last"], m["eval"]
+        val_ppl = ev.get("val_ppl", math.exp(ev["val_loss"]) if "val_loss" in ev else float("nan"))
+        rows.append(f"{variant:>8}  {last.get('step', 0):>6}  {last.get('tokens', 0):>9}  "
+                    f"{last.get('loss', float('nan')):>10.4f}  {ev.get('val_loss', float('nan')):>8.4f}  "
+                    f"{val_ppl:>8.2f}  {work / 'checkpoints' / variant}")
+    return "\n".join(rows)
+
+
+# ---------------------------------------------------------------- CLI
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--work-dir", default="runs/quickstart")
+    p.add_argument("--input", nargs="+", default=None,
+                   help="your corpus: JSONL/JSON(.gz)/Parquet with a 'text' field, or any text files (one document each)")
+    p.add_argument("--tokenizer-model", default=None, help="your tokenizer (tokenizer.json, its directory, or .model)")
+    p.add_argument("--tokenizer-type", default="HuggingFaceTokenizer",
+                   choices=["HuggingFaceTokenizer", "SentencePieceTokenizer"])
+    p.add_argument("--vocab-size", type=int, default=4096, help="of the BPE trained when no --tokenizer-model")
+    p.add_argument("--corpus-mb", type=float, default=3.0, help="cap on the stdlib docstring corpus")
+    p.add_argument("--valid-fraction", type=float, default=0.05)
+    p.add_argument("--variants", nargs="+", default=["binary", "learned"], choices=["binary", "gf2", "learned"])
+    p.add_argument("--config", default=str(TINY_RECIPE), help="trainer recipe")
+    p.add_argument("--nproc", type=int, default=2, help="CPU ranks (gloo)")
+    p.add_argument("--minutes", type=float, default=2.5, help="training time limit per variant")
+    p.add_argument("--train-iters", type=int, default=None, help="default: the recipe's")
+    p.add_argument("--quick", action="store_true", help="6 steps per variant: checks the pipeline end to end")
+    p.add_argument("--data-only", action="store_true", help="stop after corpus, tokenizer and index")
+    return p
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        data = build_data(args)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"tokenizer {data['tokenizer_model']}\ntrain {data['train']}\nvalid {data['valid']}", flush=True)
+    if args.data_only:
+        return 0
+    codes = {v: run_variant(v, data, args) for v in args.variants}
+    work = Path(args.work_dir)
+    results = {v: read_metrics(work / "logs" / v / "metrics.jsonl") for v in args.variants}
+    print("\n" + format_results(results, work), flush=True)
+    failed = [v for v, rc in codes.items() if rc != 0]
+    if failed:
+        print(f"error: training failed for {', '.join(failed)}: see {work}/logs/<variant>/train.log", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
