@@ -28,6 +28,8 @@ class PreprocessConfig:
     """Chunks bound memory and are the unit of work of a pool process: many per worker."""
 
     def __post_init__(self):
+        if isinstance(self.input, (str, bytes)) or isinstance(self.json_keys, (str, bytes)):
+            raise ValueError("input and json_keys are lists, e.g. input=['data/*.jsonl']")
         if not self.input:
             raise ValueError("--input: give at least one file, glob or directory")
         if not self.json_keys:
