@@ -94,6 +94,9 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--load", default=None)
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--ckpt-keep-last", type=int, default=2)
+    g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g.add_argument("--finetune", action="store_true",
+                   help="load only the model weights from --load (any layout) and start at step 0")
     g.add_argument("--exit-duration-in-mins", type=float, default=None)
     g.add_argument("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
     g.add_argument("--exit-interval", type=int, default=None, help="save and exit after this step (testing, preemption drills)")
@@ -101,6 +104,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--log-interval", type=int, default=10)
     g.add_argument("--eval-interval", type=int, default=None)
     g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--skip-train", action="store_true", help="load, evaluate once, exit")
     g.add_argument("--tensorboard-dir", default=None)
     g.add_argument("--metrics-file", default=None)
     g.add_argument("--wandb-project", default=None)
@@ -185,6 +189,8 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--data-path is required")
     if a.data_path and not a.tokenizer_model and not a.vocab_size:
         p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
+    if a.skip_train and not (a.load and (a.valid_data_path or a.dataset_type == "gpt")):
+        p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
     if a.dataset_type == "document_windows" and a.valid_data_path is None and a.eval_interval:
         p.error("--dataset-type document_windows evaluates on --valid-data-path: give it, or drop --eval-interval")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
@@ -199,8 +205,12 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--seq-length must be divisible by --tensor-model-parallel-size under --sequence-parallel")
     if a.context_parallel_size > 1 and a.seq_length % (2 * a.context_parallel_size):
         p.error("--seq-length must be divisible by 2 x --context-parallel-size")
+    if a.finetune and not a.load:
+        p.error("--finetune needs --load")
     if a.save_interval and not a.save:
         p.error("--save-interval needs --save")
+    if a.lr_decay_iters is not None and a.lr_decay_iters <= a.lr_warmup_iters:
+        p.error(f"--lr-decay-iters {a.lr_decay_iters} must exceed --lr-warmup-iters {a.lr_warmup_iters}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
 

@@ -81,6 +81,16 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _fork_results_queue() -> None:
+    """megatron's async writer collects results through a Manager started with *spawn*, which
+    re-imports ``__main__`` (seconds per process, and it needs a main guard); a forked Manager
+    serves the same queue without re-importing anything."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = torch.multiprocessing.get_context("fork").Manager().Queue()
+
+
 def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -97,6 +107,7 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         "trainer": trainer_state,
         "rng": _rng_object(world, rank, capture_rng_state()),
     }
+    _fork_results_queue()
     dist_checkpointing.save(state, str(target))
     dist.barrier()
     if rank == 0:
@@ -112,23 +123,33 @@ def _prune(root: Path, keep_last: int, newest: int) -> None:
         shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
 
 
-def read_trainer_state(root: str) -> dict | None:
-    step = latest_step(root)
+def resolve_step(root: str, step: int | None = None) -> int | None:
+    """``step`` if given (it must exist and be complete), else the latest complete checkpoint."""
+    if step is None:
+        return latest_step(root)
+    if not (checkpoint_dir(root, step) / "metadata.json").exists():
+        raise ValueError(f"--ckpt-step {step}: no complete checkpoint {checkpoint_dir(root, step)}")
+    return step
+
+
+def read_trainer_state(root: str, step: int | None = None) -> dict | None:
+    step = resolve_step(root, step)
     if step is None:
         return None
     common = dist_checkpointing.load_common_state_dict(str(checkpoint_dir(root, step)))
     return common["trainer"]
 
 
-def load_checkpoint(root: str, chunks, optimizer, scheduler) -> dict | None:
-    """Restore model (any layout), and optimizer, scheduler and RNG (same layout). Returns the
-    trainer state, or None when ``root`` has no complete checkpoint."""
-    step = latest_step(root)
+def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
+                    weights_only: bool = False) -> dict | None:
+    """Restore model (any layout), and optimizer, scheduler and RNG (same layout, unless
+    ``weights_only``). Returns the trainer state, or None when ``root`` has no complete checkpoint."""
+    step = resolve_step(root, step)
     if step is None:
         return None
     target = checkpoint_dir(root, step)
-    trainer_state = read_trainer_state(root)
-    same_layout = trainer_state["layout"] == _current_layout(trainer_state)
+    trainer_state = read_trainer_state(root, step)
+    same_layout = trainer_state["layout"] == _current_layout(trainer_state) and not weights_only
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
     if same_layout:
@@ -140,10 +161,11 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler) -> dict | None:
     if same_layout:
         optimizer.load_state_dict(loaded["optimizer"])
         restore_rng_state(loaded["rng"])
-    else:
+    elif not weights_only:
         logger.warning("checkpoint layout %s differs from this run's: weights resharded, optimizer state "
                        "and RNG start fresh", trainer_state["layout"])
-    scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    if not weights_only:
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
 

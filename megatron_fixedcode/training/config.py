@@ -86,6 +86,8 @@ class CheckpointConfig:
     load: str | None
     save_interval: int | None
     keep_last: int
+    load_step: int | None
+    finetune: bool
     exit_duration_in_mins: float | None
     exit_signal_handler: bool
     exit_interval: int | None
@@ -94,7 +96,7 @@ class CheckpointConfig:
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
         if a.ckpt_keep_last < 1:
             raise ValueError(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
-        return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last,
+        return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
                    exit_interval=a.exit_interval)
 

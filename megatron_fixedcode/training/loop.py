@@ -7,6 +7,7 @@ restores model, optimizer, scheduler, RNG and step, and continues the exact stre
 """
 from __future__ import annotations
 
+import json
 import logging
 import math
 import signal
@@ -104,7 +105,7 @@ class Trainer:
         )
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
-            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=o.lr_decay_iters or self.max_steps,
+            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=o.lr_decay_iters or max(self.max_steps, o.lr_warmup_iters + 1),
             lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
             wd_incr_steps=self.max_steps, wd_incr_style="constant",
         )
@@ -113,17 +114,21 @@ class Trainer:
                        seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
                        samples_per_shard_visit=a.samples_per_shard_visit),
             self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
-            num_valid_samples=(a.eval_iters * self.global_batch) if a.eval_interval else 0, seed=a.seed,
+            num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
+            seed=a.seed,
         )
         self.step, self.tokens = 0, 0
         if cfg.checkpoint.load:
-            state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler)
-            if state is not None:
+            state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler,
+                                                  cfg.checkpoint.load_step, weights_only=cfg.checkpoint.finetune)
+            if state is None and cfg.checkpoint.finetune:
+                raise ValueError(f"--finetune: no complete checkpoint in --load {cfg.checkpoint.load}")
+            if state is not None and not cfg.checkpoint.finetune:
                 self.step, self.tokens = state["step"], state["tokens"]
 
     def _check_resume_compatible(self) -> None:
         load = self.cfg.checkpoint.load
-        saved = checkpointing.read_trainer_state(load) if load else None
+        saved = checkpointing.read_trainer_state(load, self.cfg.checkpoint.load_step) if load else None
         if saved is None:
             return
         if saved["identity"] != self.identity:
@@ -132,17 +137,27 @@ class Trainer:
                 f"(code {saved['identity']['code_fingerprint']}) but this run uses {self.identity['input_embedding']} "
                 f"(code {self.identity['code_fingerprint']}); refusing to resume with a different input interface"
             )
-        for key, now in (("global_batch_size", self.global_batch), ("seq_length", self.cfg.args.seq_length),
-                         ("seed", self.cfg.args.seed)):
-            if saved[key] != now:
+        if self.cfg.checkpoint.finetune:
+            return  # weights only: a new stream starts at step 0
+        for key, now in self._stream_identity().items():
+            if saved.get(key) != now:
                 raise ValueError(f"--load {load}: checkpoint has {key}={saved[key]}, this run {now}; "
                                  "the data stream would not continue exactly")
 
+    def _stream_identity(self) -> dict:
+        """What fixes the sample stream; a resume must match it to continue exactly."""
+        a = self.cfg.args
+        ident = {"global_batch_size": self.global_batch, "seq_length": a.seq_length, "seed": a.seed,
+                 "dataset_type": a.dataset_type, "data_path": a.data_path, "valid_data_path": a.valid_data_path}
+        if a.dataset_type == "document_windows":
+            ident["samples_per_shard_visit"] = a.samples_per_shard_visit
+        else:  # megatron's GPT shuffle is sized by the total number of samples
+            ident["num_train_samples"] = self.max_steps * self.global_batch
+        return ident
+
     def trainer_state(self) -> dict:
         r = self.ranks
-        return {"step": self.step, "tokens": self.tokens, "identity": self.identity,
-                "global_batch_size": self.global_batch, "seq_length": self.cfg.args.seq_length,
-                "seed": self.cfg.args.seed,
+        return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
@@ -189,9 +204,10 @@ class Trainer:
 
     def save(self) -> None:
         ck = self.cfg.checkpoint
+        t0 = time.perf_counter()
         path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
                                              self.trainer_state(), ck.keep_last)
-        logger.info("saved checkpoint %s", path)
+        logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
 
     def train(self) -> int:
         cfg, a, ck = self.cfg, self.cfg.args, self.cfg.checkpoint
@@ -205,6 +221,14 @@ class Trainer:
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
                            run_config=cfg.as_dict())
+        if a.skip_train:
+            record = {"step": self.step, "tokens": self.tokens, **self.evaluate()}
+            if rank0:
+                logger.info("evaluation at step %d: val loss %.6f ppl %.3f", self.step, record["val_loss"], record["val_ppl"])
+            if sink.metrics_file:
+                sink.metrics_file.write(json.dumps(record) + "\n")
+            sink.close()
+            return 0
         exit_request = _ExitRequest(ck.exit_signal_handler)
         started = time.time()
         saved_at = self.step
