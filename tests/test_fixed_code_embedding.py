@@ -132,3 +132,16 @@ def test_model_config_errors_name_the_field():
     with pytest.raises(ValueError, match="code_bits=8"):
         tiny("gf2", code_bits=8)
     assert dataclasses.replace(tiny("learned"), hidden_size=8, num_attention_heads=2).code_spec() is None
+
+
+@pytest.mark.parametrize("kind", ["binary", "gf2"])
+def test_full_activation_recompute_gives_the_same_gradients(single_rank, kind):
+    grads = {}
+    for recompute in (None, "full"):
+        model = build(single_rank, tiny(kind, recompute_granularity=recompute, vocab_size=1024))
+        ids = torch.randint(1, 1024, (2, 17), generator=torch.Generator().manual_seed(0))
+        model(ids[:, :-1], torch.arange(16).expand(2, -1), None, labels=ids[:, 1:]).mean().backward()
+        grads[recompute] = {n: p.grad for n, p in model.named_parameters()}
+    for name, g in grads[None].items():
+        assert grads["full"][name] is not None, f"{name} got no gradient under full recompute"
+        torch.testing.assert_close(grads["full"][name], g, rtol=1e-6, atol=1e-7)

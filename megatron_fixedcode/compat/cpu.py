@@ -124,6 +124,9 @@ def apply_cpu_patches() -> bool:
     mcore_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
     mcore_random.initialize_rng_tracker = lambda *args, **kwargs: None
+    # Activation recompute saves/restores the CUDA generator next to the CPU one; CPU is all there is.
+    mcore_random._get_cuda_rng_state = lambda *args, **kwargs: None
+    mcore_random._set_cuda_rng_state = lambda *args, **kwargs: None
     # WrappedTorchNorm refuses sequence parallelism; its parameters only need the
     # `sequence_parallel` tag so finalize_model_grads all-reduces their gradients.
     torch_norm.WrappedTorchNorm.__new__ = _sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm.__new__)

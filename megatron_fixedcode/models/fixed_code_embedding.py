@@ -128,6 +128,10 @@ class FixedCodeEmbedding(MegatronModule):
             start = self.tp_group.rank() * s_local
             ids_SB = ids_SB[start : start + s_local]
         x_SBH = self.lift(self.code_bits(ids_SB)).contiguous()
+        if self.config.recompute_granularity == "full" and torch.is_grad_enabled():
+            # megatron's reentrant activation checkpoint only backpropagates into the layers it
+            # wraps if one of its inputs requires grad; a fixed code otherwise has none.
+            x_SBH.requires_grad_(True)
         if self.embedding_dropout.p > 0:
             if sequence_parallel:
                 with tensor_parallel.get_cuda_rng_tracker().fork():
