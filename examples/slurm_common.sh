@@ -14,7 +14,9 @@
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
 #   CKPT_DIR          --save and --load (default $MFC_ROOT/runs/$RUN_NAME/checkpoints): a requeued
 #                     job resumes from the latest checkpoint there
-#   LOG_DIR           metrics.jsonl, tensorboard/, config-<job>.json (default $MFC_ROOT/runs/$RUN_NAME/logs)
+#   LOG_DIR           metrics.jsonl, config-<job>.json (default $MFC_ROOT/runs/$RUN_NAME/logs)
+#   TENSORBOARD_DIR   trainer --tensorboard-dir (default $LOG_DIR/tensorboard; needs the tensorboard
+#                     package, pip install '.[tb]'); set it empty to log without TensorBoard
 #   SEED              trainer --seed
 #   SAVE_INTERVAL     trainer --save-interval (default 1000)
 #   EXIT_DURATION_MINS  trainer --exit-duration-in-mins (a second guard besides the signal)
@@ -87,6 +89,11 @@ model_parallel = (cfg["tensor_model_parallel_size"] * cfg["pipeline_model_parall
 if world % model_parallel:
     sys.exit(f"error: {world} GPUs are not a multiple of TP x PP x CP = {model_parallel}")
 dp, mbs, gbs = world // model_parallel, cfg["micro_batch_size"], cfg["global_batch_size"]
+if cfg.get("tensorboard_dir"):
+    try:
+        import torch.utils.tensorboard  # noqa: F401
+    except ImportError:
+        sys.exit("error: --tensorboard-dir needs the tensorboard package: pip install '.[tb]', or export TENSORBOARD_DIR=")
 if gbs is not None and gbs % (mbs * dp):
     sys.exit(f"error: global batch {gbs} is not divisible by micro batch {mbs} x data-parallel size {dp}: "
              f"use at most {gbs // mbs} data-parallel ranks, or change --micro-batch-size")
@@ -124,7 +131,9 @@ mfc_launch() {
     [[ -n ${TOKENIZER:-} ]] && trainer+=(--tokenizer-model "$TOKENIZER")
     [[ -n ${SEED:-} ]] && trainer+=(--seed "$SEED")
     trainer+=(--save "$ckpt_dir" --load "$ckpt_dir" --save-interval "${SAVE_INTERVAL:-1000}" --exit-signal-handler
-              --tensorboard-dir "$log_dir/tensorboard" --metrics-file "$log_dir/metrics.jsonl")
+              --metrics-file "$log_dir/metrics.jsonl")
+    local tensorboard_dir=${TENSORBOARD_DIR-$log_dir/tensorboard}
+    [[ -n $tensorboard_dir ]] && trainer+=(--tensorboard-dir "$tensorboard_dir")
     [[ -n ${EXIT_DURATION_MINS:-} ]] && trainer+=(--exit-duration-in-mins "$EXIT_DURATION_MINS")
     [[ -n ${WANDB_PROJECT:-} ]] && trainer+=(--wandb-project "$WANDB_PROJECT")
     trainer+=("${extra[@]}")

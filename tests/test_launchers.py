@@ -7,6 +7,7 @@ import os
 import re
 import shlex
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -39,17 +40,19 @@ def recipe(name: str) -> dict:
 
 def launcher_env(tmp_path: Path, **extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env.update(
-        DATA_PATH="/data/shard_000_train_text_document /data/shard_001_train_text_document",
-        VALID_DATA_PATH="/data/valid_text_document",
-        TOKENIZER="/tok/tokenizer.json",
-        FINEWEB_PREFIX="/data/fineweb",
-        COSMOPEDIA_PREFIX="/data/cosmopedia",
-        CKPT_DIR=str(tmp_path / "ckpt"),
-        LOG_DIR=str(tmp_path / "logs"),
-        PYTHONWARNINGS="ignore",
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"  # this venv's python first
+    env.update({
+        "DATA_PATH": "/data/shard_000_train_text_document /data/shard_001_train_text_document",
+        "VALID_DATA_PATH": "/data/valid_text_document",
+        "TOKENIZER": "/tok/tokenizer.json",
+        "FINEWEB_PREFIX": "/data/fineweb",
+        "COSMOPEDIA_PREFIX": "/data/cosmopedia",
+        "CKPT_DIR": str(tmp_path / "ckpt"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        "TENSORBOARD_DIR": "",  # the CPU venv has no tensorboard; the default is checked separately
+        "PYTHONWARNINGS": "ignore",
         **extra,
-    )
+    })
     return env
 
 
@@ -138,9 +141,15 @@ def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_bat
     assert command[command.index("--nnodes") + 1] == "1"
     assert config["log_interval"] == 1 and config["seed"] == 7
     assert config["global_batch_size"] == 128 and "would be refused" not in stderr
+    assert config["tensorboard_dir"] is None
     # 4 nodes x 8 GPUs x micro batch 8 > 128: refused with the reason
     _, _, stderr = run_dry("pretrain_1p7b_learned.sh", [], launcher_env(tmp_path, SLURM_NNODES="4"))
     assert "would be refused" in stderr and "data-parallel size 32" in stderr
+    # TensorBoard by default, under LOG_DIR
+    env = launcher_env(tmp_path)
+    del env["TENSORBOARD_DIR"]
+    _, config, _ = run_dry("pretrain_1p7b_learned.sh", [], env)
+    assert config["tensorboard_dir"] == str(tmp_path / "logs" / "tensorboard")
 
 
 def test_paper1_launcher_rejects_unknown_recipe(tmp_path):
@@ -214,7 +223,7 @@ def _fake_slurm(bin_dir: Path) -> None:
         "srun": 'echo "$@" > "$FAKE/srun.args"; trap \'echo term >> "$FAKE/srun.log"; exit 0\' TERM\n'
                 'echo $$ > "$FAKE/srun.pid"; while :; do sleep 0.1; done',
         "scancel": 'echo "$@" >> "$FAKE/scancel.log"; kill -TERM "$(cat "$FAKE/srun.pid")"',
-        "scontrol": 'echo "$@" >> "$FAKE/scontrol.log"; [[ $1 == show ]] && echo node001 || true',
+        "scontrol": 'echo "$@" >> "$FAKE/scontrol.log"; [[ $1 == show ]] && echo "${FAKE_HOST:-node001}" || true',
     }
     for name, body in scripts.items():
         (bin_dir / name).write_text(f"#!/usr/bin/env bash\n{body}\n")
@@ -224,8 +233,9 @@ def _fake_slurm(bin_dir: Path) -> None:
 def test_usr1_checkpoints_and_requeues_under_a_fake_slurm(tmp_path):
     fake = tmp_path / "fake"
     _fake_slurm(fake)
-    env = launcher_env(tmp_path, FAKE=str(fake), PATH=f"{fake}:{os.environ['PATH']}", SLURM_JOB_ID="4242",
-                       SLURM_NNODES="2", SLURM_JOB_NODELIST="node[001-002]", SLURM_RESTART_COUNT="0")
+    env = launcher_env(tmp_path, FAKE=str(fake), SLURM_JOB_ID="4242", SLURM_NNODES="2",
+                       SLURM_JOB_NODELIST="node[001-002]", SLURM_RESTART_COUNT="0")
+    env["PATH"] = f"{fake}:{env['PATH']}"
     proc = subprocess.Popen(["bash", str(EXAMPLES / "pretrain_1p7b_gf2.sh")], env=env, cwd=ROOT,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
@@ -241,3 +251,62 @@ def test_usr1_checkpoints_and_requeues_under_a_fake_slurm(tmp_path):
     assert (fake / "scancel.log").read_text().split() == ["--signal=TERM", "4242"]
     assert "requeue 4242" in (fake / "scontrol.log").read_text()
     assert json.loads((tmp_path / "logs" / "config-4242.json").read_text())["input_embedding"] == "gf2"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_usr1_checkpoint_requeue_and_resume_with_the_real_trainer(tmp_path):
+    """slurm_common.sh with the tiny recipe on 2 CPU ranks; srun runs torchrun locally."""
+    from megatron_fixedcode.quickstart_pipeline import main as quickstart
+
+    data = tmp_path / "qs"
+    assert quickstart(["--data-only", "--work-dir", str(data), "--corpus-mb", "0.3", "--vocab-size", "1024",
+                       "--valid-fraction", "0.2"]) == 0
+    fake = tmp_path / "fake"
+    _fake_slurm(fake)
+    (fake / "srun").write_text('#!/usr/bin/env bash\nwhile [[ $1 != torchrun ]]; do shift; done; shift\n'
+                               'echo $$ > "$FAKE/srun.pid"\nexec "$PYTHON" -m torch.distributed.run "$@"\n')
+    launcher = tmp_path / "launch_tiny.sh"
+    launcher.write_text(f"set -euo pipefail\nRECIPE=examples/recipes/tiny_cpu.yaml RUN_NAME=tiny DEFAULT_NODES=1\n"
+                        f"MFC_ROOT={ROOT}\nsource {EXAMPLES / 'slurm_common.sh'}\nmfc_launch \"$@\"\n")
+    env = launcher_env(tmp_path, FAKE=str(fake), FAKE_HOST="localhost", PYTHON=sys.executable, SLURM_JOB_ID="77", SLURM_NNODES="1",
+                       SLURM_JOB_NODELIST="localhost", SLURM_RESTART_COUNT="0", GPUS_PER_NODE="2",
+                       MASTER_PORT=str(_free_port()), SAVE_INTERVAL="100000", OMP_NUM_THREADS="1",
+                       DATA_PATH=str(data / "data/corpus_train_text_document"),
+                       VALID_DATA_PATH=str(data / "data/corpus_valid_text_document"),
+                       TOKENIZER=str(data / "tokenizer/tokenizer.json"))
+    env["PATH"] = f"{fake}:{env['PATH']}"
+    metrics = tmp_path / "logs" / "metrics.jsonl"
+
+    def steps() -> list[int]:
+        return [json.loads(l)["step"] for l in metrics.read_text().splitlines() if l.strip()] if metrics.exists() else []
+
+    proc = subprocess.Popen(["bash", str(launcher), "--train-iters", "100000", "--log-interval", "1"], env=env,
+                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.monotonic() + 150
+    while len(steps()) < 3:
+        assert proc.poll() is None, proc.communicate()[0][-3000:]
+        assert time.monotonic() < deadline, "no training steps"
+        time.sleep(0.5)
+    proc.send_signal(signal.SIGUSR1)
+    out, _ = proc.communicate(timeout=240)
+    assert "requeue 77" in (fake / "scontrol.log").read_text(), out[-3000:]
+    saved = sorted(p.name for p in (tmp_path / "ckpt").glob("iter_*"))
+    assert saved, out[-3000:]
+    step = int(saved[-1].removeprefix("iter_"))
+    assert step == steps()[-1] >= 3
+
+    # the requeued job resumes from the checkpoint and runs to its end without requeueing again
+    env.update(SLURM_RESTART_COUNT="1", MASTER_PORT=str(_free_port()))
+    (fake / "scontrol.log").unlink()
+    out = subprocess.run(["bash", str(launcher), "--train-iters", "100000", "--exit-interval", str(step + 2),
+                          "--log-interval", "1"], env=env,
+                         cwd=ROOT, capture_output=True, text=True, timeout=240)
+    assert out.returncode == 0, (out.stdout + out.stderr)[-8000:]
+    assert steps()[-2:] == [step + 1, step + 2]
+    assert not (fake / "scontrol.log").exists() or "requeue" not in (fake / "scontrol.log").read_text()
