@@ -21,7 +21,7 @@
 #   SAVE_INTERVAL     trainer --save-interval (default 1000)
 #   EXIT_DURATION_MINS  trainer --exit-duration-in-mins (a second guard besides the signal)
 #   WANDB_PROJECT     trainer --wandb-project
-#   GPUS_PER_NODE     default 8;  MASTER_PORT  default 20000 + job id mod 20000
+#   GPUS_PER_NODE     default $SLURM_GPUS_ON_NODE, else 8;  MASTER_PORT  default 20000 + job id mod 20000
 #   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
@@ -114,7 +114,7 @@ mfc_launch() {
     # Slurm's values; outside Slurm (--dry-run on a laptop) the script's own defaults.
     local num_nodes=${SLURM_NNODES:-${DEFAULT_NODES:-1}}
     local job_id=${SLURM_JOB_ID:-0}
-    local gpus_per_node=${GPUS_PER_NODE:-8}
+    local gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
     local master_addr=${MASTER_ADDR:-localhost}
     if [[ -n ${SLURM_JOB_NODELIST:-} ]] && command -v scontrol >/dev/null; then
         master_addr=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
