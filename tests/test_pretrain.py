@@ -66,13 +66,15 @@ def test_interrupted_run_continues_exactly_on_two_ranks(tmp_path, corpus):
 
 
 @pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                    ["--pipeline-model-parallel-size", "2"], []])
+                                    ["--pipeline-model-parallel-size", "2"],
+                                    ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"],
+                                    []], ids=["tp2sp", "pp2", "pp2-interleaved", "dp2"])
 def test_first_step_loss_matches_one_rank(tmp_path, corpus, layout):
     """From the same weights (saved by one rank, loaded with --finetune at any layout)."""
     ckpt = str(tmp_path / "init")
-    pretrain("--input-embedding", "gf2", "--train-iters", "1", "--save", ckpt, *data_args(corpus, "document_windows"))
-    args = ["--input-embedding", "gf2", "--train-iters", "1", "--load", ckpt, "--finetune",
-            *data_args(corpus, "document_windows")]
+    model = ["--input-embedding", "gf2", "--num-layers", "4", "--train-iters", "1", *data_args(corpus, "document_windows")]
+    pretrain(*model, "--save", ckpt)
+    args = [*model, "--load", ckpt, "--finetune"]
     pretrain(*args, "--metrics-file", str(tmp_path / "one.jsonl"))
     pretrain(*args, *layout, "--metrics-file", str(tmp_path / "two.jsonl"), nproc=2)  # [] = DP=2
     one, two = read_metrics(tmp_path / "one.jsonl")[0], read_metrics(tmp_path / "two.jsonl")[0]
@@ -84,7 +86,8 @@ def test_first_step_loss_matches_one_rank(tmp_path, corpus, layout):
 def test_token_budget_stops_at_first_step_boundary_past_it(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
     pretrain("--train-tokens", "1000", "--save", str(ckpt), "--metrics-file", str(tmp_path / "m.jsonl"),
-             *data_args(corpus, "document_windows"))
+             "--tensorboard-dir", str(tmp_path / "tb"), *data_args(corpus, "document_windows"))
+    assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert [m["tokens"] for m in metrics] == [256, 512, 768, 1024]  # 3 steps < 1000 <= 4 steps
     assert latest_step(ckpt) == 4 and (ckpt / "iter_0000004" / "common.pt").exists()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig, finalize_model_grads
 from megatron.core.process_groups_config import ProcessGroupCollection
+from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_fixedcode.compat import ParallelLayout
@@ -34,6 +35,9 @@ def build_model_chunks(
                 vp_stage=vp_stage if layout.virtual_pipeline_model_parallel_size else None,
             )
         )
+    if config.bf16 or config.fp16:
+        # BF16 compute on BF16 weights; the optimizer keeps FP32 master weights.
+        chunks = [Float16Module(config, chunk) for chunk in chunks]
     if not wrap_ddp:
         return chunks
     ddp_config = DistributedDataParallelConfig(
