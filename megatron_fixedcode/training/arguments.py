@@ -147,7 +147,9 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     values = {k.replace("-", "_"): _expand(v) for k, v in data.items()}
     for key in ("data_path", "valid_data_path"):
         if values.get(key) is not None:
-            values[key] = [str(v) for v in values[key]]
+            # A string (or an expanded ${VAR}) may hold several whitespace-separated entries.
+            items = values[key] if isinstance(values[key], list) else [values[key]]
+            values[key] = [word for item in items for word in str(item).split()]
     return values
 
 

@@ -7,6 +7,7 @@ restores model, optimizer, scheduler, RNG and step, and continues the exact stre
 """
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import math
@@ -157,7 +158,11 @@ class Trainer:
 
     def trainer_state(self) -> dict:
         r = self.ranks
+        code = self.model_cfg.code_spec()
         return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
+                "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
+                "tokenizer": {"type": self.cfg.args.tokenizer_type, "model": self.cfg.args.tokenizer_model},
+                "run_config": self.cfg.as_dict(),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
