@@ -1,0 +1,103 @@
+"""A megatron checkpoint (any TP/PP) → a Hugging Face directory that plain ``transformers`` loads.
+
+* ``llama`` block → ``LlamaForCausalLM``; ``gpt_gelu`` block → ``GPTNeoXForCausalLM`` (see
+  ``gpt_neox.py`` for why that is exact).
+* A fixed code is exported as a frozen input table holding exactly ``scale·R·c~(t)``;
+  ``config.json["fixed_code"]`` records the CodeSpec and its fingerprint.
+* ``table_free=True`` stores no table and ships ``modeling_fixedcode.py`` (remote code).
+"""
+from __future__ import annotations
+
+import logging
+import shutil
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from megatron_fixedcode.export import hf_io
+from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
+from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
+from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+from megatron_fixedcode.models.config import ModelConfig
+
+logger = logging.getLogger(__name__)
+REMOTE_CODE = Path(__file__).with_name("modeling_fixedcode.py")
+
+
+def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, bos_token_id: int | None,
+                          eos_token_id: int | None, dtype: str = "float32",
+                          table_free: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The exported tensors (cast to ``dtype``) and config.json for one TP=1 state dict."""
+    if dtype not in hf_io.DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(hf_io.DTYPES)}")
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "dtype": dtype}
+    if cfg.block == "llama":
+        tensors, config = megatron_to_llama(state, cfg), llama_config(cfg, **ids)
+    else:
+        tensors, config = megatron_to_neox(state, cfg), neox_config(cfg, **ids)
+    if table_free:
+        if cfg.input_embedding == "learned":
+            raise ValueError("--table-free: the learned baseline has a real input table; export it without --table-free")
+        if cfg.block != "llama":
+            raise ValueError("--table-free is implemented for the llama block only; export gpt_gelu models with the frozen table")
+        del tensors["model.embed_tokens.weight"]
+        config.update(architectures=["FixedCodeLlamaForCausalLM"], model_type="fixedcode_llama",
+                      auto_map={"AutoConfig": "modeling_fixedcode.FixedCodeLlamaConfig",
+                                "AutoModelForCausalLM": "modeling_fixedcode.FixedCodeLlamaForCausalLM"})
+    return {k: v.to(hf_io.DTYPES[dtype]) for k, v in tensors.items()}, config
+
+
+def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *,
+                   tokenizer_type: str | None = None, tokenizer_model: str | None = None,
+                   dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
+                   provenance: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
+    """Write config.json, generation_config.json, safetensors (+ index) and tokenizer files."""
+    out = Path(out_dir)
+    if out.exists() and any(out.iterdir()):
+        if not overwrite:
+            raise ValueError(f"--output {out} exists and is not empty (pass --overwrite to replace it)")
+        shutil.rmtree(out)
+    out.mkdir(parents=True, exist_ok=True)
+    tokenizer = None
+    if tokenizer_model:
+        from megatron_fixedcode.tokenizers import build_tokenizer
+
+        tokenizer = build_tokenizer(tokenizer_type or "HuggingFaceTokenizer", tokenizer_model)
+        if tokenizer.vocab_size != cfg.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer_model} has {tokenizer.vocab_size} tokens, the model {cfg.vocab_size}")
+    eos = tokenizer.eod if tokenizer else None
+    bos = (tokenizer.bos if tokenizer.bos is not None else tokenizer.eod) if tokenizer else None
+    tensors, config = hf_tensors_and_config(state, cfg, bos_token_id=bos, eos_token_id=eos, dtype=dtype,
+                                            table_free=table_free)
+    if provenance:
+        config["megatron_fixedcode"] = provenance
+    hf_io.write_safetensors(out, tensors, max_shard_size)
+    hf_io.write_json(out / "config.json", config)
+    hf_io.write_json(out / "generation_config.json",
+                     {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False, "_from_model_config": True})
+    if table_free:
+        shutil.copyfile(REMOTE_CODE, out / REMOTE_CODE.name)
+    if tokenizer is not None:
+        hf_io.write_tokenizer(out, tokenizer_type, tokenizer_model, tokenizer, cfg.seq_length)
+    else:
+        logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): no tokenizer files written")
+    return out
+
+
+def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int | None = None,
+                             dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
+                             tokenizer_model: str | None = None, overwrite: bool = False) -> Path:
+    """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory."""
+    ckpt = load_megatron_checkpoint(load, step)
+    tok = ckpt.trainer_state.get("tokenizer") or {}
+    tokenizer_model = tokenizer_model or tok.get("model")
+    if tokenizer_model and not Path(tokenizer_model).exists():
+        raise ValueError(f"tokenizer {tokenizer_model} recorded in the checkpoint is missing; pass --tokenizer-model")
+    provenance = {"checkpoint": str(ckpt.path.resolve()), "step": ckpt.step, "tokens": ckpt.trainer_state.get("tokens"),
+                  "identity": ckpt.trainer_state.get("identity"), "layout": ckpt.trainer_state.get("layout"),
+                  "block": ckpt.model_cfg.block}
+    state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
+    return write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
+                          dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
+                          provenance=provenance, overwrite=overwrite)
