@@ -171,7 +171,6 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
     unsupported = {
         "attention_bias": config.get("attention_bias", False),
         "mlp_bias": config.get("mlp_bias", False),
-        "tie_word_embeddings": config.get("tie_word_embeddings", False),
         "hidden_act != silu": config.get("hidden_act", "silu") != "silu",
         "rope scaling": rope.get("rope_type", rope.get("type", "default")) not in ("default", None),
     }
