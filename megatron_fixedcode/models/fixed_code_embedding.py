@@ -97,21 +97,29 @@ class FixedCodeEmbedding(MegatronModule):
             raise ValueError(f"input_ids contain {bad}, outside the code's vocabulary [0, {vocab_size})")
 
     def code_bits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Recoded bits, int64 ``[..., K]`` of 0/1."""
+        """Recoded bits ``[..., K]`` of 0/1 (uint8 from the lookup buffer, int64 table-free)."""
         if self.codebook_VK is not None:
-            return self.codebook_VK[input_ids].to(torch.int64)
+            return self.codebook_VK[input_ids]
         bits = input_ids.to(torch.int64).unsqueeze(-1) & self.row_masks_K
         for shift in self._fold_shifts:
             bits = bits ^ (bits >> shift)
         return (bits & 1) ^ self.offset_K
 
     def lift(self, bits_SBK: torch.Tensor) -> torch.Tensor:
-        """Tile the K bits along the width (R), truncating the last tile, in the output dtype."""
+        """Tile the K bits along the width (R), truncating the last tile, in the output dtype.
+
+        The K-wide codes are converted and scaled first, then written once into a fresh output
+        (a broadcast copy, no intermediate of the output's size); the values are the same as
+        tiling first and scaling after, element for element."""
         num_bits, hidden = self.code_spec.num_bits, self.config.hidden_size
         bits = bits_SBK.to(self.output_dtype)
-        x_SBH = bits.repeat(1, 1, -(-hidden // num_bits))[..., :hidden]
         if self.code_spec.scale != 1.0:
-            x_SBH = x_SBH * self.code_spec.scale
+            bits = bits * self.code_spec.scale
+        num_tiles, rest = divmod(hidden, num_bits)
+        x_SBH = torch.empty(*bits.shape[:-1], hidden, dtype=bits.dtype, device=bits.device)
+        x_SBH[..., : num_tiles * num_bits].unflatten(-1, (num_tiles, num_bits)).copy_(bits.unsqueeze(-2))
+        if rest:
+            x_SBH[..., num_tiles * num_bits :] = bits[..., :rest]
         return x_SBH
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -127,7 +135,7 @@ class FixedCodeEmbedding(MegatronModule):
             s_local = ids_SB.shape[0] // tp_size
             start = self.tp_group.rank() * s_local
             ids_SB = ids_SB[start : start + s_local]
-        x_SBH = self.lift(self.code_bits(ids_SB)).contiguous()
+        x_SBH = self.lift(self.code_bits(ids_SB))
         if self.config.recompute_granularity == "full" and torch.is_grad_enabled():
             # megatron's reentrant activation checkpoint only backpropagates into the layers it
             # wraps if one of its inputs requires grad; a fixed code otherwise has none.
