@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
+import socket
 
 import torch
 import torch.distributed as dist
@@ -50,14 +51,15 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
     megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1."""
     on_cpu = apply_cpu_patches()
     if not dist.is_initialized():
-        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
-        os.environ.setdefault("MASTER_PORT", str(29500 + os.getpid() % 20000))
-        os.environ.setdefault("RANK", "0")
-        os.environ.setdefault("WORLD_SIZE", "1")
         if not on_cpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        launched = "RANK" in os.environ and "WORLD_SIZE" in os.environ  # torchrun / srun set these
         dist.init_process_group(
-            backend="gloo" if on_cpu else "nccl", timeout=datetime.timedelta(seconds=timeout_s)
+            backend="gloo" if on_cpu else "nccl",
+            timeout=datetime.timedelta(seconds=timeout_s),
+            # A plain `python` run is a world of one on a free loopback port; the environment
+            # (inherited by child processes) is left untouched.
+            **({} if launched else {"init_method": f"tcp://127.0.0.1:{_free_port()}", "rank": 0, "world_size": 1}),
         )
     layout.data_parallel_size(dist.get_world_size())
     parallel_state.destroy_model_parallel()
@@ -69,6 +71,12 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
     )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
 
 
 def parallel_ranks() -> dict[str, int]:

@@ -22,15 +22,26 @@ from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedd
 logger = logging.getLogger(__name__)
 
 
+TE_INSTALL_HINT = (
+    "install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
+    "'transformer_engine[pytorch]>=2.9,<2.12' (builds against the installed torch; or use an NGC PyTorch "
+    "container, which ships it)"
+)
+
+
+def transformer_engine_available() -> bool:
+    return importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
+
+
 def use_transformer_engine(cfg: ModelConfig) -> bool:
-    """TE layers when asked for, or by default when TE is importable on a CUDA machine."""
-    te_available = importlib.util.find_spec("transformer_engine") is not None and torch.cuda.is_available()
-    if cfg.transformer_impl == "transformer_engine" and not te_available:
-        raise ValueError(
-            "transformer_impl='transformer_engine' needs a CUDA GPU and Transformer Engine "
-            "(pip install 'megatron-fixedcode[te]'); use transformer_impl='local' otherwise"
-        )
-    return cfg.transformer_impl == "transformer_engine" or (cfg.transformer_impl == "auto" and te_available)
+    """TE layers when asked for (also implied by FP8), or by default when TE is importable on CUDA."""
+    te_available = transformer_engine_available()
+    wants_te = cfg.transformer_impl == "transformer_engine" or cfg.fp8 is not None
+    if wants_te and not te_available:
+        what = f"fp8={cfg.fp8!r}" if cfg.fp8 else "transformer_impl='transformer_engine'"
+        where = "a CUDA GPU and Transformer Engine" if not torch.cuda.is_available() else "Transformer Engine"
+        raise ValueError(f"{what} needs {where}: {TE_INSTALL_HINT}; use transformer_impl='local' without FP8 otherwise")
+    return wants_te or (cfg.transformer_impl == "auto" and te_available)
 
 
 def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrides) -> TransformerConfig:
@@ -65,6 +76,9 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrid
         pipeline_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
         transformer_impl="transformer_engine" if use_transformer_engine(cfg) else "local",
     )
+    if cfg.fp8:
+        fields.update(fp8=cfg.fp8, fp8_recipe=cfg.fp8_recipe, fp8_amax_history_len=cfg.fp8_amax_history_len,
+                      fp8_amax_compute_algo=cfg.fp8_amax_compute_algo, fp8_param=cfg.fp8_param)
     if not torch.cuda.is_available():
         fields.update(cpu_transformer_config_overrides())
     fields.update(overrides)

@@ -13,6 +13,8 @@ BLOCKS = {
     "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
+FP8_FORMATS = ("e4m3", "hybrid")  # TransformerConfig.fp8
+FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # TransformerConfig.fp8_recipe
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -41,6 +43,14 @@ class ModelConfig:
     transformer_impl: str = "auto"
     bf16: bool = False
     recompute_granularity: str | None = None
+    # FP8 GEMMs in the TE layers (megatron TransformerConfig fields of the same names). The input
+    # interface is unaffected: it emits the activation dtype (bf16) and TE quantizes what it consumes.
+    fp8: str | None = None
+    fp8_recipe: str = "delayed"
+    fp8_amax_history_len: int = 1
+    fp8_amax_compute_algo: str = "most_recent"
+    fp8_param: bool = False
+
 
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
@@ -61,6 +71,18 @@ class ModelConfig:
             raise ValueError(f"transformer_impl must be one of {TRANSFORMER_IMPLS}, got {self.transformer_impl!r}")
         if self.recompute_granularity not in (None, "full", "selective"):
             raise ValueError(f"recompute_granularity must be full, selective or None, got {self.recompute_granularity!r}")
+        if self.fp8 not in (None, *FP8_FORMATS):
+            raise ValueError(f"fp8 must be one of {FP8_FORMATS} or None, got {self.fp8!r}")
+        if self.fp8_recipe not in FP8_RECIPES:
+            raise ValueError(f"fp8_recipe must be one of {FP8_RECIPES}, got {self.fp8_recipe!r}")
+        if self.fp8_amax_history_len < 1:
+            raise ValueError(f"fp8_amax_history_len must be >= 1, got {self.fp8_amax_history_len}")
+        if self.fp8_amax_compute_algo not in ("most_recent", "max"):
+            raise ValueError(f"fp8_amax_compute_algo must be most_recent or max, got {self.fp8_amax_compute_algo!r}")
+        if self.fp8 and (not self.bf16 or self.transformer_impl == "local"):
+            raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
+        if self.fp8_param and not self.fp8:
+            raise ValueError("fp8_param needs fp8")
         self.code_spec()  # validates V vs K, d >= K, seeds
 
     def code_spec(self) -> CodeSpec | None:

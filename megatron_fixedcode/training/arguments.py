@@ -16,7 +16,14 @@ import yaml
 
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat import ParallelLayout
-from megatron_fixedcode.models.config import BLOCKS, INPUT_EMBEDDINGS, TRANSFORMER_IMPLS, ModelConfig
+from megatron_fixedcode.models.config import (
+    BLOCKS,
+    FP8_FORMATS,
+    FP8_RECIPES,
+    INPUT_EMBEDDINGS,
+    TRANSFORMER_IMPLS,
+    ModelConfig,
+)
 from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
 
 
@@ -55,6 +62,21 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--bf16", action="store_true")
     g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default="auto")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    g = p.add_argument_group("transformer engine, FP8, communication overlap (CUDA GPUs)")
+    g.add_argument("--fp8-format", choices=FP8_FORMATS, default=None,
+                   help="FP8 GEMMs in the TE layers (needs --bf16 and Transformer Engine); the fixed-code "
+                        "input stays in the activation dtype, TE quantizes it")
+    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="delayed", help="TE scaling recipe (mxfp8: Blackwell only)")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1)
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
+    g.add_argument("--fp8-param-gather", action="store_true",
+                   help="keep TE weights in FP8 and all-gather them in FP8 (needs --use-distributed-optimizer)")
+    g.add_argument("--overlap-grad-reduce", action="store_true", help="overlap DP gradient reduction with backward")
+    g.add_argument("--overlap-param-gather", action="store_true",
+                   help="overlap the distributed optimizer's parameter all-gather with the next forward")
+    g.add_argument("--tp-comm-overlap", action="store_true",
+                   help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
+
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
@@ -174,7 +196,9 @@ class PretrainConfig:
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_scale=a.code_scale,
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, transformer_impl=a.transformer_impl,
-            bf16=a.bf16, recompute_granularity=a.recompute_granularity,
+            bf16=a.bf16, recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
+            fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
+            fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -215,6 +239,26 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--lr-decay-iters {a.lr_decay_iters} must exceed --lr-warmup-iters {a.lr_warmup_iters}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
+    _validate_te_and_overlap(a, p)
+
+
+def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Flag combinations only; whether this machine has a GPU and TE is checked at launch."""
+    if a.fp8_format and a.transformer_impl == "local":
+        p.error("--fp8-format needs Transformer Engine layers: drop --transformer-impl local")
+    if a.fp8_format and not a.bf16:
+        p.error("--fp8-format needs --bf16 (FP8 GEMMs, BF16 elsewhere)")
+    if a.fp8_param_gather and not a.fp8_format:
+        p.error("--fp8-param-gather needs --fp8-format")
+    if a.fp8_param_gather and not a.use_distributed_optimizer:
+        p.error("--fp8-param-gather needs --use-distributed-optimizer (it gathers FP8 parameter shards)")
+    if a.overlap_param_gather and not (a.use_distributed_optimizer and a.overlap_grad_reduce):
+        p.error("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce")
+    if a.tp_comm_overlap and a.transformer_impl == "local":
+        p.error("--tp-comm-overlap needs Transformer Engine layers: drop --transformer-impl local")
+    if a.tp_comm_overlap and not a.sequence_parallel:
+        p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
+
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:

@@ -28,6 +28,12 @@ from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.gpu_features import (
+    check_gpu_features,
+    initialize_tp_comm_overlap,
+    params_synced,
+    use_fused_adamw,
+)
 from megatron_fixedcode.training.metrics import MetricsSink, require_logging_backends
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 
@@ -62,6 +68,7 @@ def _global_sum(values: list[float]) -> list[float]:
 
 
 def _check_runtime(cfg: PretrainConfig) -> None:
+    check_gpu_features(cfg.args)  # first: its message says what to install
     if not torch.cuda.is_available():
         if cfg.args.bf16:
             raise ValueError("--bf16 needs a GPU; on CPU training runs in FP32 (drop --bf16)")
@@ -92,9 +99,12 @@ class Trainer:
         self.max_steps = cfg.schedule.max_steps(self.global_batch)
         self._check_resume_compatible()
         torch.manual_seed(a.seed)
-        config = build_transformer_config(self.model_cfg, cfg.layout)
+        initialize_tp_comm_overlap(a)
+        config = build_transformer_config(self.model_cfg, cfg.layout, **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
         self.chunks = build_model_chunks(self.model_cfg, config, cfg.layout, self.pg,
-                                         use_distributed_optimizer=cfg.optim.use_distributed_optimizer)
+                                         use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
+                                         overlap_grad_reduce=a.overlap_grad_reduce,
+                                         overlap_param_gather=a.overlap_param_gather)
         self.report = parameter_report(self.model_cfg, [checkpointing._unwrap(c) for c in self.chunks], self.pg)
         o = cfg.optim
         self.optimizer = get_megatron_optimizer(
@@ -104,6 +114,7 @@ class Trainer:
                             use_distributed_optimizer=o.use_distributed_optimizer),
             self.chunks,
         )
+        self.optimizer_kind = use_fused_adamw(self.optimizer)
         self.scheduler = OptimizerParamScheduler(
             self.optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
             lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=o.lr_decay_iters or max(self.max_steps, o.lr_warmup_iters + 1),
@@ -201,7 +212,9 @@ class Trainer:
         """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same)."""
         for chunk in self.chunks:
             chunk.eval()
-        totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True) for k in range(self.cfg.args.eval_iters)]
+        with params_synced(self.chunks):
+            totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True)
+                      for k in range(self.cfg.args.eval_iters)]
         for chunk in self.chunks:
             chunk.train()
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
@@ -210,8 +223,9 @@ class Trainer:
     def save(self) -> None:
         ck = self.cfg.checkpoint
         t0 = time.perf_counter()
-        path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                             self.trainer_state(), ck.keep_last)
+        with params_synced(self.chunks):
+            path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                                 self.trainer_state(), ck.keep_last)
         logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
 
     def train(self) -> int:
@@ -219,6 +233,8 @@ class Trainer:
         rank0 = self.ranks["rank"] == 0
         if rank0:
             logger.info(format_parameter_report(self.report))
+            logger.info("layers: %s%s; optimizer: %s", self.chunks[0].config.transformer_impl,
+                        f", FP8 {a.fp8_format}/{a.fp8_recipe}" if a.fp8_format else "", self.optimizer_kind)
             logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
                         self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
                         self.max_steps, self.step)

@@ -1,0 +1,103 @@
+"""The CUDA-only parts of a run: Transformer Engine / FP8 / overlap checks at launch, TE's
+userbuffers for TP communication overlap, the fused optimizer, and parameter sync around
+evaluation and checkpoints under ``--overlap-param-gather``.
+
+Everything here is a no-op on the CPU path, except :func:`check_gpu_features`, which refuses
+GPU-only flags there (exit 2 before any process group, model or data exists).
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib
+import importlib.util
+import logging
+
+import torch
+
+from megatron_fixedcode.models.builder import TE_INSTALL_HINT
+
+logger = logging.getLogger(__name__)
+
+
+def _fp8_support(recipe: str) -> tuple[bool, str]:
+    """(supported, reason) from TE for this GPU (mxfp8 needs Blackwell, blockwise Hopper + CUDA 12.9)."""
+    name = {"mxfp8": "check_mxfp8_support", "blockwise": "check_fp8_block_scaling_support"}.get(recipe, "check_fp8_support")
+    for module in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
+        try:
+            check = getattr(importlib.import_module(module), name, None)
+        except ImportError:
+            continue
+        if check is not None:
+            return check()
+    return False, f"this Transformer Engine has no {name}()"
+
+
+def check_gpu_features(a: argparse.Namespace) -> None:
+    """Refuse, naming what to install or change, GPU/TE features this machine cannot run."""
+    on_gpu = torch.cuda.is_available()
+    has_te = importlib.util.find_spec("transformer_engine") is not None
+    wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"),
+                                      (f"--fp8-format {a.fp8_format}", a.fp8_format is not None),
+                                      ("--tp-comm-overlap", a.tp_comm_overlap)) if on]
+    if not on_gpu:
+        gpu_only = wants_te + [f for f, on in (("--overlap-grad-reduce", a.overlap_grad_reduce),
+                                               ("--overlap-param-gather", a.overlap_param_gather)) if on]
+        if gpu_only:
+            raise ValueError(f"{', '.join(gpu_only)} needs a CUDA GPU (this machine has none); "
+                             "on CPU drop it (training runs with local layers, FP32, no overlap)"
+                             + (f"; on the GPU machine {TE_INSTALL_HINT}" if wants_te else ""))
+        return
+    if wants_te and not has_te:
+        raise ValueError(f"{', '.join(wants_te)} needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}")
+    if a.fp8_format:
+        ok, reason = _fp8_support(a.fp8_recipe)
+        if not ok:
+            raise ValueError(f"--fp8-format {a.fp8_format} --fp8-recipe {a.fp8_recipe} is not supported on "
+                             f"{torch.cuda.get_device_name()}: {reason}")
+
+
+def initialize_tp_comm_overlap(a: argparse.Namespace) -> None:
+    """TE userbuffers for overlapping TP all-gather/reduce-scatter with GEMMs (as Megatron-LM does)."""
+    if not a.tp_comm_overlap:
+        return
+    from transformer_engine.pytorch import module as te_module
+
+    shape = [a.seq_length * a.micro_batch_size // a.context_parallel_size, a.hidden_size]
+    te_module.base.initialize_ub(shape=shape, tp_size=a.tensor_model_parallel_size,
+                                 use_fp8=a.fp8_format is not None)
+
+
+def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    return [p.optimizer for p in parts if getattr(p, "optimizer", None) is not None]
+
+
+def use_fused_adamw(optimizer) -> str:
+    """megatron picks TE's FusedAdam, else apex's, else torch's AdamW (foreach). In the last case on
+    CUDA, switch torch's AdamW to its fused kernel (before the first step creates any state).
+    The CPU path keeps megatron's default so CPU losses stay what they were. Returns the kind used."""
+    kinds = set()
+    for opt in _torch_optimizers(optimizer):
+        if isinstance(opt, torch.optim.AdamW) and torch.cuda.is_available() and not opt.state:
+            for group in opt.param_groups:
+                group.update(fused=True, foreach=False)
+            opt._step_supports_amp_scaling = True
+            kinds.add("torch fused AdamW")
+        else:
+            kinds.add(f"{type(opt).__module__.split('.')[0]} {type(opt).__name__}")
+    return ", ".join(sorted(kinds))
+
+
+@contextlib.contextmanager
+def params_synced(chunks: list[torch.nn.Module]):
+    """Under --overlap-param-gather the updated parameters are gathered lazily by forward pre-hooks;
+    evaluation and checkpoints need them now (Megatron-LM disables the hooks around both)."""
+    overlapped = [c for c in chunks if getattr(getattr(c, "ddp_config", None), "overlap_param_gather", False)]
+    for chunk in overlapped:
+        chunk.disable_forward_pre_hook()  # param_sync=True: gathers and waits
+    try:
+        yield
+    finally:
+        for chunk in overlapped:
+            chunk.enable_forward_pre_hook()

@@ -1,0 +1,201 @@
+"""Transformer Engine / FP8 / overlap flags: refusals on CPU and without TE, what the dry run and
+TransformerConfig receive, the fixed code's dtype under FP8, the fused optimizer switch; and, on a
+CUDA machine with TE, the TE spec choice and real FP8 / overlapped training steps."""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import types
+
+import pytest
+import torch
+
+from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models import ModelConfig, build_transformer_config
+from megatron_fixedcode.models import builder
+from megatron_fixedcode.pretrain import main
+from megatron_fixedcode.training import gpu_features
+from megatron_fixedcode.training.arguments import parse_pretrain_args
+from tests.pretrain_helpers import TINY
+
+HAS_TE = importlib.util.find_spec("transformer_engine") is not None
+NO_DATA = ["--data-path", "/nonexistent/prefix", "--train-iters", "1"]
+
+
+def tiny_model(**kw) -> ModelConfig:
+    return ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
+                       vocab_size=1024, input_embedding="binary", **kw)
+
+
+def _exit_message(capsys, argv: list[str]) -> str:
+    with pytest.raises(SystemExit) as e:
+        parse_pretrain_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
+
+
+@pytest.mark.parametrize("flags,message", [
+    (["--fp8-format", "hybrid", "--transformer-impl", "auto"], "needs --bf16"),
+    (["--fp8-format", "e4m3", "--bf16", "--transformer-impl", "local"], "needs Transformer Engine layers"),
+    (["--fp8-param-gather"], "needs --fp8-format"),
+    (["--fp8-format", "hybrid", "--bf16", "--transformer-impl", "auto", "--fp8-param-gather"], "--use-distributed-optimizer"),
+    (["--overlap-param-gather", "--use-distributed-optimizer"], "--overlap-grad-reduce"),
+    (["--tp-comm-overlap", "--transformer-impl", "auto"], "--sequence-parallel"),
+    (["--fp8-recipe", "nvfp4"], "invalid choice"),
+])
+def test_flag_combinations_refused_before_anything_starts(capsys, flags, message):
+    assert message in _exit_message(capsys, [*TINY, *NO_DATA, *flags])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the CPU refusal")
+@pytest.mark.parametrize("flags", [
+    ["--transformer-impl", "transformer_engine"],
+    ["--fp8-format", "hybrid", "--bf16", "--transformer-impl", "auto"],
+    ["--overlap-grad-reduce"],
+])
+def test_cpu_refuses_gpu_features_at_launch_with_what_to_install(caplog, flags):
+    from megatron_fixedcode.training.loop import run_pretraining
+
+    cfg = parse_pretrain_args([*TINY, *NO_DATA, *flags])
+    assert run_pretraining(cfg) == 2  # before any process group, model or data
+    text = caplog.text
+    assert "needs a CUDA GPU" in text and flags[0] in text
+    if "--overlap-grad-reduce" not in flags:
+        assert "pip install" in text and "transformer_engine[pytorch]" in text
+
+
+def _args(**kw) -> argparse.Namespace:
+    base = dict(transformer_impl="auto", fp8_format=None, fp8_recipe="delayed", tp_comm_overlap=False,
+                overlap_grad_reduce=False, overlap_param_gather=False)
+    return argparse.Namespace(**{**base, **kw})
+
+
+def test_gpu_without_te_refuses_with_install_hint(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: None)
+    with pytest.raises(ValueError, match=r"--fp8-format hybrid needs Transformer Engine.*pip install"):
+        gpu_features.check_gpu_features(_args(fp8_format="hybrid"))
+    gpu_features.check_gpu_features(_args(overlap_grad_reduce=True))  # overlap needs no TE
+
+
+def test_gpu_without_fp8_support_refuses_with_the_reason(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *a: "NVIDIA A100-SXM4-80GB")
+    monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.setattr(gpu_features, "_fp8_support", lambda recipe: (False, "Device compute capability 8.9 or higher required"))
+    with pytest.raises(ValueError, match=r"not supported on NVIDIA A100.*8\.9 or higher"):
+        gpu_features.check_gpu_features(_args(fp8_format="e4m3"))
+
+
+def test_model_without_te_refuses_te_and_fp8():
+    for cfg in (tiny_model(transformer_impl="transformer_engine"), tiny_model(bf16=True, fp8="hybrid")):
+        with pytest.raises(ValueError, match="needs .*Transformer Engine.*pip install"):
+            build_transformer_config(cfg, ParallelLayout())
+    with pytest.raises(ValueError, match="fp8 needs bf16"):
+        tiny_model(fp8="hybrid")
+
+
+def test_dry_run_shows_the_te_fields(capsys):
+    argv = ["--config", "examples/recipes/paper2_1p7b_binary.yaml", "--fp8-format", "hybrid", "--fp8-recipe",
+            "tensorwise", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max", "--fp8-param-gather",
+            "--overlap-grad-reduce", "--overlap-param-gather", "--dry-run"]
+    assert main(argv) == 0
+    resolved = json.loads(capsys.readouterr().out)
+    assert {k: resolved[k] for k in ("fp8_format", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
+                                     "fp8_param_gather", "overlap_grad_reduce", "overlap_param_gather",
+                                     "tp_comm_overlap", "transformer_impl")} == {
+        "fp8_format": "hybrid", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024,
+        "fp8_amax_compute_algo": "max", "fp8_param_gather": True, "overlap_grad_reduce": True,
+        "overlap_param_gather": True, "tp_comm_overlap": False, "transformer_impl": "auto"}
+
+
+def test_transformer_config_gets_the_fp8_fields_and_the_code_stays_bf16(monkeypatch):
+    """Where TE is available (simulated): TE layers, the FP8 fields in TransformerConfig, and the
+    fixed-code input still emitted in the activation dtype (TE quantizes inside its GEMMs)."""
+    from megatron_fixedcode.models.fixed_code_embedding import FixedCodeEmbedding
+
+    monkeypatch.setattr(builder, "transformer_engine_available", lambda: True)
+    cfg = tiny_model(bf16=True, fp8="e4m3", fp8_recipe="tensorwise", fp8_amax_history_len=16,
+                     fp8_amax_compute_algo="max", fp8_param=True)
+    config = build_transformer_config(cfg, ParallelLayout())
+    assert config.transformer_impl == "transformer_engine"
+    assert (config.fp8, config.fp8_recipe, config.fp8_amax_history_len, config.fp8_amax_compute_algo,
+            config.fp8_param) == ("e4m3", "tensorwise", 16, "max", True)
+    embedding = FixedCodeEmbedding(config=config, code_spec=cfg.code_spec())
+    x_SBH = embedding(torch.arange(64).reshape(2, 32), None)
+    assert x_SBH.dtype == torch.bfloat16 and x_SBH.shape == (32, 2, 64)
+    monkeypatch.setattr(builder, "transformer_engine_available", lambda: False)
+    assert build_transformer_config(tiny_model(), ParallelLayout()).transformer_impl == "local"
+
+
+def test_fused_adamw_only_for_torch_adamw_on_cuda(monkeypatch):
+    param = torch.nn.Parameter(torch.ones(4))
+    wrapped = types.SimpleNamespace(optimizer=torch.optim.AdamW([param], lr=0.1))
+    assert gpu_features.use_fused_adamw(wrapped) == "torch AdamW"  # CPU: megatron's default kept
+    assert not wrapped.optimizer.param_groups[0]["fused"]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    chained = types.SimpleNamespace(chained_optimizers=[wrapped])
+    assert gpu_features.use_fused_adamw(chained) == "torch fused AdamW"
+    assert wrapped.optimizer.param_groups[0]["fused"] is True
+    param.grad = torch.ones(4)
+    wrapped.optimizer.step()  # torch's fused kernel also runs on CPU tensors
+    assert torch.all(param < 1)
+
+
+def test_params_synced_is_a_no_op_without_overlap():
+    chunk = types.SimpleNamespace(ddp_config=types.SimpleNamespace(overlap_param_gather=False))
+    with gpu_features.params_synced([chunk, torch.nn.Linear(1, 1)]):
+        pass
+
+
+# --- on a CUDA machine with Transformer Engine (scripts/gpu_check.sh runs these) -----------------
+
+needs_te = pytest.mark.skipif(not HAS_TE, reason="Transformer Engine is not installed")
+
+
+@pytest.mark.gpu
+@needs_te
+def test_auto_picks_the_te_spec_on_cuda():
+    from megatron.core.extensions.transformer_engine import TELayerNormColumnParallelLinear
+
+    cfg = tiny_model(bf16=True)
+    config = build_transformer_config(cfg, ParallelLayout())
+    assert config.transformer_impl == "transformer_engine"
+    spec = builder.build_layer_spec(cfg, config)
+    assert spec.submodules.self_attention.submodules.linear_qkv is TELayerNormColumnParallelLinear
+
+
+def _fp8_or_skip(recipe: str) -> None:
+    ok, reason = gpu_features._fp8_support(recipe)
+    if not ok:
+        pytest.skip(f"FP8 ({recipe}) not supported on {torch.cuda.get_device_name()}: {reason}")
+
+
+@pytest.mark.gpu
+@needs_te
+@pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
+def test_one_fp8_training_step_with_the_real_trainer(tmp_path, recipe):
+    from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+
+    _fp8_or_skip(recipe)
+    corpus = write_corpus(tmp_path / "data")
+    pretrain(*data_args(corpus, "gpt"), "--train-iters", "2", "--bf16", "--transformer-impl", "transformer_engine",
+             "--fp8-format", "hybrid", "--fp8-recipe", recipe, "--fp8-amax-history-len", "16",
+             "--metrics-file", str(tmp_path / "m.jsonl"))
+    losses = [r["loss"] for r in read_metrics(tmp_path / "m.jsonl")]
+    assert len(losses) == 2 and all(abs(l - 6.93) < 1.5 for l in losses), losses  # ln(1024) = 6.93 at init
+
+
+@pytest.mark.gpu
+def test_overlap_flags_train_like_the_plain_run(tmp_path):
+    """DP=1, so the overlapped reduction/gather must give the plain run's losses (bit-identical)."""
+    from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+
+    corpus = write_corpus(tmp_path / "data")
+    common = [*data_args(corpus, "gpt"), "--train-iters", "3", "--bf16", "--use-distributed-optimizer"]
+    pretrain(*common, "--metrics-file", str(tmp_path / "plain.jsonl"))
+    pretrain(*common, "--overlap-grad-reduce", "--overlap-param-gather", "--metrics-file", str(tmp_path / "ov.jsonl"),
+             "--save", str(tmp_path / "ckpt"), "--eval-interval", "3")
+    plain, overlapped = (read_metrics(tmp_path / f) for f in ("plain.jsonl", "ov.jsonl"))
+    assert [r["loss"] for r in plain] == [r["loss"] for r in overlapped]
