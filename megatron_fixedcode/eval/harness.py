@@ -1,0 +1,86 @@
+"""The LM Evaluation Harness on an exported Hugging Face directory (no chat template).
+
+Two task sets: the papers' suite by lm-eval's own task names (they download their datasets, so
+they need the hub or a warm HF cache), and local-file tasks under ``examples/eval/`` that read
+the benchmarks in their original formats from the shared data directory (offline machines).
+Contexts get no BOS; an empty context is the EOD token (``prefix_token_id``), which for the
+canonical and zero-offset GF(2) codes is the zero input vector (docs/evaluation.md).
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from megatron_fixedcode.export import hf_io
+
+REPO = Path(__file__).resolve().parents[2]
+LOCAL_TASKS_DIR = REPO / "examples" / "eval"
+# (group or task, num_fewshot): SPEC §2, paper 2's table. MMLU runs 0- and 5-shot.
+PAPER_SUITE = [("fixedcode_paper_suite", 0), ("mmlu", 5)]
+LOCAL_SUITE = [("fixedcode_local", 0)]
+SUITES = {"paper": PAPER_SUITE, "local": LOCAL_SUITE}
+
+
+def parse_tasks(spec: str) -> list[tuple[str, int]]:
+    """``"paper"``, ``"local"`` or ``"task[:shots],task[:shots]"``."""
+    if spec in SUITES:
+        return SUITES[spec]
+    runs = []
+    for item in spec.split(","):
+        name, _, shots = item.strip().partition(":")
+        if not name or (shots and not shots.isdigit()):
+            raise ValueError(f"--tasks {spec!r}: expected 'paper', 'local' or task[:num_fewshot],...")
+        runs.append((name, int(shots or 0)))
+    return runs
+
+
+def flatten_results(results: dict[str, Any], num_fewshot: int) -> dict[str, dict[str, float]]:
+    """``{"task@Nshot": {"acc": .., "acc_stderr": .., "acc_norm": .., ...}}``; acc and acc_norm stay apart."""
+    rows = {}
+    for task, metrics in results.items():
+        row = {}
+        for key, value in metrics.items():
+            metric, _, filt = key.partition(",")
+            if not isinstance(value, (int, float)) or metric == "alias" or filt not in ("none", ""):
+                continue
+            row[metric] = float(value)
+        if row:
+            rows[f"{task}@{num_fewshot}shot"] = row
+    return rows
+
+
+def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None = None, batch_size: int = 8,
+                device: str = "cpu", include_path: str | Path | None = LOCAL_TASKS_DIR,
+                trust_remote_code: bool = False) -> dict[str, Any]:
+    """Run every (task, shots) of ``tasks``; returns ``{"model", "results", "config"}``."""
+    try:
+        import lm_eval
+        from lm_eval.tasks import TaskManager
+    except ImportError as e:  # the eval extra
+        raise ValueError("the LM Evaluation Harness is not installed: pip install 'megatron-fixedcode[eval]'") from e
+    model_dir = Path(model_dir)
+    config = hf_io.read_config(model_dir)
+    eod = config.get("eos_token_id")
+    model_args = {"pretrained": str(model_dir), "dtype": "float32", "trust_remote_code": trust_remote_code,
+                  "add_bos_token": False}
+    if eod is not None:
+        model_args["prefix_token_id"] = eod
+    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    rows: dict[str, dict[str, float]] = {}
+    for task, shots in parse_tasks(tasks):
+        out = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[task], num_fewshot=shots,
+                                      limit=limit, batch_size=batch_size, device=device, task_manager=manager,
+                                      apply_chat_template=False, random_seed=0, numpy_random_seed=0,
+                                      torch_random_seed=0, fewshot_random_seed=1234, log_samples=False)
+        rows.update(flatten_results(out["results"], shots))
+    fixed = config.get("fixed_code")
+    return {"model": str(model_dir), "input_embedding": fixed["input_embedding"] if fixed else "learned",
+            "code_fingerprint": fixed["fingerprint"] if fixed else None,
+            "provenance": config.get("megatron_fixedcode"), "results": rows,
+            "config": {"tasks": tasks, "limit": limit, "prefix_token_id": eod, "chat_template": False,
+                       "bos": "none; empty contexts get the EOD token as prefix"}}
+
+
+def save_json(path: str | Path, data: dict[str, Any]) -> None:
+    Path(path).write_text(json.dumps(data, indent=2, sort_keys=True) + "\n")

@@ -1,0 +1,108 @@
+"""Mean next-token NLL (nats) and perplexity of a model on documents, one protocol for megatron
+checkpoints and Hugging Face exports.
+
+Protocol: every document is ``[EOD] + its tokens``; EOD (``<|endoftext|>``, id 0 for SmolLM2 —
+the zero vector of the canonical and zero-offset GF(2) codes) is the unscored context of the
+first token, exactly the separator the model saw in training. Each document is cut into
+non-overlapping windows of ``seq_length`` predictions (the last one shorter); windows never cross
+documents. Every token of every document is a prediction target, counted once.
+
+Shape legend: B windows in a batch, S positions, V vocabulary.
+"""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Callable, Iterable, Iterator
+
+import numpy as np
+import torch
+
+LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
+
+
+def read_text(path: str | Path) -> str:
+    """UTF-8 (BOM stripped), falling back to Latin-1 for the odd legacy file."""
+    data = Path(path).read_bytes()
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError:
+        return data.decode("latin-1")
+
+
+def text_documents(paths: Iterable[str | Path], tokenize: Callable[[str], list[int]]) -> list[list[int]]:
+    docs = []
+    for path in paths:
+        if not Path(path).is_file():
+            raise ValueError(f"--text-files: no such file {path}")
+        docs.append(tokenize(read_text(path)))
+    return docs
+
+
+def indexed_documents(prefix: str) -> list[list[int]]:
+    """The documents of a megatron ``.bin/.idx`` dataset (e.g. a validation split) as stored."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    if not Path(prefix + ".idx").is_file():
+        raise ValueError(f"--data-path: no {prefix}.idx")
+    ds = IndexedDataset(prefix)
+    bounds = ds.document_indices
+    return [np.concatenate([ds[j] for j in range(bounds[d], bounds[d + 1])]).astype(np.int64).tolist()
+            for d in range(len(bounds) - 1)]
+
+
+def windows(docs: list[list[int]], seq_length: int, eod: int) -> Iterator[tuple[list[int], list[int]]]:
+    """(inputs, targets) pairs of at most ``seq_length`` tokens each."""
+    for doc in docs:
+        seq = [eod, *doc]
+        for start in range(0, len(seq) - 1, seq_length):
+            chunk = seq[start : start + seq_length + 1]
+            yield chunk[:-1], chunk[1:]
+
+
+@torch.no_grad()
+def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int, eod: int,
+                 batch_size: int = 8, max_tokens: int | None = None) -> dict:
+    """``{"loss", "ppl", "tokens", "documents", "windows"}``; right padding is causal-safe."""
+    total, count, num_windows = 0.0, 0, 0
+    pending: list[tuple[list[int], list[int]]] = []
+
+    def flush() -> None:
+        nonlocal total, count
+        width = max(len(x) for x, _ in pending)
+        ids_BS = torch.full((len(pending), width), eod, dtype=torch.long)
+        tgt_BS = torch.full((len(pending), width), -100, dtype=torch.long)
+        for b, (x, y) in enumerate(pending):
+            ids_BS[b, : len(x)] = torch.tensor(x)
+            tgt_BS[b, : len(y)] = torch.tensor(y)
+        logits_BSV = logits_fn(ids_BS).double()
+        nll = torch.nn.functional.cross_entropy(logits_BSV.flatten(0, 1), tgt_BS.flatten(), ignore_index=-100,
+                                                reduction="sum")
+        total += float(nll)
+        count += int((tgt_BS != -100).sum())
+        pending.clear()
+
+    for x, y in windows(docs, seq_length, eod):
+        if max_tokens is not None and count + sum(len(t) for _, t in pending) >= max_tokens:
+            break
+        pending.append((x, y))
+        num_windows += 1
+        if len(pending) == batch_size:
+            flush()
+    if pending:
+        flush()
+    if count == 0:
+        raise ValueError("no tokens to evaluate (empty documents?)")
+    loss = total / count
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "documents": len(docs),
+            "windows": num_windows, "seq_length": seq_length, "eod": eod}
+
+
+def megatron_logits_fn(model: torch.nn.Module, vocab_size: int) -> LogitsFn:
+    from megatron_fixedcode.export.megatron_io import megatron_logits
+
+    return lambda ids_BS: megatron_logits(model, ids_BS, vocab_size)
+
+
+def hf_logits_fn(model: torch.nn.Module) -> LogitsFn:
+    return lambda ids_BS: model(ids_BS).logits.float()

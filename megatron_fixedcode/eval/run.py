@@ -1,0 +1,65 @@
+"""What ``tools/evaluate.py`` runs: perplexity of a megatron checkpoint or an HF export."""
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from megatron_fixedcode.eval.perplexity import (
+    document_nll,
+    hf_logits_fn,
+    indexed_documents,
+    megatron_logits_fn,
+    text_documents,
+)
+
+BOS_NOTE = ("each document is [EOD] + tokens; EOD is unscored context (for the canonical and zero-offset "
+            "GF(2) codes token 0 is the zero input vector)")
+
+
+def _documents(tokenize, text_files, data_path) -> tuple[list[list[int]], dict]:
+    if bool(text_files) == bool(data_path):
+        raise ValueError("give exactly one of --text-files or --data-path")
+    if text_files:
+        return text_documents(text_files, tokenize), {"text_files": [str(p) for p in text_files]}
+    docs = [d for prefix in data_path for d in indexed_documents(prefix)]
+    return docs, {"data_path": list(data_path)}
+
+
+def checkpoint_perplexity(load: str, *, step: int | None = None, text_files=None, data_path=None,
+                          seq_length: int | None = None, batch_size: int = 8, max_tokens: int | None = None,
+                          tokenizer_model: str | None = None) -> dict[str, Any]:
+    """Single process, TP=1/PP=1: the checkpoint is resharded on load, whatever layout saved it."""
+    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.tokenizers import build_tokenizer
+
+    ckpt = load_megatron_checkpoint(load, step)
+    tok_info = ckpt.trainer_state.get("tokenizer") or {}
+    tokenizer = None
+    if tokenizer_model or tok_info.get("model"):
+        tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", tokenizer_model or tok_info["model"])
+    if text_files and tokenizer is None:
+        raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
+    docs, source = _documents(tokenizer.tokenize if tokenizer else None, text_files, data_path)
+    cfg = ckpt.model_cfg
+    result = document_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), docs, seq_length=seq_length or cfg.seq_length,
+                          eod=tokenizer.eod if tokenizer else 0, batch_size=batch_size, max_tokens=max_tokens)
+    return {**result, **source, "model": str(ckpt.path), "step": ckpt.step, "input_embedding": cfg.input_embedding,
+            "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"], "bos": BOS_NOTE}
+
+
+def hf_perplexity(model_dir: str, *, text_files=None, data_path=None, seq_length: int | None = None,
+                  batch_size: int = 8, max_tokens: int | None = None, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The same protocol with plain ``transformers`` on an export (or any causal LM directory)."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
+                                                 dtype=torch.float32).eval()
+    docs, source = _documents(lambda t: tokenizer(t, add_special_tokens=False)["input_ids"], text_files, data_path)
+    config = model.config
+    result = document_nll(hf_logits_fn(model), docs, seq_length=seq_length or config.max_position_embeddings,
+                          eod=tokenizer.eos_token_id, batch_size=batch_size, max_tokens=max_tokens)
+    fixed = getattr(config, "fixed_code", None)
+    return {**result, **source, "model": str(Path(model_dir)), "input_embedding": fixed["input_embedding"] if fixed else "learned",
+            "code_fingerprint": fixed["fingerprint"] if fixed else "learned", "bos": BOS_NOTE}
