@@ -67,7 +67,7 @@ def wikitext2_valid(**kwargs):
         current.append(line)
     if current:
         pages.append("".join(current))
-    return _dataset("validation", [{"page": p} for p in pages])
+    return _dataset("validation", [{"page": p} for p in pages if p.strip()])
 
 
 def winogrande_target(doc):

@@ -1,0 +1,55 @@
+"""The LM Evaluation Harness end to end on a tiny export, with local-file tasks built from the
+shared benchmark files (skipped when lm-eval or the shared data is absent)."""
+import json
+
+import pytest
+
+from tests.export_helpers import SHARED_DATA, SMOLLM2_TOKENIZER, random_checkpoint
+
+pytest.importorskip("lm_eval")
+pytest.importorskip("accelerate")
+pytestmark = pytest.mark.skipif(not (SHARED_DATA / "eval" / "piqa").exists() or not SMOLLM2_TOKENIZER.exists(),
+                                reason="shared evaluation data absent")
+
+
+@pytest.fixture(scope="module")
+def export(tmp_path_factory):
+    from megatron_fixedcode.export import convert_checkpoint_to_hf
+
+    root = tmp_path_factory.mktemp("harness")
+    src = random_checkpoint(root / "ckpt", input_embedding="binary", vocab_size=49152, hidden_size=32,
+                            num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=256,
+                            tokenizer_model=str(SMOLLM2_TOKENIZER))
+    return convert_checkpoint_to_hf(src, root / "hf")
+
+
+def test_local_tasks_score_an_export(tmp_path, export, monkeypatch):
+    from megatron_fixedcode.eval.harness import run_harness
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+    out = run_harness(export, "piqa_local,arc_easy_local,winogrande_local,lambada_local", limit=4, batch_size=4)
+    rows = out["results"]
+    assert set(rows) == {"piqa_local@0shot", "arc_easy_local@0shot", "winogrande_local@0shot", "lambada_local@0shot"}
+    for task in ("piqa_local@0shot", "arc_easy_local@0shot"):
+        assert {"acc", "acc_norm", "acc_stderr", "acc_norm_stderr"} <= set(rows[task])
+        assert 0 <= rows[task]["acc"] <= 1 and rows[task]["sample_len"] == 4
+    assert "acc_norm" not in rows["winogrande_local@0shot"]
+    assert rows["lambada_local@0shot"]["perplexity"] > 1
+    assert out["input_embedding"] == "binary" and out["config"]["prefix_token_id"] == 0
+    json.dumps(out)
+
+
+def test_local_data_reads_original_formats():
+    import importlib.util
+
+    from megatron_fixedcode.eval.harness import LOCAL_TASKS_DIR
+
+    spec = importlib.util.spec_from_file_location("local_data", LOCAL_TASKS_DIR / "local_data.py")
+    local = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(local)
+    piqa = local.piqa()["validation"]
+    assert len(piqa) == 1838 and set(piqa[0]) == {"goal", "sol1", "sol2", "label"}
+    assert len(local.arc_challenge()["test"]) == 1172 and len(local.winogrande()["validation"]) == 1267
+    assert len(local.lambada()["test"]) == 5153
+    pages = local.wikitext2_valid()["validation"]
+    assert len(pages) == 60 and pages[0]["page"].startswith(" = ")
