@@ -15,8 +15,8 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_fixedcode.compat import ParallelLayout, cpu_transformer_config_overrides
+from megatron_fixedcode.models.code_embeddings import embedding_class
 from megatron_fixedcode.models.config import BLOCKS, ModelConfig
-from megatron_fixedcode.models.fixed_code_embedding import FixedCodeEmbedding
 from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedding
 
 logger = logging.getLogger(__name__)
@@ -95,7 +95,7 @@ def build_embedding_factory(cfg: ModelConfig):
     code_spec = cfg.code_spec()
     if code_spec is None:
         return learned_embedding
-    return functools.partial(FixedCodeEmbedding, code_spec=code_spec)
+    return functools.partial(embedding_class(code_spec), code_spec=code_spec)
 
 
 def build_gpt_model(

@@ -3,9 +3,9 @@ from __future__ import annotations
 
 import dataclasses
 
-from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED, CodeSpec
+from megatron_fixedcode.codes import CODE_FAMILIES, CODE_IMPLEMENTATIONS, CODE_KINDS, PAPER_CODE_SEED, CodeSpec
 
-INPUT_EMBEDDINGS = ("learned", "binary", "gf2")
+INPUT_EMBEDDINGS = ("learned", *CODE_KINDS)
 BLOCKS = {
     # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
     "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
@@ -40,6 +40,10 @@ class ModelConfig:
     code_scale: float = 1.0
     code_bits: int | None = None
     code_min_weight: int = 4
+    code_width: int | None = None  # K′ of random / sinusoidal / lowdim (default ceil(log2 V))
+    code_centered: bool = False  # binary / gf2: ±1 (2c − 1) instead of 0/1
+    code_norm_match: bool = False  # scale the code so its input RMS equals init_method_std (the learned table's)
+    code_base: float | None = None  # sinusoidal: ω_i = base^(-2i/K′), default 10000
     transformer_impl: str = "auto"
     bf16: bool = False
     recompute_granularity: str | None = None
@@ -86,20 +90,39 @@ class ModelConfig:
         self.code_spec()  # validates V vs K, d >= K, seeds
 
     def code_spec(self) -> CodeSpec | None:
-        """The fixed code of this model, or None for the learned table."""
+        """The input code of this model, or None for the learned table.
+
+        ``code_norm_match``: scale = init_method_std / RMS of the unscaled code, so the inputs have
+        the learned table's RMS at init (row norm ≈ init_std·sqrt(d)). ``lowdim``: its coordinates
+        start as a unit Gaussian table times init_method_std·code_scale (a learned table's init)."""
         if self.input_embedding == "learned":
             return None
-        return CodeSpec.create(
+        family = CODE_FAMILIES[self.input_embedding]
+        if self.code_width is not None and family.bits:
+            raise ValueError(f"code_width is for random/sinusoidal/lowdim; {self.input_embedding} takes code_bits")
+        if self.code_bits is not None and not family.bits:
+            raise ValueError(f"code_bits is for binary/gf2; {self.input_embedding} takes code_width")
+        if self.code_norm_match and self.code_scale != 1.0:
+            raise ValueError(f"code_norm_match computes the scale: drop code_scale={self.code_scale}")
+        if self.code_norm_match and family.trainable:
+            raise ValueError("code_norm_match: lowdim is initialized at the learned table's std already")
+        scale = self.code_scale * (self.init_method_std if family.trainable else 1.0)
+        fields = dict(
             kind=self.input_embedding,
             vocab_size=self.vocab_size,
             hidden_size=self.hidden_size,
-            code_bits=self.code_bits,
+            code_bits=self.code_bits if family.bits else self.code_width,
             seed=self.code_seed,
             min_weight=self.code_min_weight,
             offset=self.code_offset,
-            scale=self.code_scale,
             implementation=self.code_impl,
+            centered=self.code_centered,
+            base=self.code_base,
+            dtype="bfloat16" if self.bf16 else "float32",
         )
+        if self.code_norm_match:
+            scale = self.init_method_std / CodeSpec.create(**fields, scale=1.0).input_rms()
+        return CodeSpec.create(**fields, scale=scale)
 
     def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
         """Output-layer rows, padded as Megatron-LM does (multiple of divisor × TP)."""

@@ -33,14 +33,16 @@ def parameter_report(
     table_params = cfg.padded_vocab_size(tp) * cfg.hidden_size
     # fp32 AdamW: weight 4 + grad 4 + exp_avg 4 + exp_avg_sq 4 bytes; bf16 adds an fp32 master copy.
     bytes_per_param = (2 + 2 + 4 + 8) if cfg.bf16 else (4 + 4 + 8)
+    learned = cfg.input_embedding == "learned"
     return {
         "input_embedding": cfg.input_embedding,
         "total_params": int(counts[0]),
         "trainable_params": int(counts[1]),
         "input_interface_params": int(counts[2]),
         "learned_table_params": table_params,
-        "optimizer_state_bytes_saved": 0 if cfg.input_embedding == "learned" else table_params * 8,
-        "table_bytes_saved_per_tp_rank": 0 if cfg.input_embedding == "learned" else table_params * bytes_per_param // tp,
+        # lowdim keeps a V×K trainable table (replicated over TP ranks): it saves only the rest.
+        "optimizer_state_bytes_saved": 0 if learned else (table_params - int(counts[2])) * 8,
+        "table_bytes_saved_per_tp_rank": 0 if learned else table_params * bytes_per_param // tp - int(counts[2]) * bytes_per_param,
     }
 
 

@@ -49,6 +49,12 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-scale", type=float, default=1.0)
     g.add_argument("--code-bits", type=int, default=None)
     g.add_argument("--code-min-weight", type=int, default=4)
+    g.add_argument("--code-width", type=int, default=None,
+                   help="K' of random/sinusoidal/lowdim (default ceil(log2 V)); binary/gf2 take --code-bits")
+    g.add_argument("--code-centered", action="store_true", help="binary/gf2: +-1 inputs (2c-1) instead of 0/1")
+    g.add_argument("--code-norm-match", action="store_true",
+                   help="scale the code so its input RMS equals the learned table's at init (--init-method-std)")
+    g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
 
 
 def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
@@ -195,7 +201,9 @@ class PretrainConfig:
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_scale=a.code_scale,
-            code_bits=a.code_bits, code_min_weight=a.code_min_weight, transformer_impl=a.transformer_impl,
+            code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
+            code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
+            transformer_impl=a.transformer_impl,
             bf16=a.bf16, recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
             fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
             fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
