@@ -46,6 +46,23 @@ class _CpuTorch:
         return factory
 
 
+class _FusedCpuAdamTorch:
+    """A view of ``torch`` whose ``optim.Adam``/``optim.AdamW`` default to ``fused=True``."""
+
+    def __init__(self):
+        import functools
+        import types
+
+        self.optim = types.SimpleNamespace(**{
+            **vars(torch.optim),
+            "Adam": functools.partial(torch.optim.Adam, fused=True),
+            "AdamW": functools.partial(torch.optim.AdamW, fused=True),
+        })
+
+    def __getattr__(self, name):
+        return getattr(torch, name)
+
+
 def _cpu_rng_tracker_class():
     from megatron.core.tensor_parallel.random import CudaRNGStatesTracker
 
@@ -109,6 +126,7 @@ def apply_cpu_patches() -> bool:
         return False
     if _APPLIED:
         return True
+    import megatron.core.optimizer as mcore_optimizer_package
     from megatron.core.optimizer import optimizer as mcore_optimizer
     from megatron.core.tensor_parallel import random as mcore_random
     from megatron.core.transformer import torch_norm
@@ -132,6 +150,9 @@ def apply_cpu_patches() -> bool:
     torch_norm.WrappedTorchNorm.__new__ = _sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm.__new__)
     # Gradient clipping asserts grad.type() == 'torch.cuda.FloatTensor'; clip CPU grads the same way.
     mcore_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
+    # Without TE/apex megatron builds torch.optim.AdamW with its defaults, the per-parameter for-loop
+    # path on CPU; torch's fused CPU kernel is ~4x faster (equal up to rounding, ~1 ulp).
+    mcore_optimizer_package.torch = _FusedCpuAdamTorch()
     _APPLIED = True
     logger.debug("megatron-core CPU patches applied")
     return True

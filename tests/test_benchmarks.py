@@ -1,0 +1,90 @@
+"""The benchmarks run (``--smoke``) and report what they promise. No timing assertions."""
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+from megatron_fixedcode.codes import CodeSpec
+from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models import FixedCodeEmbedding, ModelConfig, build_transformer_config
+from tests.helpers import REPO
+
+
+def run_benchmark(script: str, *args: str, timeout: int = 300) -> dict:
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--json", *args],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def test_embedding_benchmark():
+    r = run_benchmark("embedding.py")
+    v = r["variants"]
+    assert set(v) == {"learned", "fixed_binary", "fixed_gf2", "fixed_gf2_lookup"}
+    assert 0 < r["fixed_fwd_fraction_of_bandwidth"] and 0 < r["fixed_over_learned_step_time"]
+    table = r["padded_vocab_size"] * r["hidden_size"] * 4
+    assert v["learned"]["param_bytes"] == v["learned"]["grad_bytes"] == table
+    assert v["learned"]["optimizer_state_bytes"] == 2 * table  # Adam exp_avg + exp_avg_sq
+    assert v["learned"]["peak_bytes"] >= 4 * table + r["output_bytes"]
+    for name in ("fixed_binary", "fixed_gf2", "fixed_gf2_lookup"):
+        assert v[name]["param_bytes"] == v[name]["grad_bytes"] == v[name]["optimizer_state_bytes"] == 0
+        assert v[name]["peak_bytes"] < v["learned"]["peak_bytes"]
+    assert r["fixed_state_bytes"] == 0 and r["learned_state_bytes"] == 4 * table
+    assert r["machine"]["load_average"] and r["output_dtype"] == "torch.float32"
+
+
+def test_train_step_benchmark():
+    r = run_benchmark("train_step.py")
+    (tiny,) = r["recipes"]
+    for inp in ("learned", "binary", "gf2"):
+        mega, ref = tiny[f"megatron_{inp}"], tiny[f"torch_{inp}"]
+        assert mega["tokens_per_s"] > 0 and ref["tokens_per_s"] > 0 and tiny[f"megatron_over_torch_{inp}"] > 0
+        # The reference is the same model: same weights, same batch, same first loss.
+        assert tiny[f"first_loss_rel_diff_{inp}"] < 1e-5, (mega["first_loss"], ref["first_loss"])
+    table = 4096 * 64 * 4
+    assert tiny["table_state_bytes"] == 4 * table
+    resident = {p: tiny[f"{p}_learned"]["resident_bytes"] - tiny[f"{p}_binary"]["resident_bytes"] for p in ("megatron",)}
+    assert resident["megatron"] == 4 * table  # weight, grad buffer, exp_avg, exp_avg_sq
+    assert tiny["megatron_binary_peak_saving_bytes"] >= 4 * table
+
+
+def test_comm_benchmark():
+    r = run_benchmark("comm.py", timeout=600)
+    tp = r["tp2_sp"]
+    assert r["fixed_input_layer_calls"] == 0 and r["fixed_input_layer_bytes"] == 0
+    assert tp["learned"]["forward"]["calls"] == 1 and tp["learned"]["backward"]["calls"] == 1
+    full = r["seq"] * r["micro_batch_size"] * r["hidden_size"] * 4
+    assert tp["learned"]["full_activation_bytes"] == 2 * full
+    assert tp["learned"]["bytes"] == full // 2 + full  # counted: output shard fwd, gathered output bwd
+    assert tp["learned"]["trainable_params"] == r["dp2"]["learned"]["padded_vocab_size"] * r["hidden_size"] // 2
+    dp = r["dp2"]
+    assert dp["bytes_saved"] == dp["table_grad_bytes"] == dp["learned"]["padded_vocab_size"] * r["hidden_size"] * 4
+    assert dp["learned"]["grad_buffer_bytes"] - dp["binary"]["grad_buffer_bytes"] == dp["table_grad_bytes"]
+
+
+def _old_lift(module: FixedCodeEmbedding, bits_SBK: torch.Tensor) -> torch.Tensor:
+    """The lift as first written (tile with repeat, truncate, then scale): the optimized one must match."""
+    num_bits, hidden = module.code_spec.num_bits, module.config.hidden_size
+    x = bits_SBK.to(torch.int64).to(module.output_dtype).repeat(1, 1, -(-hidden // num_bits))[..., :hidden]
+    return x * module.code_spec.scale if module.code_spec.scale != 1.0 else x
+
+
+@pytest.mark.parametrize("impl", ["table_free", "lookup"])
+@pytest.mark.parametrize("hidden,scale,bf16", [(64, 1.0, False), (40, 0.37, False), (72, 0.37, True), (16, 3.0, True)])
+def test_fixed_code_lift_is_bit_identical_to_repeat(single_rank, impl, hidden, scale, bf16):
+    cfg = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=16, seq_length=8,
+                      vocab_size=1000, bf16=bf16)
+    config = build_transformer_config(cfg, ParallelLayout())
+    spec = CodeSpec.create(kind="gf2", vocab_size=1000, hidden_size=hidden, scale=scale, implementation=impl, offset=5)
+    module = FixedCodeEmbedding(config, spec, tp_group=single_rank.tp)
+    ids_BS = torch.arange(1000).reshape(4, 250)
+    x_SBH = module(ids_BS)
+    assert x_SBH.is_contiguous() and x_SBH.dtype == (torch.bfloat16 if bf16 else torch.float32)
+    assert torch.equal(x_SBH, _old_lift(module, module.code_bits(ids_BS.t())))
+    expected = spec.vectors(np.arange(1000)).reshape(4, 250, hidden).transpose(1, 0, 2)
+    assert np.array_equal(x_SBH.double().numpy(), torch.tensor(expected).to(x_SBH.dtype).double().numpy())
