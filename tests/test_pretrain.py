@@ -1,4 +1,5 @@
 """The trainer end to end on CPU: learning, layouts, exact resume, budget, preemption, refusals."""
+import json
 import os
 import signal
 import subprocess
@@ -150,3 +151,18 @@ def test_bad_flags_are_refused_before_any_work(tmp_path):
     proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(recipe)],
                           cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 2 and "unknown key 'hiden_size'" in proc.stderr and str(recipe) in proc.stderr
+
+
+def test_hugging_face_export_at_intervals(tmp_path, corpus):
+    ckpt = tmp_path / "ckpt"
+    pretrain("--input-embedding", "gf2", "--train-iters", "2", "--save", str(ckpt), "--save-interval", "1",
+             "--hf-export-interval", "2", *data_args(corpus, "document_windows"))
+    exports = sorted(p.name for p in (ckpt / "hf").iterdir() if p.is_dir())
+    assert exports == ["iter_0000002"], exports  # step 1 is not a multiple of 2
+    config = json.loads((ckpt / "hf" / "iter_0000002" / "config.json").read_text())
+    from tests.pretrain_helpers import TINY  # noqa: F401  (same model flags as the run)
+    from megatron_fixedcode.models import ModelConfig
+
+    spec = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
+                       vocab_size=1024, input_embedding="gf2").code_spec()
+    assert spec.fingerprint in json.dumps(config)

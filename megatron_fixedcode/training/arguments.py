@@ -84,7 +84,6 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
                    help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
 
 
-
 def _add_training(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batch, optimizer, schedule, budget")
     g.add_argument("--micro-batch-size", type=int, default=1)
@@ -123,6 +122,9 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--ckpt-keep-last", type=int, default=2)
     g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g.add_argument("--hf-export-interval", type=int, default=None,
+                   help="also write a Hugging Face export of every N-th saved checkpoint (and the last)")
+    g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any layout) and start at step 0")
     g.add_argument("--exit-duration-in-mins", type=float, default=None)
@@ -241,6 +243,8 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--seq-length must be divisible by 2 x --context-parallel-size")
     if a.finetune and not a.load:
         p.error("--finetune needs --load")
+    if a.hf_export_interval and not a.save:
+        p.error("--hf-export-interval exports saved checkpoints: it needs --save")
     if a.save_interval and not a.save:
         p.error("--save-interval needs --save")
     if a.lr_decay_iters is not None and a.lr_decay_iters <= a.lr_warmup_iters:
@@ -266,7 +270,6 @@ def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) 
         p.error("--tp-comm-overlap needs Transformer Engine layers: drop --transformer-impl local")
     if a.tp_comm_overlap and not a.sequence_parallel:
         p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
-
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:

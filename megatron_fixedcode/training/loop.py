@@ -11,9 +11,13 @@ import dataclasses
 import json
 import logging
 import math
+import os
 import signal
+import subprocess
+import sys
 import time
 import types
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -220,13 +224,37 @@ class Trainer:
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
 
-    def save(self) -> None:
+    def _wait_for_export(self) -> None:
+        proc = getattr(self, "_export_proc", None)
+        if proc is not None and proc.wait() != 0:
+            logger.error("Hugging Face export failed (exit %d): see %s", proc.returncode, self._export_log)
+        self._export_proc = None
+
+    def _export_to_hf(self, final: bool) -> None:
+        """On rank 0, convert the checkpoint just saved in a background process (training goes on;
+        the next save waits for it, so pruning never removes a checkpoint being exported)."""
+        a = self.cfg.args
+        if not a.hf_export_interval or self.ranks["rank"] != 0 or not (final or self.step % a.hf_export_interval == 0):
+            return
+        out_root = Path(a.hf_export_dir or Path(a.save) / "hf")
+        out_root.mkdir(parents=True, exist_ok=True)
+        out = out_root / f"iter_{self.step:07d}"
+        self._export_log = out_root / f"iter_{self.step:07d}.log"
+        cmd = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "convert_checkpoint_to_hf.py"),
+               "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
+        logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
+
+    def save(self, final: bool = False) -> None:
         ck = self.cfg.checkpoint
+        self._wait_for_export()
         t0 = time.perf_counter()
         with params_synced(self.chunks):
             path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
                                                  self.trainer_state(), ck.keep_last)
         logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
+        self._export_to_hf(final)
 
     def train(self) -> int:
         cfg, a, ck = self.cfg, self.cfg.args, self.cfg.checkpoint
@@ -261,14 +289,15 @@ class Trainer:
             timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
             stop = _any_rank(exit_request.flag or timed_out) or (ck.exit_interval and self.step >= ck.exit_interval)
             if ck.save and ((ck.save_interval and self.step % ck.save_interval == 0) or stop or self.step == self.max_steps):
-                self.save()
+                self.save(final=stop or self.step == self.max_steps)
                 saved_at = self.step
             if stop:
                 if rank0:
                     logger.info("exiting at step %d (%s)", self.step, "signal/duration" if not ck.exit_interval else "exit interval")
                 break
         if ck.save and saved_at != self.step:
-            self.save()
+            self.save(final=True)
+        self._wait_for_export()
         sink.close()
         if rank0:
             logger.info("done: step %d, %d prediction targets (budget %s)", self.step, self.tokens, a.train_tokens)
