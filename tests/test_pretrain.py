@@ -160,8 +160,7 @@ def test_hugging_face_export_at_intervals(tmp_path, corpus):
     exports = sorted(p.name for p in (ckpt / "hf").iterdir() if p.is_dir())
     assert exports == ["iter_0000002"], exports  # step 1 is not a multiple of 2
     config = json.loads((ckpt / "hf" / "iter_0000002" / "config.json").read_text())
-    from tests.pretrain_helpers import TINY  # noqa: F401  (same model flags as the run)
-    from megatron_fixedcode.models import ModelConfig
+    from megatron_fixedcode.models import ModelConfig  # the code of TINY's model
 
     spec = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
                        vocab_size=1024, input_embedding="gf2").code_spec()
