@@ -14,7 +14,8 @@
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
 #   CKPT_DIR          --save and --load (default $MFC_ROOT/runs/$RUN_NAME/checkpoints): a requeued
 #                     job resumes from the latest checkpoint there
-#   LOG_DIR           metrics.jsonl, config-<job>.json (default $MFC_ROOT/runs/$RUN_NAME/logs)
+#   LOG_DIR           metrics.jsonl, config-<job>.json, node<N>.log of every node (appended across
+#                     requeues; default $MFC_ROOT/runs/$RUN_NAME/logs)
 #   TENSORBOARD_DIR   trainer --tensorboard-dir (default $LOG_DIR/tensorboard; needs the tensorboard
 #                     package, pip install '.[tb]'); set it empty to log without TensorBoard
 #   SEED              trainer --seed
@@ -138,10 +139,10 @@ mfc_launch() {
     [[ -n ${WANDB_PROJECT:-} ]] && trainer+=(--wandb-project "$WANDB_PROJECT")
     trainer+=("${extra[@]}")
 
-    # One torchrun per node; the global batch comes from the recipe whatever the node count,
-    # the trainer derives gradient accumulation from it.
+    # One torchrun per node (examples/slurm_node.sh: per-node log, then exec); the global batch
+    # comes from the recipe whatever the node count, the trainer derives gradient accumulation from it.
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none
-        torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
+        bash "$MFC_ROOT/examples/slurm_node.sh" torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
         --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id"
         -m megatron_fixedcode.pretrain "${trainer[@]}")
 
@@ -171,6 +172,7 @@ mfc_launch() {
     mfc_log "job $job_id (restart ${SLURM_RESTART_COUNT:-0}): $num_nodes x $gpus_per_node GPUs, rendezvous" \
         "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir"
 
+    export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
     MFC_REQUEUE=0
     trap mfc_on_usr1 USR1
     trap mfc_on_term TERM

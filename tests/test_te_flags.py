@@ -179,7 +179,7 @@ def test_one_fp8_training_step_with_the_real_trainer(tmp_path, recipe):
     from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
 
     _fp8_or_skip(recipe)
-    corpus = write_corpus(tmp_path / "data")
+    corpus = write_corpus(tmp_path)
     pretrain(*data_args(corpus, "gpt"), "--train-iters", "2", "--bf16", "--transformer-impl", "transformer_engine",
              "--fp8-format", "hybrid", "--fp8-recipe", recipe, "--fp8-amax-history-len", "16",
              "--metrics-file", str(tmp_path / "m.jsonl"))
@@ -192,7 +192,7 @@ def test_overlap_flags_train_like_the_plain_run(tmp_path):
     """DP=1, so the overlapped reduction/gather must give the plain run's losses (bit-identical)."""
     from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
 
-    corpus = write_corpus(tmp_path / "data")
+    corpus = write_corpus(tmp_path)
     common = [*data_args(corpus, "gpt"), "--train-iters", "3", "--bf16", "--use-distributed-optimizer"]
     pretrain(*common, "--metrics-file", str(tmp_path / "plain.jsonl"))
     pretrain(*common, "--overlap-grad-reduce", "--overlap-param-gather", "--metrics-file", str(tmp_path / "ov.jsonl"),

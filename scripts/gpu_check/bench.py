@@ -1,0 +1,153 @@
+"""Throughput of the paper-2 1.7B recipe on one GPU with the real trainer (one variant per process).
+
+    python scripts/gpu_check/bench.py --variant binary --data-dir OUT/bench-data --out OUT/bench-binary.json
+    python scripts/gpu_check/bench.py --variant learned --check      # CPU: only validate the trainer flags
+
+The recipe as it is (24 x 2048, FFN 8192 SwiGLU, seq 2048, micro batch 8, BF16, full recompute,
+distributed optimizer) except the global batch: 8 sequences, one micro batch, no accumulation. The
+recipe's 128 is 16 GPUs x 8 (or 8 GPUs x 8 x 2 accumulation steps): the work per micro batch is the
+same, so the per-GPU rate carries over, less the data-parallel communication. Data: random tokens
+(V = 49,152) in a Megatron index, so the step time is the model's. Reported: median step time over
+the timed steps, tokens/s, model TFLOP/s and MFU, peak memory.
+
+Model FLOPs per token = 6·N + 12·L·h·s, N = trainable parameters that do matrix multiplies (the
+blocks and the output head; a learned input table is a lookup and is left out, so learned and binary
+are credited the same work), the attention term as Megatron counts it; recomputation is not credited
+(MFU, not hardware FLOP utilization).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT))
+VARIANTS = {  # name -> (recipe input, extra trainer flags)
+    "learned": ("learned", []),
+    "binary": ("binary", []),
+    "binary_fp8": ("binary", ["--transformer-impl", "transformer_engine", "--fp8-format", "hybrid",
+                              "--fp8-recipe", "delayed", "--fp8-amax-history-len", "1024",
+                              "--fp8-amax-compute-algo", "max"]),
+}
+VOCAB = 49152
+PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "B200": 2250e12, "GH200": 989.4e12}
+
+
+def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: int, global_batch: int) -> list[str]:
+    recipe, extra = VARIANTS[variant]
+    return ["--config", str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"), "--data-path", data_prefix,
+            "--dataset-type", "gpt", "--split", "98,2,0", "--vocab-size", str(VOCAB), "--seed", "1234",
+            "--micro-batch-size", str(micro_batch), "--global-batch-size", str(global_batch),
+            "--train-iters", str(num_steps), "--lr-warmup-iters", "1", "--lr-decay-iters", "1000",
+            "--log-interval", "1000", *extra]
+
+
+def make_data(data_dir: Path, num_tokens: int = 2_000_000) -> str:
+    """Random-token documents of 4096 tokens (written once, shared by the variants)."""
+    prefix = data_dir / "random_text_document"
+    if Path(f"{prefix}.idx").exists():
+        return str(prefix)
+    import numpy as np
+    import torch
+    from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+
+    data_dir.mkdir(parents=True, exist_ok=True)
+    rng = np.random.default_rng(0)
+    builder = IndexedDatasetBuilder(f"{prefix}.bin.tmp", dtype=np.uint16)
+    for _ in range(num_tokens // 4096):
+        builder.add_item(torch.from_numpy(rng.integers(0, VOCAB, 4096, dtype=np.int64)))
+        builder.end_document()
+    builder.finalize(f"{prefix}.idx")
+    Path(f"{prefix}.bin.tmp").rename(f"{prefix}.bin")
+    return str(prefix)
+
+
+def flops_per_token(report: dict, num_layers: int, hidden: int, seq: int) -> float:
+    matmul_params = report["trainable_params"] - (report["input_interface_params"] if report["input_embedding"] == "learned" else 0)
+    return 6 * matmul_params + 12 * num_layers * hidden * seq
+
+
+def summarize(*, variant: str, gpu: str, step_times: list[float], tokens_per_step: int, flops_tok: float,
+              peak_alloc: int, peak_reserved: int, extra: dict) -> dict:
+    """The numbers the report shows (also used on fake inputs by the dry run)."""
+    step_s = statistics.median(step_times)
+    tokens_s = tokens_per_step / step_s
+    tflops = tokens_s * flops_tok / 1e12
+    peak = next((v for k, v in sorted(PEAK_BF16.items(), key=lambda kv: -len(kv[0])) if k in gpu), None)
+    return {"variant": variant, "gpu": gpu, "step_time_s": step_s, "step_times_s": step_times,
+            "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_s, "model_flops_per_token": flops_tok,
+            "model_tflops_per_s": tflops, "mfu": tflops * 1e12 / peak if peak else None,
+            "peak_bf16_tflops": peak / 1e12 if peak else None,
+            "peak_memory_allocated_gib": peak_alloc / 2**30, "peak_memory_reserved_gib": peak_reserved / 2**30,
+            **extra}
+
+
+def run(a: argparse.Namespace) -> dict:
+    import torch
+
+    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.training.loop import Trainer, _check_runtime
+
+    prefix = make_data(Path(a.data_dir))
+    cfg = parse_pretrain_args(trainer_argv(a.variant, prefix, a.warmup + a.steps, a.micro_batch_size, a.global_batch_size))
+    _check_runtime(cfg)
+    t0 = time.perf_counter()
+    trainer = Trainer(cfg)
+    build_s = time.perf_counter() - t0
+    losses, times = [], []
+    for i in range(a.warmup + a.steps):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        record = trainer.train_step()
+        torch.cuda.synchronize()
+        times.append(time.perf_counter() - t)
+        losses.append(record["loss"])
+    args = cfg.args
+    return summarize(
+        variant=a.variant, gpu=torch.cuda.get_device_name(), step_times=times[a.warmup:],
+        tokens_per_step=trainer.global_batch * args.seq_length,
+        flops_tok=flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length),
+        peak_alloc=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
+        extra={"warmup_steps": a.warmup, "losses": losses, "build_s": build_s, "parameters": trainer.report,
+               "transformer_impl": trainer.chunks[0].config.transformer_impl, "fp8": args.fp8_format,
+               "optimizer": trainer.optimizer_kind, "micro_batch_size": args.micro_batch_size,
+               "global_batch_size": trainer.global_batch, "seq_length": args.seq_length,
+               "recompute_granularity": args.recompute_granularity, "bf16": args.bf16})
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--variant", choices=sorted(VARIANTS), default=None, help="required unless --check (then: all)")
+    p.add_argument("--data-dir", default="bench-data")
+    p.add_argument("--out", default=None, help="JSON result file (default: stdout only)")
+    p.add_argument("--warmup", type=int, default=3)
+    p.add_argument("--steps", type=int, default=6)
+    p.add_argument("--micro-batch-size", type=int, default=8)
+    p.add_argument("--global-batch-size", type=int, default=8)
+    p.add_argument("--check", action="store_true", help="validate the trainer flags only (no GPU, no data)")
+    a = p.parse_args(argv)
+    if a.check:
+        from megatron_fixedcode.training.arguments import parse_pretrain_args
+
+        for variant in [a.variant] if a.variant else sorted(VARIANTS):
+            argv = trainer_argv(variant, "/nonexistent/random_text_document", a.warmup + a.steps,
+                                a.micro_batch_size, a.global_batch_size)
+            cfg = parse_pretrain_args([*argv, "--dry-run"])
+            print(json.dumps({"variant": variant, "trainer_argv": argv, "global_batch_size": cfg.args.global_batch_size,
+                              "recompute_granularity": cfg.args.recompute_granularity, "bf16": cfg.args.bf16}))
+        return 0
+    if a.variant is None:
+        p.error("--variant is required (unless --check)")
+    result = run(a)
+    if a.out:
+        Path(a.out).write_text(json.dumps(result, indent=1))
+    print(json.dumps({k: v for k, v in result.items() if k not in ("step_times_s", "losses", "parameters")}))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

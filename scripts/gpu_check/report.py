@@ -1,0 +1,142 @@
+"""Collect what scripts/gpu_check.sh did into OUT/gpu_check.json and OUT/gpu_check.md.
+
+    python scripts/gpu_check/report.py stage OUT NAME STATUS SECONDS [DETAIL]   # append one stage
+    python scripts/gpu_check/report.py write OUT                               # the JSON + markdown
+    python scripts/gpu_check/report.py fake OUT                                # fake inputs, then write (dry run)
+
+Inputs under OUT: stages.jsonl (one line per stage: ok / failed / skipped / not_run + why),
+env.json (env_report.py), pytest-gpu.xml (JUnit of `pytest -m gpu`), bench-<variant>.json
+(bench.py). Nothing missing is dropped silently: a missing input is listed as such.
+"""
+from __future__ import annotations
+
+import json
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def add_stage(out: Path, name: str, status: str, seconds: str, detail: str = "") -> None:
+    assert status in ("ok", "failed", "skipped", "not_run"), status
+    with open(out / "stages.jsonl", "a") as f:
+        f.write(json.dumps({"stage": name, "status": status, "seconds": round(float(seconds), 1), "detail": detail}) + "\n")
+
+
+def read_junit(path: Path) -> dict:
+    if not path.exists():
+        return {"missing": str(path.name)}
+    cases = []
+    for case in ET.parse(path).getroot().iter("testcase"):
+        outcome, message = "passed", ""
+        for tag in ("failure", "error", "skipped"):
+            node = case.find(tag)
+            if node is not None:
+                outcome = {"failure": "failed", "error": "error", "skipped": "skipped"}[tag]
+                message = (node.get("message") or node.text or "").strip().splitlines()[0][:300] if (node.get("message") or node.text) else ""
+                break
+        cases.append({"test": f"{case.get('classname', '')}::{case.get('name')}", "outcome": outcome,
+                      "seconds": round(float(case.get("time") or 0), 1), "message": message})
+    counts = {k: sum(c["outcome"] == k for c in cases) for k in ("passed", "failed", "error", "skipped")}
+    return {"counts": counts, "cases": cases}
+
+
+def collect(out: Path) -> dict:
+    stages = [json.loads(l) for l in (out / "stages.jsonl").read_text().splitlines()] if (out / "stages.jsonl").exists() else []
+    env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {"missing": "env.json"}
+    bench = [json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))]
+    return {"generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "env": env, "stages": stages,
+            "tests": read_junit(out / "pytest-gpu.xml"), "benchmark": bench}
+
+
+def _fmt(v, spec: str) -> str:
+    return "—" if v is None else format(v, spec)
+
+
+def markdown(r: dict) -> str:
+    env = r["env"]
+    lines = ["# GPU check", "", f"Generated {r['generated']} by `scripts/gpu_check.sh`.", "",
+             "## Machine", "",
+             f"- GPU: {env.get('gpu', '—')} ({env.get('gpu_memory_gib', '—')} GiB, sm {env.get('compute_capability', '—')}), "
+             f"{env.get('gpu_count', 0)} visible",
+             f"- Python {env.get('python', '—')}, torch {env.get('torch', '—')} (CUDA {env.get('torch_cuda', '—')}), "
+             f"megatron-core {env.get('megatron_core', '—')}",
+             f"- Transformer Engine: {env.get('transformer_engine') or 'not installed'}"
+             + ("" if env.get("transformer_engine_importable") else f" — not importable: {env.get('transformer_engine_error', '')}"),
+             f"- apex: {'yes' if env.get('apex') else 'no'}"]
+    if env.get("fp8_support"):
+        lines.append("- FP8 recipes on this GPU: " + ", ".join(f"{k} {v}" for k, v in env["fp8_support"].items()))
+    lines += ["", "## Stages", "", "| stage | status | seconds | detail |", "|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['status']} | {s['seconds']} | {s['detail']} |" for s in r["stages"]]
+    t = r["tests"]
+    lines += ["", "## GPU-marked tests (`pytest -m gpu`)", ""]
+    if "missing" in t:
+        lines.append(f"No test results ({t['missing']} missing): see the stages above.")
+    else:
+        lines.append(", ".join(f"{n} {k}" for k, n in t["counts"].items()))
+        lines += ["", "| test | outcome | seconds | message |", "|---|---|---|---|"]
+        lines += [f"| `{c['test']}` | {c['outcome']} | {c['seconds']} | {c['message']} |" for c in t["cases"]]
+    lines += ["", "## Throughput: paper-2 1.7B recipe on one GPU", ""]
+    if not r["benchmark"]:
+        lines.append("No benchmark results: see the stages above.")
+    else:
+        lines += ["Micro batch 8 × 2048, global batch 8 (no accumulation), BF16, full recompute, distributed "
+                  "optimizer; median step of the timed steps. Model FLOPs/token = 6·N(blocks + head) + 12·L·h·s "
+                  "(the input table is a lookup: learned and binary are credited the same work).", "",
+                  "| variant | layers | step s | tokens/s | model TFLOP/s | MFU | peak alloc GiB | peak reserved GiB |",
+                  "|---|---|---|---|---|---|---|---|"]
+        for b in r["benchmark"]:
+            impl = b.get("transformer_impl", "?") + (f" + FP8 {b['fp8']}" if b.get("fp8") else "")
+            lines.append(f"| {b['variant']} | {impl} | {b['step_time_s']:.3f} | {b['tokens_per_s']:,.0f} | "
+                         f"{b['model_tflops_per_s']:.1f} | {_fmt(b['mfu'] and 100 * b['mfu'], '.1f')}% | "
+                         f"{b['peak_memory_allocated_gib']:.1f} | {b['peak_memory_reserved_gib']:.1f} |")
+    return "\n".join(lines) + "\n"
+
+
+def write(out: Path) -> dict:
+    r = collect(out)
+    (out / "gpu_check.json").write_text(json.dumps(r, indent=1))
+    (out / "gpu_check.md").write_text(markdown(r))
+    return r
+
+
+def fake(out: Path) -> dict:
+    """Fake inputs with the real writers: the dry run's check that the report path works."""
+    from bench import summarize
+
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "env.json").write_text(json.dumps({"python": "3.12.0", "torch": "0.0-fake", "gpu": "FAKE H200",
+                                              "cuda_available": True, "transformer_engine_importable": False,
+                                              "transformer_engine_error": "fake"}))
+    (out / "pytest-gpu.xml").write_text(
+        '<testsuites><testsuite name="pytest"><testcase classname="tests.test_fake" name="test_ok" time="1.0"/>'
+        '<testcase classname="tests.test_fake" name="test_skip" time="0"><skipped message="fake skip"/></testcase>'
+        '</testsuite></testsuites>')
+    for variant, step in (("learned", 0.70), ("binary", 0.68)):
+        result = summarize(variant=variant, gpu="NVIDIA H200 (fake)", step_times=[step, step + 0.01, step - 0.01],
+                           tokens_per_step=16384, flops_tok=6 * 1.61e9 + 12 * 24 * 2048 * 2048,
+                           peak_alloc=40 * 2**30, peak_reserved=44 * 2**30, extra={"transformer_impl": "fake", "fp8": None})
+        (out / f"bench-{variant}.json").write_text(json.dumps(result))
+    add_stage(out, "fake", "ok", "0", "dry run: fake numbers")
+    return write(out)
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 2 and argv[0] == "stage":
+        add_stage(Path(argv[1]), *argv[2:6])
+    elif len(argv) == 2 and argv[0] == "write":
+        print(markdown(write(Path(argv[1]))))
+    elif len(argv) == 2 and argv[0] == "fake":
+        r = fake(Path(argv[1]))
+        assert r["benchmark"] and r["tests"]["counts"]["passed"] == 1 and r["tests"]["counts"]["skipped"] == 1
+        print(markdown(r))
+    else:
+        print(__doc__, file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
