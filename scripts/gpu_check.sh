@@ -73,6 +73,8 @@ if ((DRY)); then
     done
     check "env_report.py writes env.json" "$PY" "$HELPERS/env_report.py" --out "$OUT/env.json"
     check "bench.py: the trainer accepts the flags of every variant" "$PY" "$HELPERS/bench.py" --check
+    check "bench.py: the same path at toy size on CPU (data, trainer, 2 steps, summary)" "$PY" "$HELPERS/bench.py" \
+        --variant learned --cpu-smoke --warmup 1 --steps 1 --data-dir "$OUT/smoke-data" --out "$OUT/smoke-bench.json"
     check "wheel_deps.py runs" "$PY" "$HELPERS/wheel_deps.py" "$OUT"
     check "report writers on fake numbers" "$PY" "$HELPERS/report.py" fake "$OUT/fake"
     check "download_gpu_wheels.sh --help" bash "$ROOT/scripts/download_gpu_wheels.sh" --help

@@ -18,6 +18,7 @@ are credited the same work), the attention term as Megatron counts it; recomputa
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import sys
@@ -40,7 +41,8 @@ PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "B200": 2250e12
 def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: int, global_batch: int) -> list[str]:
     recipe, extra = VARIANTS[variant]
     return ["--config", str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"), "--data-path", data_prefix,
-            "--dataset-type", "gpt", "--split", "98,2,0", "--vocab-size", str(VOCAB), "--seed", "1234",
+            "--valid-data-path", data_prefix, "--tokenizer-model", "", "--dataset-type", "gpt",
+            "--vocab-size", str(VOCAB), "--seed", "1234",
             "--micro-batch-size", str(micro_batch), "--global-batch-size", str(global_batch),
             "--train-iters", str(num_steps), "--lr-warmup-iters", "1", "--lr-decay-iters", "1000",
             "--log-interval", "1000", *extra]
@@ -92,26 +94,37 @@ def run(a: argparse.Namespace) -> dict:
     from megatron_fixedcode.training.arguments import parse_pretrain_args
     from megatron_fixedcode.training.loop import Trainer, _check_runtime
 
-    prefix = make_data(Path(a.data_dir))
-    cfg = parse_pretrain_args(trainer_argv(a.variant, prefix, a.warmup + a.steps, a.micro_batch_size, a.global_batch_size))
+    prefix = make_data(Path(a.data_dir), num_tokens=200_000 if a.cpu_smoke else 2_000_000)
+    argv = trainer_argv(a.variant, prefix, a.warmup + a.steps, a.micro_batch_size, a.global_batch_size)
+    if a.cpu_smoke:  # the same path at toy size on CPU: FP32, local layers, no distributed optimizer
+        argv += ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+                 "--num-query-groups", "4", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "2",
+                 "--transformer-impl", "local"]
+    cfg = parse_pretrain_args(argv)
+    if a.cpu_smoke:
+        cfg.args.bf16 = False
+        cfg.optim = dataclasses.replace(cfg.optim, use_distributed_optimizer=False)
     _check_runtime(cfg)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     build_s = time.perf_counter() - t0
     losses, times = [], []
+    sync = torch.cuda.synchronize if torch.cuda.is_available() else (lambda: None)
     for i in range(a.warmup + a.steps):
-        torch.cuda.synchronize()
+        sync()
         t = time.perf_counter()
         record = trainer.train_step()
-        torch.cuda.synchronize()
+        sync()
         times.append(time.perf_counter() - t)
         losses.append(record["loss"])
     args = cfg.args
     return summarize(
-        variant=a.variant, gpu=torch.cuda.get_device_name(), step_times=times[a.warmup:],
+        variant=a.variant, gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
+        step_times=times[a.warmup:],
         tokens_per_step=trainer.global_batch * args.seq_length,
         flops_tok=flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length),
-        peak_alloc=torch.cuda.max_memory_allocated(), peak_reserved=torch.cuda.max_memory_reserved(),
+        peak_alloc=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
+        peak_reserved=torch.cuda.max_memory_reserved() if torch.cuda.is_available() else 0,
         extra={"warmup_steps": a.warmup, "losses": losses, "build_s": build_s, "parameters": trainer.report,
                "transformer_impl": trainer.chunks[0].config.transformer_impl, "fp8": args.fp8_format,
                "optimizer": trainer.optimizer_kind, "micro_batch_size": args.micro_batch_size,
@@ -129,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--check", action="store_true", help="validate the trainer flags only (no GPU, no data)")
+    p.add_argument("--cpu-smoke", action="store_true", help="run the same path at toy size on CPU (the dry run)")
     a = p.parse_args(argv)
     if a.check:
         from megatron_fixedcode.training.arguments import parse_pretrain_args
@@ -137,6 +151,9 @@ def main(argv: list[str] | None = None) -> int:
             argv = trainer_argv(variant, "/nonexistent/random_text_document", a.warmup + a.steps,
                                 a.micro_batch_size, a.global_batch_size)
             cfg = parse_pretrain_args([*argv, "--dry-run"])
+            unexpanded = {k: v for k, v in cfg.as_dict().items() if "${" in str(v)}
+            if unexpanded:
+                raise SystemExit(f"{variant}: the recipe's placeholders are not overridden: {unexpanded}")
             print(json.dumps({"variant": variant, "trainer_argv": argv, "global_batch_size": cfg.args.global_batch_size,
                               "recompute_granularity": cfg.args.recompute_granularity, "bf16": cfg.args.bf16}))
         return 0
