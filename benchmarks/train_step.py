@@ -230,6 +230,7 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     for n, rn in runners.items():
         tps = out["tokens_per_step"] / times[n]["wall_s"]
         out[n] = {"step_s": times[n]["wall_s"], "step_cpu_s": times[n]["cpu_s"], "tokens_per_s": tps,
+                  "tokens_per_cpu_s": out["tokens_per_step"] / times[n]["cpu_s"],
                   "first_loss": rn.losses[0], **memory[n]}
         if device == "cuda":
             params = sum(p.numel() for p in (rn.gpt() if hasattr(rn, "gpt") else rn.model).parameters())
@@ -239,11 +240,14 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     table_bytes = cfg.padded_vocab_size() * r["hidden_size"] * 4
     for inp in INPUTS:
         out[f"megatron_over_torch_{inp}"] = out[f"megatron_{inp}"]["tokens_per_s"] / out[f"torch_{inp}"]["tokens_per_s"]
+        out[f"megatron_over_torch_cpu_{inp}"] = out[f"megatron_{inp}"]["tokens_per_cpu_s"] / out[f"torch_{inp}"]["tokens_per_cpu_s"]
         out[f"first_loss_rel_diff_{inp}"] = abs(out[f"megatron_{inp}"]["first_loss"] - out[f"torch_{inp}"]["first_loss"]) \
             / out[f"torch_{inp}"]["first_loss"]
     for path in ("megatron", "torch"):
         for inp in ("binary", "gf2"):
             out[f"{path}_{inp}_over_learned_tokens_per_s"] = out[f"{path}_{inp}"]["tokens_per_s"] / out[f"{path}_learned"]["tokens_per_s"]
+            out[f"{path}_{inp}_over_learned_tokens_per_cpu_s"] = \
+                out[f"{path}_{inp}"]["tokens_per_cpu_s"] / out[f"{path}_learned"]["tokens_per_cpu_s"]
             out[f"{path}_{inp}_peak_saving_bytes"] = out[f"{path}_learned"]["peak_bytes"] - out[f"{path}_{inp}"]["peak_bytes"]
     inner = getattr(runners["megatron_learned"].optimizer, "chained_optimizers", [runners["megatron_learned"].optimizer])
     torch_opt = getattr(inner[0], "optimizer", inner[0])
@@ -259,14 +263,16 @@ def table(res: dict) -> str:
     for r in res["recipes"]:
         lines.append(f"\n{r['recipe']}: {r['num_layers']}x{r['hidden_size']} seq {r['seq_length']} V={r['vocab_size']} "
                      f"global batch {r['global_batch_size']} (micro {r['micro_batch_size']}) load {r['load_average']}")
-        lines.append(f"{'run':18s} {'tokens/s':>10s} {'step ms':>9s} {'peak MiB':>9s} {'first loss':>11s}")
+        lines.append(f"{'run':18s} {'tokens/s':>10s} {'tok/CPU-s':>10s} {'step ms':>9s} {'peak MiB':>9s} {'first loss':>11s}")
         for n in (f"{p}_{i}" for i in INPUTS for p in ("megatron", "torch")):
             v = r[n]
-            lines.append(f"{n:18s} {v['tokens_per_s']:10.0f} {v['step_s'] * 1e3:9.1f} {v['peak_bytes'] / MIB:9.1f} "
+            lines.append(f"{n:18s} {v['tokens_per_s']:10.0f} {v['tokens_per_cpu_s']:10.0f} {v['step_s'] * 1e3:9.1f} {v['peak_bytes'] / MIB:9.1f} "
                          f"{v['first_loss']:11.6f}" + (f"  {v['tflops']:.1f} TFLOP/s MFU {v['mfu']:.1%}" if "mfu" in v else ""))
-        lines.append("megatron/torch tokens/s: " + "  ".join(f"{i} {r[f'megatron_over_torch_{i}']:.2f}" for i in INPUTS))
-        lines.append("binary/learned tokens/s: " + "  ".join(f"{p} {r[f'{p}_binary_over_learned_tokens_per_s']:.2f}"
-                                                            for p in ("megatron", "torch")))
+        lines.append("megatron/torch tokens/s (wall; CPU time): " + "  ".join(
+            f"{i} {r[f'megatron_over_torch_{i}']:.2f}; {r[f'megatron_over_torch_cpu_{i}']:.2f}" for i in INPUTS))
+        lines.append("binary/learned tokens/s (wall; CPU time): " + "  ".join(
+            f"{p} {r[f'{p}_binary_over_learned_tokens_per_s']:.2f}; {r[f'{p}_binary_over_learned_tokens_per_cpu_s']:.2f}"
+            for p in ("megatron", "torch")))
         lines.append(f"peak saving binary vs learned: megatron {r['megatron_binary_peak_saving_bytes'] / MIB:.1f} MiB, "
                      f"torch {r['torch_binary_peak_saving_bytes'] / MIB:.1f} MiB; table state {r['table_state_bytes'] / MIB:.1f} MiB")
     return "\n".join(lines)
