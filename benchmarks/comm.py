@@ -20,7 +20,6 @@ Run: ``python benchmarks/comm.py [--smoke] [--json]``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import subprocess
 import sys
