@@ -266,7 +266,9 @@ class Trainer:
             logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
                         self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
                         self.max_steps, self.step)
-        flops_per_token = 6 * self.report["trainable_params"] + 12 * a.num_layers * a.hidden_size * a.seq_length
+        # A learned input table is a lookup, not a matmul: its parameters add no model FLOPs.
+        matmul_params = self.report["trainable_params"] - self.report["input_interface_params"]
+        flops_per_token = 6 * matmul_params + 12 * a.num_layers * a.hidden_size * a.seq_length
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
                            run_config=cfg.as_dict())
