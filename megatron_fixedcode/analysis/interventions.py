@@ -28,7 +28,8 @@ def activation_patching(model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S
     """Patch clean → corrupt at every (site, position); metric: log p(answer) at the last position.
 
     ``answer`` defaults to the clean run's top prediction. ``delta[site][pos]`` = patched − corrupt
-    metric; ``restored`` = delta / (clean − corrupt) when the two runs differ by more than 1e-6.
+    metric; ``restored`` = delta / (clean − corrupt) when the two runs differ by more than 1e-6
+    (read it only when ``gap`` is large against the deltas: a small gap makes the ratio noise).
     """
     if clean_S.shape != corrupt_S.shape:
         raise ValueError(f"contexts must have the same length, got {tuple(clean_S.shape)} and {tuple(corrupt_S.shape)}")
@@ -46,6 +47,6 @@ def activation_patching(model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S
                 row.append(_answer_logprob(model, corrupt_S, vocab_size, answer) - corrupt)
         delta.append(row)
     restored = [[d / gap for d in row] for row in delta] if abs(gap) > 1e-6 else None
-    return {"answer": answer, "clean_logprob": clean, "corrupt_logprob": corrupt,
+    return {"answer": answer, "clean_logprob": clean, "corrupt_logprob": corrupt, "gap": gap,
             "changed_positions": [int(p) for p in torch.nonzero(clean_S != corrupt_S).flatten()],
             "delta": delta, "restored": restored}

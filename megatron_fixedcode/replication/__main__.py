@@ -39,8 +39,8 @@ MODELS = {
 READING_CAVEATS = """What this run can show: whether, at this tiny scale and short budget, the fixed codes train
 through the same megatron-core pipeline to perplexities comparable with the learned table, and how
 large seed variation is relative to the gaps. What it cannot show: anything about the papers'
-regime. The models are 4 × 128 (d/K = 8 tiles of the 16-bit code, against 128 in paper 2), see a
-few hundred thousand tokens (against 17–100B), and the learned table holds most of the learned
+regime. The models are 4 × 128 (d/K = 8 tiles of the 16-bit code, against 128 in paper 2), see
+~10^5 tokens (against 17–100B), and the learned table holds most of the learned
 model's parameters (49,152 × 128 = 6.3M against ~1M in the blocks), so "learned vs fixed" here also
 compares very different parameter counts and optimizer dynamics. At this budget the loss is far from
 converged and dominated by unigram/bigram statistics; LAMBADA accuracy of such models is near zero
@@ -132,7 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "description": (
             f"Corpus: {corpus_mb:g} MB of the shared English corpus (Gutenberg books without license text, State of the "
             f"Union speeches, WikiText-2 valid), ~4,000-character paragraph-aligned documents, split train/held-out by a "
-            f"hash of the document id: {data['documents']} documents, {data['tokens']} tokens. Tokenizer: SmolLM2 "
+            f"hash of the document id: {data['documents']['train']} train / {data['documents']['valid']} held-out documents, "
+            f"{data['tokens']['train']:,} / {data['tokens']['valid']:,} tokens. Tokenizer: SmolLM2 "
             f"(V = 49,152, K = 16). Model: llama block (RMSNorm, SwiGLU, RoPE, no biases), {flags['--num-layers']} layers × "
             f"{flags['--hidden-size']}, {flags['--num-attention-heads']} heads, FFN {flags['--ffn-hidden-size']}, context "
             f"{flags['--seq-length']}, untied head, FP32 on CPU. AdamW lr {flags['--lr']} → {flags['--min-lr']}, "
