@@ -68,6 +68,13 @@ def test_comm_benchmark():
     assert dp["learned"]["grad_buffer_bytes"] - dp["binary"]["grad_buffer_bytes"] == dp["table_grad_bytes"]
 
 
+def test_dataloader_benchmark():
+    result = run_benchmark("dataloader.py")
+    assert result["consumption_samples_per_s"] == 8.0  # 128 samples / 8 s / 2 ranks
+    assert result["samples_per_s"] > 0 and result["headroom"] == pytest.approx(
+        result["samples_per_s"] / result["consumption_samples_per_s"])
+
+
 def _old_lift(module: FixedCodeEmbedding, bits_SBK: torch.Tensor) -> torch.Tensor:
     """The lift as first written (tile with repeat, truncate, then scale): the optimized one must match."""
     num_bits, hidden = module.code_spec.num_bits, module.config.hidden_size
