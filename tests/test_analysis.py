@@ -73,12 +73,12 @@ def test_patching_the_changed_position_at_the_input_restores_everything(single_r
 
 def test_probe_of_random_labels_stays_at_chance(single_rank):
     m = model(single_rank)
-    x = ids(8)
+    x = ids(32)
     states = hidden_states(m, x)
     labels = np.random.default_rng(1).integers(0, 2, x.numel())
     for states_BSH in states:
         r = probe_accuracy(states_BSH.reshape(x.numel(), -1).numpy(), labels)
-        assert abs(r["accuracy"] - 0.5) < 0.12, r  # 58 held-out examples: chance ± 2 s.e.
+        assert abs(r["accuracy"] - 0.5) < 0.1, r  # 231 held-out examples: chance ± 3 s.e.
 
 
 def test_probe_decodes_token_identity_from_an_injective_code(single_rank):
