@@ -55,7 +55,6 @@ class ModelConfig:
     fp8_amax_compute_algo: str = "most_recent"
     fp8_param: bool = False
 
-
     def __post_init__(self):
         for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
                      "seq_length", "vocab_size"):
