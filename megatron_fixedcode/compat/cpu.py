@@ -168,4 +168,7 @@ def cpu_transformer_config_overrides() -> dict:
         "bias_dropout_fusion": False,
         "apply_rope_fusion": False,
         "persist_layer_norm": False,
+        # gloo has no grouped p2p: a batched send+recv to the same peer (PP=2, interleaved) can pair
+        # the wrong messages; megatron's unbatched path orders them by rank parity instead.
+        "batch_p2p_comm": False,
     }
