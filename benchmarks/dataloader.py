@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from benchmarks.common import emit, machine  # noqa: E402
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from common import emit, machine  # noqa: E402
 from megatron_fixedcode.data import DocumentWindowDataset  # noqa: E402
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices  # noqa: E402
 
