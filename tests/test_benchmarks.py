@@ -48,9 +48,10 @@ def test_train_step_benchmark():
         assert tiny[f"first_loss_rel_diff_{inp}"] < 1e-5, (mega["first_loss"], ref["first_loss"])
     table = 4096 * 64 * 4
     assert tiny["table_state_bytes"] == 4 * table
-    # weight, grad buffer, exp_avg, exp_avg_sq of the table, less the fixed code's K-sized buffers
+    # weight, grad buffer, exp_avg, exp_avg_sq of the table, less the fixed code's small buffers
+    # (K row masks and offset bits, 2 x 256 id-byte tables: 1,280 bytes at K = 12)
     resident = tiny["megatron_learned"]["resident_bytes"] - tiny["megatron_binary"]["resident_bytes"]
-    assert 4 * table - 1024 <= resident <= 4 * table, resident
+    assert 4 * table - 4096 <= resident <= 4 * table, resident
     assert tiny["megatron_binary_peak_saving_bytes"] >= 4 * table
 
 

@@ -134,3 +134,17 @@ def test_analyze_code_cli_reports_paper_configuration():
     assert report["zero_code_tokens"] == [0]
     assert report["fingerprint"] == spec("gf2", 49152, hidden_size=2048).fingerprint
     assert analyze_code(spec("gf2", 49152, hidden_size=2048, offset=1))["zero_code_tokens"] != [0]
+
+
+@pytest.mark.parametrize("vocab_size,code_bits,offset", [(49152, None, 0), (1000, None, 0b101), (49152, 20, 7),
+                                                         (128256, None, 3)])
+def test_byte_tables_recode_every_id_by_linearity(vocab_size, code_bits, offset):
+    """XOR of the per-id-byte tables (A is GF(2)-linear) ⊕ b == the codebook, for every id."""
+    s = spec("gf2", vocab_size, code_bits=code_bits, offset=offset)
+    tables = s.id_byte_tables()
+    assert tables.shape == (-(-s.num_bits // 8), 256)
+    ids = np.arange(vocab_size, dtype=np.int64)
+    packed = np.full(vocab_size, s.offset_mask(), dtype=np.int64)
+    for j in range(tables.shape[0]):
+        packed ^= tables[j][(ids >> (8 * j)) & 255]
+    assert np.array_equal(packed, pack_rows(s.codebook()))

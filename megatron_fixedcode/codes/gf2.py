@@ -58,6 +58,27 @@ def gf2_apply(matrix_KK: np.ndarray, bits_NK: np.ndarray, offset_K: np.ndarray |
     return out.astype(np.uint8)
 
 
+def gf2_byte_tables(matrix_KK: np.ndarray) -> np.ndarray:
+    """``T[j, v]`` = ``A·c(v · 256^j)`` packed into an integer (bit i = output bit i), int64
+    ``[ceil(K/8), 256]``.
+
+    ``A`` is linear over GF(2), so for any K-bit id ``t``: ``A·c(t) = XOR_j T[j, byte_j(t)]`` —
+    the recoding of a batch costs ceil(K/8) gathers from 256-entry tables, neither a V-row codebook
+    nor K parity folds over every id. Entries for bits above K (never set in a valid id) are 0.
+    """
+    a = np.asarray(matrix_KK, dtype=np.int64) & 1
+    num_bits = a.shape[0]
+    num_bytes = -(-num_bits // 8)
+    byte_bits_V8 = (np.arange(256, dtype=np.int64)[:, None] >> np.arange(8)) & 1
+    weights_K = np.left_shift(np.int64(1), np.arange(num_bits, dtype=np.int64))
+    tables = np.zeros((num_bytes, 256), dtype=np.int64)
+    for j in range(num_bytes):
+        cols = np.arange(8 * j, min(8 * j + 8, num_bits))  # id bits held by byte j
+        out_bits_VK = (byte_bits_V8[:, : cols.size] @ a[:, cols].T) & 1
+        tables[j] = out_bits_VK @ weights_K
+    return tables
+
+
 def _raw_bits(bit_generator: np.random.BitGenerator, count: int) -> np.ndarray:
     """``count`` bits straight from the bit generator's raw 64-bit output.
 

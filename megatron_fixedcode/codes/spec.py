@@ -18,6 +18,7 @@ from megatron_fixedcode.codes.binary import bits_to_ids, canonical_bits, resolve
 from megatron_fixedcode.codes.gf2 import (
     check_recoding_matrix,
     gf2_apply,
+    gf2_byte_tables,
     gf2_inverse,
     sample_recoding_matrix,
 )
@@ -233,6 +234,10 @@ class CodeSpec:
     def row_masks(self) -> list[int]:
         """Output bit i of the recoding is the parity of ``id & row_masks[i]`` (table-free path)."""
         return [sum(bit << j for j, bit in enumerate(row)) for row in self.matrix]
+
+    def id_byte_tables(self) -> np.ndarray:
+        """Table-free recoding by bytes of the id (see ``gf2_byte_tables``), int64 ``[ceil(K/8), 256]``."""
+        return gf2_byte_tables(self.matrix_array)
 
     def offset_mask(self) -> int:
         return sum(bit << j for j, bit in enumerate(self.offset))

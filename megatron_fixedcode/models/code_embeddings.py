@@ -31,8 +31,8 @@ def tile(x_SBK: torch.Tensor, hidden_size: int) -> torch.Tensor:
 class CenteredBitCodeEmbedding(FixedCodeEmbedding):
     """The bit code mapped to ±1 before the lift; table-free and lookup stay bit-identical."""
 
-    def code_bits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return 2 * super().code_bits(input_ids).to(torch.int8) - 1
+    def bit_values(self, bits: torch.Tensor) -> torch.Tensor:
+        return super().bit_values(2 * bits.to(torch.int8) - 1)
 
 
 class FloatCodeEmbedding(FixedCodeEmbedding):
@@ -43,8 +43,6 @@ class FloatCodeEmbedding(FixedCodeEmbedding):
         if code_spec.family.bits:
             raise ValueError(f"{type(self).__name__} takes a float code, got kind={code_spec.kind!r}")
         super().__init__(config, code_spec, **kwargs)
-        for name in ("row_masks_K", "offset_K", "codebook_VK"):  # the bit path's buffers
-            delattr(self, name)
         self._register_table(torch.from_numpy(code_spec.input_table()))
 
     def _register_table(self, table_VK: torch.Tensor) -> None:
@@ -53,8 +51,11 @@ class FloatCodeEmbedding(FixedCodeEmbedding):
     def code_bits(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.table_VK[input_ids]
 
-    def lift(self, x_SBK: torch.Tensor) -> torch.Tensor:
-        return tile(x_SBK.to(self.output_dtype), self.config.hidden_size)
+    def code_values(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.table_VK[input_ids].to(self.output_dtype)
+
+    def lift(self, values_SBK: torch.Tensor) -> torch.Tensor:
+        return tile(values_SBK, self.config.hidden_size)
 
 
 class LowDimCodeEmbedding(FloatCodeEmbedding):

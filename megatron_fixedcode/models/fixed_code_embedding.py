@@ -9,6 +9,7 @@ owns; under context parallelism the ids are already this rank's chunk. Nothing i
 from __future__ import annotations
 
 import json
+import sys
 from typing import Any
 
 import torch
@@ -28,6 +29,24 @@ def _parity_fold_shifts(num_bits: int) -> list[int]:
     return shifts[::-1]
 
 
+def _code_word_dtype(num_bits: int) -> torch.dtype:
+    """The narrowest integer dtype that holds a K-bit code: its bytes, viewed as uint8, are the
+    code's little-endian bytes (the index into ``byte_values``)."""
+    for dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
+        if num_bits <= 8 * torch.empty((), dtype=dtype).element_size():
+            return dtype
+    raise ValueError(f"num_bits={num_bits} does not fit an int64 code word")
+
+
+def _to_code_words(packed: torch.Tensor, num_bits: int) -> torch.Tensor:
+    """int64 codes (bit i = code bit i, < 2^K) → the same bits in the narrowest code word."""
+    dtype = _code_word_dtype(num_bits)
+    if dtype in (torch.uint8, torch.int64):
+        return packed.to(dtype)
+    width = 8 * torch.empty((), dtype=dtype).element_size()  # signed: store the two's complement
+    return torch.where(packed >= 1 << (width - 1), packed - (1 << width), packed).to(dtype)
+
+
 def activation_dtype(config: TransformerConfig) -> torch.dtype:
     """The dtype a learned embedding would emit under this config."""
     if config.fp32_residual_connection:
@@ -42,10 +61,16 @@ def activation_dtype(config: TransformerConfig) -> torch.dtype:
 class FixedCodeEmbedding(MegatronModule):
     """x(t) = scale · R · (A·c(t) ⊕ b); see ``codes.CodeSpec``.
 
-    ``table_free`` computes bits from the ids (bit i = parity(id & row_mask_i) ⊕ b_i);
-    ``lookup`` gathers rows of a persistent V×K codebook buffer. Both give identical 0/1 codes,
-    hence bit-identical inputs. The buffers are integers, so ``.half()``/``.bfloat16()`` leave
-    them alone, and they are saved with the model but never trained.
+    ``table_free`` computes the code from the ids; ``lookup`` gathers it from a persistent V×K
+    codebook buffer. Both give identical 0/1 codes, hence bit-identical inputs. The buffers are
+    integers, so ``.half()``/``.bfloat16()`` leave them alone; they are saved, never trained.
+
+    The forward is one pass over the output: each token's code is packed into bytes (bit i = bit
+    i % 8 of byte i // 8; table-free: XOR of 256-entry tables per byte of the id, A being
+    GF(2)-linear), its K activation values are gathered byte by byte from a 256×8 table of
+    ``bit_values``, and those K values are written once into every tile of a fresh output.
+    ``code_bits`` → ``bit_values`` → ``lift`` is the reference it equals bit for bit (tests check
+    every id).
     """
 
     def __init__(
@@ -72,6 +97,12 @@ class FixedCodeEmbedding(MegatronModule):
         self.tp_group = tp_group
         self.output_dtype = activation_dtype(config)
         self.embedding_dropout = torch.nn.Dropout(config.hidden_dropout)
+        if code_spec.family.bits:  # (float codes keep their own table: see code_embeddings.py)
+            self._register_bit_code_buffers(code_spec)
+
+    def _register_bit_code_buffers(self, code_spec: CodeSpec) -> None:
+        if sys.byteorder != "little":  # code_values reads code words as little-endian bytes
+            raise NotImplementedError("FixedCodeEmbedding needs a little-endian machine")
         self._fold_shifts = _parity_fold_shifts(code_spec.num_bits)
         self.register_buffer(
             "row_masks_K", torch.tensor(code_spec.row_masks(), dtype=torch.int64), persistent=True
@@ -82,8 +113,16 @@ class FixedCodeEmbedding(MegatronModule):
         if code_spec.implementation == "lookup":
             codebook = torch.from_numpy(code_spec.codebook())
             self.register_buffer("codebook_VK", codebook, persistent=True)
+            # Derived, not saved: the codebook's rows packed into code words (bit i = column i).
+            packed_V = (codebook.to(torch.int64) << torch.arange(code_spec.num_bits)).sum(-1)
+            self.register_buffer("codebook_words_V", _to_code_words(packed_V, code_spec.num_bits), persistent=False)
         else:
             self.codebook_VK = None
+            tables = code_spec.id_byte_tables()
+            tables[0] ^= code_spec.offset_mask()  # XOR-ed once per id: fold b into byte 0's table
+            self.register_buffer("id_byte_code_words_J256", _to_code_words(torch.from_numpy(tables), code_spec.num_bits),
+                                 persistent=False)
+        self._byte_values_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
 
     # --- the code ------------------------------------------------------------------------
     def check_token_ids(self, input_ids: torch.Tensor) -> None:
@@ -92,12 +131,15 @@ class FixedCodeEmbedding(MegatronModule):
         if input_ids.is_cuda:
             torch._assert_async(((input_ids >= 0) & (input_ids < vocab_size)).all())
             return
-        if input_ids.numel() and (int(input_ids.min()) < 0 or int(input_ids.max()) >= vocab_size):
+        if not input_ids.numel():
+            return
+        lowest, highest = (int(v) for v in torch.aminmax(input_ids))
+        if lowest < 0 or highest >= vocab_size:
             bad = input_ids[(input_ids < 0) | (input_ids >= vocab_size)][0].item()
             raise ValueError(f"input_ids contain {bad}, outside the code's vocabulary [0, {vocab_size})")
 
     def code_bits(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Recoded bits ``[..., K]`` of 0/1 (uint8 from the lookup buffer, int64 table-free)."""
+        """Reference: recoded bits ``[..., K]`` of 0/1 (uint8 from the codebook, int64 table-free)."""
         if self.codebook_VK is not None:
             return self.codebook_VK[input_ids]
         bits = input_ids.to(torch.int64).unsqueeze(-1) & self.row_masks_K
@@ -105,21 +147,48 @@ class FixedCodeEmbedding(MegatronModule):
             bits = bits ^ (bits >> shift)
         return (bits & 1) ^ self.offset_K
 
-    def lift(self, bits_SBK: torch.Tensor) -> torch.Tensor:
-        """Tile the K bits along the width (R), truncating the last tile, in the output dtype.
+    def bit_values(self, bits: torch.Tensor) -> torch.Tensor:
+        """0/1 code bits → activation values: ``scale · bit`` in the output dtype."""
+        values = bits.to(self.output_dtype)
+        return values * self.code_spec.scale if self.code_spec.scale != 1.0 else values
 
-        The K-wide codes are converted and scaled first, then written once into a fresh output
-        (a broadcast copy, no intermediate of the output's size); the values are the same as
-        tiling first and scaling after, element for element."""
-        num_bits, hidden = self.code_spec.num_bits, self.config.hidden_size
-        bits = bits_SBK.to(self.output_dtype)
-        if self.code_spec.scale != 1.0:
-            bits = bits * self.code_spec.scale
+    def code_words(self, ids: torch.Tensor) -> torch.Tensor:
+        """Each id's code in the narrowest integer (bit i = code bit i), ``[N]`` (``ids`` flattened)."""
+        flat_ids = ids.reshape(-1).to(torch.int64)
+        if self.codebook_VK is not None:
+            return self.codebook_words_V.index_select(0, flat_ids)
+        tables = self.id_byte_code_words_J256  # [id byte j, its value]; b is folded into table 0
+        code = tables[0].index_select(0, flat_ids & 255)
+        for j in range(1, tables.shape[0]):
+            byte_j = flat_ids >> (8 * j)  # the top byte of a valid (< 2^K) id needs no mask
+            code = code ^ tables[j].index_select(0, byte_j & 255 if j + 1 < tables.shape[0] else byte_j)
+        return code
+
+    def byte_values(self, device: torch.device) -> torch.Tensor:
+        """``bit_values`` of the 8 bits of every byte, ``[256, 8]``: 8 KiB in FP32, made once."""
+        key = (device, self.output_dtype)
+        if key not in self._byte_values_cache:
+            bits = (torch.arange(256, device=device).unsqueeze(-1) >> torch.arange(8, device=device)) & 1
+            self._byte_values_cache[key] = self.bit_values(bits)
+        return self._byte_values_cache[key]
+
+    def code_values(self, ids: torch.Tensor) -> torch.Tensor:
+        """Activation values ``[..., K]`` of each id's code, equal to ``bit_values(code_bits(ids))``:
+        gathered byte by byte from ``byte_values``, no per-bit arithmetic. Every table it touches is
+        small (a few KiB table-free), so it stays cheap when the caches are cold."""
+        code_bytes = self.code_words(ids).view(torch.uint8).to(torch.int64)  # little-endian
+        values = self.byte_values(ids.device).index_select(0, code_bytes)
+        return values.view(*ids.shape, -1)[..., : self.code_spec.num_bits]
+
+    def lift(self, values_SBK: torch.Tensor) -> torch.Tensor:
+        """R: tile the K values along the width, truncating the last tile, into a fresh output
+        written once (a broadcast copy; no intermediate of the output's size)."""
+        num_bits, hidden = values_SBK.shape[-1], self.config.hidden_size
         num_tiles, rest = divmod(hidden, num_bits)
-        x_SBH = torch.empty(*bits.shape[:-1], hidden, dtype=bits.dtype, device=bits.device)
-        x_SBH[..., : num_tiles * num_bits].unflatten(-1, (num_tiles, num_bits)).copy_(bits.unsqueeze(-2))
+        x_SBH = torch.empty(*values_SBK.shape[:-1], hidden, dtype=values_SBK.dtype, device=values_SBK.device)
+        x_SBH[..., : num_tiles * num_bits].unflatten(-1, (num_tiles, num_bits)).copy_(values_SBK.unsqueeze(-2))
         if rest:
-            x_SBH[..., num_tiles * num_bits :] = bits[..., :rest]
+            x_SBH[..., num_tiles * num_bits :] = values_SBK[..., :rest]
         return x_SBH
 
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
@@ -127,15 +196,16 @@ class FixedCodeEmbedding(MegatronModule):
         if tokentype_ids is not None:
             raise ValueError("FixedCodeEmbedding has no token-type embeddings")
         self.check_token_ids(input_ids)
-        ids_SB = input_ids.t()
+        ids_BS = input_ids
         sequence_parallel = self.config.sequence_parallel and self.scatter_to_sequence_parallel
         if sequence_parallel:
             # Each TP rank owns a contiguous 1/tp slice of the sequence: compute only that.
             tp_size = self.tp_group.size()
-            s_local = ids_SB.shape[0] // tp_size
+            s_local = ids_BS.shape[1] // tp_size
             start = self.tp_group.rank() * s_local
-            ids_SB = ids_SB[start : start + s_local]
-        x_SBH = self.lift(self.code_bits(ids_SB))
+            ids_BS = ids_BS[:, start : start + s_local]
+        # Codes in the ids' [b, s] order; the lift writes them transposed (no copy of the ids).
+        x_SBH = self.lift(self.code_values(ids_BS).transpose(0, 1))
         if self.config.recompute_granularity == "full" and torch.is_grad_enabled():
             # megatron's reentrant activation checkpoint only backpropagates into the layers it
             # wraps if one of its inputs requires grad; a fixed code otherwise has none.
