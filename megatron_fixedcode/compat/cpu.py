@@ -120,6 +120,12 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
         torch._foreach_mul_(grads, clip_coeff)
 
 
+def _logits_max_without_argmax(vocab_parallel_logits: torch.Tensor):
+    """megatron's VocabParallelCrossEntropy.calculate_logits_max with amax for max(dim)[0]."""
+    vocab_parallel_logits = vocab_parallel_logits.float()
+    return vocab_parallel_logits, torch.amax(vocab_parallel_logits, dim=-1)
+
+
 def keep_freed_memory_for_reuse() -> bool:
     """Make glibc malloc keep freed blocks in the heap, as CUDA's caching allocator does on GPUs.
 
@@ -145,6 +151,7 @@ def apply_cpu_patches() -> bool:
     import megatron.core.optimizer as mcore_optimizer_package
     from megatron.core.optimizer import optimizer as mcore_optimizer
     from megatron.core.tensor_parallel import random as mcore_random
+    from megatron.core.tensor_parallel.cross_entropy import VocabParallelCrossEntropy
     from megatron.core.transformer import torch_norm
 
     # Reuse freed activation memory instead of page-faulting it in afresh every step.
@@ -171,6 +178,9 @@ def apply_cpu_patches() -> bool:
     # Without TE/apex megatron builds torch.optim.AdamW with its defaults, the per-parameter for-loop
     # path on CPU; torch's fused CPU kernel is ~4x faster (equal up to rounding, ~1 ulp).
     mcore_optimizer_package.torch = _FusedCpuAdamTorch()
+    # The cross entropy's max(dim=-1) also computes an argmax it discards: amax gives the same
+    # values ~5x faster on CPU (the logits are the biggest tensor of a small model's step).
+    VocabParallelCrossEntropy.calculate_logits_max = staticmethod(_logits_max_without_argmax)
     _APPLIED = True
     logger.debug("megatron-core CPU patches applied")
     return True
