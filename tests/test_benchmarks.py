@@ -97,3 +97,31 @@ def test_fixed_code_lift_is_bit_identical_to_repeat(single_rank, impl, hidden, s
     assert torch.equal(x_SBH, _old_lift(module, module.code_bits(ids_BS.t())))
     expected = spec.vectors(np.arange(1000)).reshape(4, 250, hidden).transpose(1, 0, 2)
     assert np.array_equal(x_SBH.double().numpy(), torch.tensor(expected).to(x_SBH.dtype).double().numpy())
+
+
+def test_ratio_plot_scores_targets_both_ways(tmp_path):
+    """plot_ratios: 'at least' and 'at most' targets both score >= 1 exactly when met; a PNG is drawn."""
+    sys.path.insert(0, str(REPO / "benchmarks"))
+    from plot_ratios import collect_ratios, main
+
+    emb = {"benchmark": "embedding", "fixed_fwd_fraction_of_bandwidth": 0.9, "fixed_over_learned_step_time": 0.02}
+    rec = {"recipe": "tiny", "megatron_binary_peak_saving_bytes": 48, "table_state_bytes": 48,
+           **{f"megatron_over_torch_{i}": 0.85 for i in ("learned", "binary", "gf2")},
+           "megatron_binary_over_learned_tokens_per_s": 1.04, "megatron_gf2_over_learned_tokens_per_s": 1.06}
+    data = {"benchmark": "dataloader", "headroom": 500.0}
+    rows = {r.label: r for r in collect_ratios([emb, {"benchmark": "train_step", "recipes": [rec]}, data])}
+    assert not rows["input layer: fixed forward / bandwidth bound"].met
+    step = rows["input layer: fixed / learned step time"]
+    assert step.met and step.score == pytest.approx(2.5)
+    assert not rows["tiny: binary / learned tokens/s"].met and rows["tiny: gf2 / learned tokens/s"].met
+    assert rows["tiny: peak saving / table state"].met and rows["data: samples/s / trainer consumption"].met
+    files = []
+    for i, obj in enumerate((emb, data)):
+        files.append(tmp_path / f"{i}.json")
+        files[-1].write_text("log line\n" + json.dumps(obj) + "\n")
+    out = tmp_path / "ratios.png"
+    main([*map(str, files), "--out", str(out)])
+    assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    with pytest.raises(SystemExit, match="no JSON object"):
+        (tmp_path / "empty.json").write_text("nothing\n")
+        main([str(tmp_path / "empty.json")])
