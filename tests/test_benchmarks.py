@@ -25,13 +25,14 @@ def run_benchmark(script: str, *args: str, timeout: int = 300) -> dict:
 def test_embedding_benchmark():
     r = run_benchmark("embedding.py")
     v = r["variants"]
-    assert set(v) == {"learned", "fixed_binary", "fixed_gf2", "fixed_gf2_lookup"}
+    assert set(v) == {"learned", "fixed_binary", "fixed_gf2", "fixed_gf2_lookup", "torch_ops_gf2"}
+    assert r["fused_cpu_kernel"] is True and 0 < r["torch_ops_fwd_fraction_of_bandwidth"]
     assert 0 < r["fixed_fwd_fraction_of_bandwidth"] and 0 < r["fixed_over_learned_step_time"]
     table = r["padded_vocab_size"] * r["hidden_size"] * 4
     assert v["learned"]["param_bytes"] == v["learned"]["grad_bytes"] == table
     assert v["learned"]["optimizer_state_bytes"] == 2 * table  # Adam exp_avg + exp_avg_sq
     assert v["learned"]["peak_bytes"] >= 4 * table + r["output_bytes"]
-    for name in ("fixed_binary", "fixed_gf2", "fixed_gf2_lookup"):
+    for name in ("fixed_binary", "fixed_gf2", "fixed_gf2_lookup", "torch_ops_gf2"):
         assert v[name]["param_bytes"] == v[name]["grad_bytes"] == v[name]["optimizer_state_bytes"] == 0
         assert v[name]["peak_bytes"] < v["learned"]["peak_bytes"]
     assert r["fixed_state_bytes"] == 0 and r["learned_state_bytes"] == 4 * table

@@ -54,14 +54,17 @@ def test_table_free_equals_lookup_bit_for_bit(single_rank, kind):
     assert torch.equal(embed_all_ids(table_free), embed_all_ids(lookup))
 
 
+@pytest.mark.parametrize("kernel", ["torch", "fused"])
 @pytest.mark.parametrize("impl", ["table_free", "lookup"])
 @pytest.mark.parametrize("vocab,code_bits,word", [(200, None, torch.uint8), (1000, None, torch.int16),
                                                   (VOCAB, None, torch.int16), (VOCAB, 20, torch.int32),
                                                   (3000, 40, torch.int64)])
 @pytest.mark.parametrize("centered,scale,bf16", [(False, 1.0, False), (True, 0.37, True), (False, 3.0, True)])
-def test_fast_forward_equals_the_per_bit_reference(single_rank, impl, vocab, code_bits, word, centered, scale, bf16):
-    """The forward (code words → byte-value gather → one tiled write) against code_bits → bit_values
-    → lift, and against the numpy spec, for every id: K of 8/10/16/20/40 bits, both implementations."""
+def test_fast_forward_equals_the_per_bit_reference(single_rank, kernel, impl, vocab, code_bits, word, centered, scale,
+                                                    bf16):
+    """The forward (torch: code words → byte-value gather → one tiled write; fused: the compiled CPU
+    kernel) against code_bits → bit_values → lift, and against the numpy spec, for every id:
+    K of 8/10/16/20/40 bits (hidden 72: a partial last tile), both implementations."""
     from megatron_fixedcode.models.code_embeddings import embedding_class
     from megatron_fixedcode.models.fixed_code_embedding import _code_word_dtype
 
@@ -71,7 +74,8 @@ def test_fast_forward_equals_the_per_bit_reference(single_rank, impl, vocab, cod
     spec = CodeSpec.create(kind="gf2", vocab_size=vocab, hidden_size=hidden, code_bits=code_bits, offset=0b101,
                            scale=scale, implementation=impl, centered=centered)
     assert _code_word_dtype(spec.num_bits) == word
-    module = embedding_class(spec)(build_transformer_config(cfg, ParallelLayout()), spec, tp_group=single_rank.tp)
+    module = embedding_class(spec)(build_transformer_config(cfg, ParallelLayout()), spec, tp_group=single_rank.tp,
+                                   kernel=kernel)
     ids_BS = torch.randperm(vocab).reshape(2, -1)  # [b, s] with ids in no particular order
     x_SBH = module(ids_BS)
     reference = module.lift(module.bit_values(module.code_bits(ids_BS.t())))
@@ -79,6 +83,31 @@ def test_fast_forward_equals_the_per_bit_reference(single_rank, impl, vocab, cod
     assert torch.equal(x_SBH, reference)
     expected = torch.tensor(spec.vectors(ids_BS.t().numpy())).to(x_SBH.dtype)
     assert torch.equal(x_SBH, expected)
+
+
+class _FakeTensorParallelGroup:
+    def __init__(self, rank: int, size: int):
+        self._rank, self._size = rank, size
+
+    def rank(self) -> int:
+        return self._rank
+
+    def size(self) -> int:
+        return self._size
+
+
+@pytest.mark.parametrize("kernel", ["torch", "fused"])
+@pytest.mark.parametrize("impl", ["table_free", "lookup"])
+def test_sequence_parallel_rank_computes_exactly_its_slice(single_rank, kernel, impl):
+    """Under SP, TP rank r of 2 emits sequence positions [r·S/2, (r+1)·S/2) of the full output."""
+    cfg = tiny("gf2", code_impl=impl, code_kernel=kernel, code_offset=3)
+    full = build_transformer_config(cfg, ParallelLayout())
+    sp = build_transformer_config(cfg, ParallelLayout(tensor_model_parallel_size=2, sequence_parallel=True))
+    ids_BS = torch.randint(0, VOCAB, (3, 16), generator=torch.Generator().manual_seed(0))
+    x_SBH = FixedCodeEmbedding(full, cfg.code_spec(), tp_group=single_rank.tp, kernel=kernel)(ids_BS)
+    for rank in range(2):
+        shard = FixedCodeEmbedding(sp, cfg.code_spec(), tp_group=_FakeTensorParallelGroup(rank, 2), kernel=kernel)
+        assert torch.equal(shard(ids_BS), x_SBH[8 * rank : 8 * (rank + 1)])
 
 
 def test_no_trainable_input_parameters_and_report(single_rank):
@@ -120,10 +149,13 @@ def test_token_zero_only_input_gives_exactly_uniform_logits(single_rank, kind):
         assert shifted.std() > 0  # an offset b != 0 avoids it
 
 
-def test_out_of_vocabulary_ids_are_refused(single_rank):
-    model = build(single_rank, tiny("binary", vocab_size=1000))
-    with pytest.raises(ValueError, match="input_ids contain 1000"):
-        model.embedding(torch.tensor([[1, 1000]]), None)
+@pytest.mark.parametrize("kernel", ["torch", "fused"])
+@pytest.mark.parametrize("bad", [1000, -3])
+def test_out_of_vocabulary_ids_are_refused(single_rank, kernel, bad):
+    model = build(single_rank, tiny("binary", vocab_size=1000, code_kernel=kernel))
+    assert model.embedding.kernel == kernel
+    with pytest.raises(ValueError, match=f"input_ids contain {bad}"):
+        model.embedding(torch.tensor([[1, bad, 7]]), None)
 
 
 def test_untied_head_and_no_learned_positions_enforced(single_rank):

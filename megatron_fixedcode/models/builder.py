@@ -95,7 +95,7 @@ def build_embedding_factory(cfg: ModelConfig):
     code_spec = cfg.code_spec()
     if code_spec is None:
         return learned_embedding
-    return functools.partial(embedding_class(code_spec), code_spec=code_spec)
+    return functools.partial(embedding_class(code_spec), code_spec=code_spec, kernel=cfg.code_kernel)
 
 
 def build_gpt_model(

@@ -6,6 +6,7 @@ import dataclasses
 from megatron_fixedcode.codes import CODE_FAMILIES, CODE_IMPLEMENTATIONS, CODE_KINDS, PAPER_CODE_SEED, CodeSpec
 
 INPUT_EMBEDDINGS = ("learned", *CODE_KINDS)
+CODE_KERNELS = ("auto", "fused", "torch")  # FixedCodeEmbedding's forward on CPU
 BLOCKS = {
     # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
     "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
@@ -37,6 +38,7 @@ class ModelConfig:
     code_seed: int = PAPER_CODE_SEED
     code_offset: int = 0
     code_impl: str = "table_free"
+    code_kernel: str = "auto"  # bit codes on CPU: "auto" | "fused" (compiled one-pass kernel) | "torch"
     code_scale: float = 1.0
     code_bits: int | None = None
     code_min_weight: int = 4
@@ -68,6 +70,8 @@ class ModelConfig:
             raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {self.block!r}")
         if self.input_embedding not in INPUT_EMBEDDINGS:
             raise ValueError(f"input_embedding must be one of {INPUT_EMBEDDINGS}, got {self.input_embedding!r}")
+        if self.code_kernel not in CODE_KERNELS:
+            raise ValueError(f"code_kernel must be one of {CODE_KERNELS}, got {self.code_kernel!r}")
         if self.code_impl not in CODE_IMPLEMENTATIONS:
             raise ValueError(f"code_impl must be one of {CODE_IMPLEMENTATIONS}, got {self.code_impl!r}")
         if self.transformer_impl not in TRANSFORMER_IMPLS:

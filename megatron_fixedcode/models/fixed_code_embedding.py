@@ -18,6 +18,8 @@ from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_fixedcode.codes import CodeSpec
+from megatron_fixedcode.kernels import fixed_code_cpu_kernel
+from megatron_fixedcode.models.config import CODE_KERNELS
 
 
 def _parity_fold_shifts(num_bits: int) -> list[int]:
@@ -70,7 +72,9 @@ class FixedCodeEmbedding(MegatronModule):
     GF(2)-linear), its K activation values are gathered byte by byte from a 256×8 table of
     ``bit_values``, and those K values are written once into every tile of a fresh output.
     ``code_bits`` → ``bit_values`` → ``lift`` is the reference it equals bit for bit (tests check
-    every id).
+    every id). On CPU, ``kernel="auto"`` (the default) runs all of it as one compiled kernel
+    (``kernels/fixed_code_cpu.cpp``, built on first use) when it can be built; ``"torch"`` keeps
+    the torch ops, ``"fused"`` insists on the kernel.
     """
 
     def __init__(
@@ -80,9 +84,14 @@ class FixedCodeEmbedding(MegatronModule):
         position_embedding_type: str = "rope",
         scatter_to_sequence_parallel: bool = True,
         tp_group: torch.distributed.ProcessGroup | None = None,
+        kernel: str = "auto",
         **unused_language_model_embedding_kwargs: Any,
     ):
         super().__init__(config=config)
+        if kernel not in CODE_KERNELS:
+            raise ValueError(f"code kernel must be one of {CODE_KERNELS}, got {kernel!r}")
+        self.kernel = kernel
+        self._fused_cpu = False
         if position_embedding_type == "learned_absolute":
             raise ValueError(
                 "position_embedding_type='learned_absolute' would add a trainable table next to the "
@@ -123,6 +132,10 @@ class FixedCodeEmbedding(MegatronModule):
             self.register_buffer("id_byte_code_words_J256", _to_code_words(torch.from_numpy(tables), code_spec.num_bits),
                                  persistent=False)
         self._byte_values_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
+        self._fused_cpu = self.kernel != "torch"  # CPU bit codes only (see fused_forward)
+        self._bit_pair_values: torch.Tensor | None = None
+        if self.kernel == "fused" and fixed_code_cpu_kernel() is None:
+            raise RuntimeError("kernel='fused': the CPU fixed-code kernel could not be built (see the log)")
 
     # --- the code ------------------------------------------------------------------------
     def check_token_ids(self, input_ids: torch.Tensor) -> None:
@@ -191,21 +204,41 @@ class FixedCodeEmbedding(MegatronModule):
             x_SBH[..., num_tiles * num_bits :] = values_SBK[..., :rest]
         return x_SBH
 
+    def fused_forward(self, input_ids: torch.Tensor, s_begin: int, s_count: int) -> torch.Tensor | None:
+        """Positions [s_begin, s_begin + s_count) of ``lift(code_values(ids))`` from the compiled CPU
+        kernel (ids checked inside it); None where the torch path must run instead."""
+        kernel = fixed_code_cpu_kernel() if self._fused_cpu and input_ids.device.type == "cpu" else None
+        if kernel is None:
+            if self.kernel == "fused":
+                raise RuntimeError(f"kernel='fused' is a CPU kernel for bit codes; got {input_ids.device} ids")
+            return None
+        if input_ids.dtype != torch.int64 or not input_ids.is_contiguous():
+            input_ids = input_ids.to(torch.int64).contiguous()
+        x_SBH = torch.empty(s_count, input_ids.shape[0], self.config.hidden_size, dtype=self.output_dtype)
+        if self._bit_pair_values is None:  # bit_values of a 0 bit and of a 1 bit
+            self._bit_pair_values = self.byte_values(input_ids.device)[:2, 0].contiguous()
+        lookup = self.codebook_VK is not None
+        if not kernel.fixed_code_lift(input_ids, s_begin, s_count, self.code_spec.vocab_size,
+                                      self.codebook_words_V if lookup else self.id_byte_code_words_J256, lookup,
+                                      self._bit_pair_values, self.code_spec.num_bits, x_SBH):
+            self.check_token_ids(input_ids[:, s_begin : s_begin + s_count])  # raises, naming the id
+        return x_SBH
+
     def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
                 tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
         if tokentype_ids is not None:
             raise ValueError("FixedCodeEmbedding has no token-type embeddings")
-        self.check_token_ids(input_ids)
-        ids_BS = input_ids
         sequence_parallel = self.config.sequence_parallel and self.scatter_to_sequence_parallel
+        start, s_local = 0, input_ids.shape[1]
         if sequence_parallel:
             # Each TP rank owns a contiguous 1/tp slice of the sequence: compute only that.
-            tp_size = self.tp_group.size()
-            s_local = ids_BS.shape[1] // tp_size
+            s_local = input_ids.shape[1] // self.tp_group.size()
             start = self.tp_group.rank() * s_local
-            ids_BS = ids_BS[:, start : start + s_local]
-        # Codes in the ids' [b, s] order; the lift writes them transposed (no copy of the ids).
-        x_SBH = self.lift(self.code_values(ids_BS).transpose(0, 1))
+        x_SBH = self.fused_forward(input_ids, start, s_local)
+        if x_SBH is None:
+            self.check_token_ids(input_ids)
+            # Codes in the ids' [b, s] order; the lift writes them transposed (no copy of the ids).
+            x_SBH = self.lift(self.code_values(input_ids[:, start : start + s_local]).transpose(0, 1))
         if self.config.recompute_granularity == "full" and torch.is_grad_enabled():
             # megatron's reentrant activation checkpoint only backpropagates into the layers it
             # wraps if one of its inputs requires grad; a fixed code otherwise has none.

@@ -18,6 +18,7 @@ from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.models.config import (
     BLOCKS,
+    CODE_KERNELS,
     FP8_FORMATS,
     FP8_RECIPES,
     INPUT_EMBEDDINGS,
@@ -46,6 +47,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED)
     g.add_argument("--code-offset", type=int, default=0, help="offset b as a K-bit integer mask")
     g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free")
+    g.add_argument("--code-kernel", choices=CODE_KERNELS, default="auto",
+                   help="bit codes on CPU: the compiled one-pass kernel (auto: when it builds) or torch ops")
     g.add_argument("--code-scale", type=float, default=1.0)
     g.add_argument("--code-bits", type=int, default=None)
     g.add_argument("--code-min-weight", type=int, default=4)
@@ -202,7 +205,8 @@ class PretrainConfig:
             vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.norm_epsilon,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
-            code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_scale=a.code_scale,
+            code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
+            code_scale=a.code_scale,
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
             code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
             transformer_impl=a.transformer_impl,

@@ -1,0 +1,27 @@
+"""Compiled kernels, built on first use by torch's C++ extension loader and cached on disk
+(``TORCH_EXTENSIONS_DIR``, default ``~/.cache/torch_extensions``). Each is optional: where it
+cannot be built (no C++ compiler or ninja) the caller falls back to its torch implementation."""
+from __future__ import annotations
+
+import functools
+import logging
+from pathlib import Path
+from types import ModuleType
+
+logger = logging.getLogger(__name__)
+
+
+@functools.cache
+def fixed_code_cpu_kernel() -> ModuleType | None:
+    """``fixed_code_cpu.cpp``: the fixed code's one-pass CPU forward, or None if it cannot be built."""
+    from torch.utils.cpp_extension import load
+
+    source = Path(__file__).with_name("fixed_code_cpu.cpp")
+    logger.info("loading the fused CPU fixed-code kernel (compiled once per machine, ~30 s)")
+    try:
+        return load(name="megatron_fixedcode_fixed_code_cpu", sources=[str(source)],
+                    extra_cflags=["-O3", "-fopenmp"], verbose=False)
+    except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
+        logger.warning("fused CPU fixed-code kernel unavailable (%s: %s); using the torch path",
+                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        return None
