@@ -1,8 +1,10 @@
 """Shared helpers for the benchmarks: interleaved timing, tensor-memory accounting, machine facts.
 
-Timing: variants run in rotating order, round after round, so a burst of load from other jobs
-hits all of them alike; we report medians of wall and of process CPU time (the CPU figure is the
-steadier one on a shared machine) and the load average before and after.
+Timing: variants run in a freshly shuffled order every round (seeded), so a burst of load from
+other jobs hits all of them alike and each variant follows every other one equally often (a
+fixed cyclic rotation would always run a variant right after the same neighbour, whose cache and
+TLB debris it would pay for every time); we report medians of wall and of process CPU time (the
+CPU figure is the steadier one on a shared machine) and the load average before and after.
 
 Memory: the CPU allocator has no peak counter (``tracemalloc`` does not see torch, and RSS mixes
 in allocator caching and other objects of the process). :class:`TensorBytes` counts the bytes of
@@ -18,6 +20,7 @@ import datetime
 import json
 import os
 import platform
+import random
 import statistics
 import time
 import warnings
@@ -55,8 +58,8 @@ def _sync() -> None:
         torch.cuda.synchronize()
 
 
-def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1) -> dict:
-    """Run every function ``warmup + repeats`` times, rotating their order each round.
+def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup: int = 1, seed: int = 0) -> dict:
+    """Run every function ``warmup + repeats`` times, in a new random order each round.
 
     Returns ``{name: {"wall_s": median, "cpu_s": median, "wall_min_s": min}}`` plus
     ``"load_average": [before, after]`` (1-minute load average).
@@ -65,9 +68,9 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup:
     walls: dict[str, list[float]] = {n: [] for n in names}
     cpus: dict[str, list[float]] = {n: [] for n in names}
     load_before = os.getloadavg()[0]
+    order = random.Random(seed)
     for r in range(warmup + repeats):
-        shift = r % len(names)
-        for name in names[shift:] + names[:shift]:
+        for name in order.sample(names, len(names)):
             _sync()
             t, c = time.perf_counter(), time.process_time()
             fns[name]()
