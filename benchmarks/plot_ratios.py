@@ -58,7 +58,9 @@ def collect_ratios(results: list[dict]) -> list[Ratio]:
                 rows.append(Ratio(f"{name}: peak saving / table state", rec["megatron_binary_peak_saving_bytes"]
                                   / rec["table_state_bytes"], 1.0, True))
         elif kind == "dataloader":
-            rows.append(Ratio("data: samples/s / trainer consumption", r["headroom"], 10.0, True))
+            rows.append(Ratio("data: document windows samples/s / consumption", r["headroom"], 10.0, True))
+            if "gpt_headroom" in r:
+                rows.append(Ratio("data: megatron GPTDataset samples/s / consumption", r["gpt_headroom"], 10.0, True))
     return rows
 
 
@@ -76,7 +78,7 @@ def plot(rows: list[Ratio], out: Path, title: str) -> None:
     ax.axvline(1.0, color="black", linewidth=1)
     for y, row, s in zip(ys, rows, scores):
         sign = ">=" if row.at_least else "<="
-        ax.text(s + 0.03, y, f"{row.measured:.3g} (target {sign} {row.target:g})", va="center", fontsize=8)
+        ax.text(s + 0.03, y, f"{row.measured:.4g} (target {sign} {row.target:g})", va="center", fontsize=8)
     ax.set_yticks(list(ys), [row.label for row in rows], fontsize=8)
     ax.set_xlim(0, cap + 1.2)
     ax.set_xlabel("measured / target (inverted for 'at most' targets); right of the line = met")

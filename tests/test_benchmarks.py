@@ -75,6 +75,8 @@ def test_dataloader_benchmark():
     assert result["consumption_samples_per_s"] == 8.0  # 128 samples / 8 s / 2 ranks
     assert result["samples_per_s"] > 0 and result["headroom"] == pytest.approx(
         result["samples_per_s"] / result["consumption_samples_per_s"])
+    assert result["gpt_samples_per_s"] > 0 and result["gpt_headroom"] == pytest.approx(
+        result["gpt_samples_per_s"] / result["consumption_samples_per_s"])
 
 
 def _old_lift(module: FixedCodeEmbedding, bits_SBK: torch.Tensor) -> torch.Tensor:
@@ -109,13 +111,14 @@ def test_ratio_plot_scores_targets_both_ways(tmp_path):
     rec = {"recipe": "tiny", "megatron_binary_peak_saving_bytes": 48, "table_state_bytes": 48,
            **{f"megatron_over_torch_{i}": 0.85 for i in ("learned", "binary", "gf2")},
            "megatron_binary_over_learned_tokens_per_s": 1.04, "megatron_gf2_over_learned_tokens_per_s": 1.06}
-    data = {"benchmark": "dataloader", "headroom": 500.0}
+    data = {"benchmark": "dataloader", "headroom": 500.0, "gpt_headroom": 9.0}
     rows = {r.label: r for r in collect_ratios([emb, {"benchmark": "train_step", "recipes": [rec]}, data])}
     assert not rows["input layer: fixed forward / bandwidth bound"].met
     step = rows["input layer: fixed / learned step time"]
     assert step.met and step.score == pytest.approx(2.5)
     assert not rows["tiny: binary / learned tokens/s"].met and rows["tiny: gf2 / learned tokens/s"].met
-    assert rows["tiny: peak saving / table state"].met and rows["data: samples/s / trainer consumption"].met
+    assert rows["tiny: peak saving / table state"].met and rows["data: document windows samples/s / consumption"].met
+    assert not rows["data: megatron GPTDataset samples/s / consumption"].met
     files = []
     for i, obj in enumerate((emb, data)):
         files.append(tmp_path / f"{i}.json")
