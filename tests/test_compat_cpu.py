@@ -12,10 +12,12 @@ applied = keep_freed_memory_for_reuse() if sys.argv[1] == "reuse" else False
 def step():  # what an activation does each step: allocate, write, free
     torch.empty(16 << 20).fill_(1.0)
 step(); step()
-before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
-for _ in range(5):
+faults = []
+for _ in range(6):
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
     step()
-print(json.dumps({"applied": applied, "faults": (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before) / 5}))
+    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "faults": min(faults)}))
 """
 
 
@@ -26,6 +28,7 @@ def _faults(mode: str) -> dict:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_freed_activation_memory_is_reused_without_page_faults():
+    # Fewest faults of 6 cycles: the kernel may reclaim idle free memory now and then (DAMON).
     default, reuse = _faults("default"), _faults("reuse")
     assert reuse["applied"]
     assert default["faults"] > 10_000  # glibc unmaps the 64 MiB block and faults 16,384 pages back in
