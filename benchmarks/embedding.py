@@ -43,6 +43,7 @@ from common import (  # noqa: E402
 
 from megatron_fixedcode.codes import CodeSpec  # noqa: E402
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed  # noqa: E402
+from megatron_fixedcode.kernels import fixed_code_cpu_kernel  # noqa: E402
 from megatron_fixedcode.models import FixedCodeEmbedding, ModelConfig, build_transformer_config  # noqa: E402
 from megatron_fixedcode.models.gpt import learned_embedding  # noqa: E402
 
@@ -152,8 +153,7 @@ def run(size: str, repeats: int) -> dict:
         "fixed_fwd_fraction_of_bandwidth_by_variant": fraction,
         "fixed_fwd_fraction_of_bandwidth": min(fraction.values()),
         "torch_ops_fwd_fraction_of_bandwidth": torch_ops_fraction,
-        "fused_cpu_kernel": all(variants[n].module.fused_forward(variants[n].ids_BS, 0, 1) is not None
-                                for n in fixed_names) if not torch.cuda.is_available() else False,
+        "fused_cpu_kernel": fixed_code_cpu_kernel() is not None and not torch.cuda.is_available(),
         "fixed_over_learned_step_time": max(step[n]["wall_s"] for n in fixed_names) / learned_step,
         "fixed_over_learned_step_cpu_time": max(step[n]["cpu_s"] for n in fixed_names) / step["learned"]["cpu_s"],
         "learned_state_bytes": memory["learned"]["param_bytes"] + memory["learned"]["grad_bytes"]

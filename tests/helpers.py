@@ -18,3 +18,14 @@ def torchrun(script: Path, *args: str, nproc: int = 2, timeout: int = 600) -> su
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
     return proc
+
+
+def skip_unless_kernel_builds(kernel: str) -> None:
+    """``kernel="fused"`` needs the compiled CPU kernel (a C++ compiler and ninja, built on first
+    use); where it cannot be built, the torch path is what runs, and these cases skip."""
+    import pytest
+
+    from megatron_fixedcode.kernels import fixed_code_cpu_kernel
+
+    if kernel == "fused" and fixed_code_cpu_kernel() is None:
+        pytest.skip("the fused CPU kernel cannot be built here (no C++ compiler or ninja)")

@@ -15,6 +15,8 @@ from megatron_fixedcode.models import (
     parameter_report,
 )
 
+from tests.helpers import skip_unless_kernel_builds
+
 VOCAB = 49152
 
 
@@ -68,6 +70,7 @@ def test_fast_forward_equals_the_per_bit_reference(single_rank, kernel, impl, vo
     from megatron_fixedcode.models.code_embeddings import embedding_class
     from megatron_fixedcode.models.fixed_code_embedding import _code_word_dtype
 
+    skip_unless_kernel_builds(kernel)
     hidden = 72
     cfg = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=16, seq_length=8,
                       vocab_size=vocab, bf16=bf16)
@@ -100,6 +103,7 @@ class _FakeTensorParallelGroup:
 @pytest.mark.parametrize("impl", ["table_free", "lookup"])
 def test_sequence_parallel_rank_computes_exactly_its_slice(single_rank, kernel, impl):
     """Under SP, TP rank r of 2 emits sequence positions [r·S/2, (r+1)·S/2) of the full output."""
+    skip_unless_kernel_builds(kernel)
     cfg = tiny("gf2", code_impl=impl, code_kernel=kernel, code_offset=3)
     full = build_transformer_config(cfg, ParallelLayout())
     sp = build_transformer_config(cfg, ParallelLayout(tensor_model_parallel_size=2, sequence_parallel=True))
@@ -152,6 +156,7 @@ def test_token_zero_only_input_gives_exactly_uniform_logits(single_rank, kind):
 @pytest.mark.parametrize("kernel", ["torch", "fused"])
 @pytest.mark.parametrize("bad", [1000, -3])
 def test_out_of_vocabulary_ids_are_refused(single_rank, kernel, bad):
+    skip_unless_kernel_builds(kernel)
     model = build(single_rank, tiny("binary", vocab_size=1000, code_kernel=kernel))
     assert model.embedding.kernel == kernel
     with pytest.raises(ValueError, match=f"input_ids contain {bad}"):

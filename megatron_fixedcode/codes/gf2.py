@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from megatron_fixedcode.codes.binary import bits_to_ids, canonical_bits
+
 # Rejection sampling finds a valid A for K=16 in a few draws (~29% of random matrices are
 # invertible); the cap only stops impossible requests (e.g. min_weight > K) from looping.
 _MAX_DRAWS = 10_000
@@ -68,15 +70,10 @@ def gf2_byte_tables(matrix_KK: np.ndarray) -> np.ndarray:
     """
     a = np.asarray(matrix_KK, dtype=np.int64) & 1
     num_bits = a.shape[0]
-    num_bytes = -(-num_bits // 8)
-    byte_bits_V8 = (np.arange(256, dtype=np.int64)[:, None] >> np.arange(8)) & 1
-    weights_K = np.left_shift(np.int64(1), np.arange(num_bits, dtype=np.int64))
-    tables = np.zeros((num_bytes, 256), dtype=np.int64)
-    for j in range(num_bytes):
-        cols = np.arange(8 * j, min(8 * j + 8, num_bits))  # id bits held by byte j
-        out_bits_VK = (byte_bits_V8[:, : cols.size] @ a[:, cols].T) & 1
-        tables[j] = out_bits_VK @ weights_K
-    return tables
+    byte_values = np.arange(256, dtype=np.int64)
+    tables = [bits_to_ids(gf2_apply(a, canonical_bits(byte_values << (8 * j), num_bits)))
+              for j in range(-(-num_bits // 8))]  # bits above K of byte_value << 8j fall away
+    return np.stack(tables)
 
 
 def _raw_bits(bit_generator: np.random.BitGenerator, count: int) -> np.ndarray:

@@ -12,12 +12,13 @@ import json
 import sys
 from typing import Any
 
+import numpy as np
 import torch
 from megatron.core import tensor_parallel
 from megatron.core.transformer.module import MegatronModule
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_fixedcode.codes import CodeSpec
+from megatron_fixedcode.codes import CodeSpec, bits_to_ids
 from megatron_fixedcode.kernels import fixed_code_cpu_kernel
 from megatron_fixedcode.models.config import CODE_KERNELS
 
@@ -35,18 +36,17 @@ def _code_word_dtype(num_bits: int) -> torch.dtype:
     """The narrowest integer dtype that holds a K-bit code: its bytes, viewed as uint8, are the
     code's little-endian bytes (the index into ``byte_values``)."""
     for dtype in (torch.uint8, torch.int16, torch.int32, torch.int64):
-        if num_bits <= 8 * torch.empty((), dtype=dtype).element_size():
+        if num_bits <= torch.iinfo(dtype).bits:
             return dtype
     raise ValueError(f"num_bits={num_bits} does not fit an int64 code word")
 
 
-def _to_code_words(packed: torch.Tensor, num_bits: int) -> torch.Tensor:
-    """int64 codes (bit i = code bit i, < 2^K) → the same bits in the narrowest code word."""
+def _to_code_words(packed: np.ndarray, num_bits: int) -> torch.Tensor:
+    """int64 codes (bit i = code bit i, < 2^K) → the same bits in the narrowest code word
+    (numpy's unsigned view reinterprets them as the two's complement of the signed dtype)."""
     dtype = _code_word_dtype(num_bits)
-    if dtype in (torch.uint8, torch.int64):
-        return packed.to(dtype)
-    width = 8 * torch.empty((), dtype=dtype).element_size()  # signed: store the two's complement
-    return torch.where(packed >= 1 << (width - 1), packed - (1 << width), packed).to(dtype)
+    unsigned = {torch.uint8: np.uint8, torch.int16: np.uint16, torch.int32: np.uint32, torch.int64: np.uint64}[dtype]
+    return torch.from_numpy(np.ascontiguousarray(packed.astype(unsigned))).view(dtype)
 
 
 def activation_dtype(config: TransformerConfig) -> torch.dtype:
@@ -91,7 +91,7 @@ class FixedCodeEmbedding(MegatronModule):
         if kernel not in CODE_KERNELS:
             raise ValueError(f"code kernel must be one of {CODE_KERNELS}, got {kernel!r}")
         self.kernel = kernel
-        self._fused_cpu = False
+        self._fused_cpu = kernel != "torch" and code_spec.family.bits  # see fused_forward
         if position_embedding_type == "learned_absolute":
             raise ValueError(
                 "position_embedding_type='learned_absolute' would add a trainable table next to the "
@@ -123,16 +123,14 @@ class FixedCodeEmbedding(MegatronModule):
             codebook = torch.from_numpy(code_spec.codebook())
             self.register_buffer("codebook_VK", codebook, persistent=True)
             # Derived, not saved: the codebook's rows packed into code words (bit i = column i).
-            packed_V = (codebook.to(torch.int64) << torch.arange(code_spec.num_bits)).sum(-1)
-            self.register_buffer("codebook_words_V", _to_code_words(packed_V, code_spec.num_bits), persistent=False)
+            self.register_buffer("codebook_words_V", _to_code_words(bits_to_ids(codebook.numpy()), code_spec.num_bits),
+                                 persistent=False)
         else:
             self.codebook_VK = None
             tables = code_spec.id_byte_tables()
             tables[0] ^= code_spec.offset_mask()  # XOR-ed once per id: fold b into byte 0's table
-            self.register_buffer("id_byte_code_words_J256", _to_code_words(torch.from_numpy(tables), code_spec.num_bits),
-                                 persistent=False)
+            self.register_buffer("id_byte_code_words_J256", _to_code_words(tables, code_spec.num_bits), persistent=False)
         self._byte_values_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
-        self._fused_cpu = self.kernel != "torch"  # CPU bit codes only (see fused_forward)
         self._bit_pair_values: torch.Tensor | None = None
         if self.kernel == "fused" and fixed_code_cpu_kernel() is None:
             raise RuntimeError("kernel='fused': the CPU fixed-code kernel could not be built (see the log)")
