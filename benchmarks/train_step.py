@@ -42,7 +42,8 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer  # n
 from torch import nn  # noqa: E402
 
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed  # noqa: E402
-from megatron_fixedcode.models import ModelConfig, build_transformer_config  # noqa: E402
+from megatron_fixedcode.models import ModelConfig, build_transformer_config, parameter_report  # noqa: E402
+from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
 from megatron_fixedcode.training.forward_backward import forward_backward  # noqa: E402
 from megatron_fixedcode.training.model_chunks import build_model_chunks  # noqa: E402
 
@@ -212,8 +213,9 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     device = "cuda" if torch.cuda.is_available() else "cpu"
     runners, out = {}, {"recipe": name, **r, "vocab_size": vocab, "micro_batch_size": micro,
                         "global_batch_size": global_batch, "tokens_per_step": global_batch * r["seq_length"]}
+    cfgs = {}
     for inp in INPUTS:
-        cfg = ModelConfig(**r, vocab_size=vocab, input_embedding=inp, transformer_impl="auto", bf16=bf16)
+        cfg = cfgs[inp] = ModelConfig(**r, vocab_size=vocab, input_embedding=inp, transformer_impl="auto", bf16=bf16)
         batch = make_batch(cfg, micro, global_batch // micro, device)
         torch.manual_seed(1234)
         mega = MegatronRunner(cfg, pg, batch, bf16, fp8)
@@ -226,16 +228,16 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
         runner.step()
     memory = {n: peak_bytes(rn) for n, rn in runners.items()}
     times = time_interleaved({n: rn.step for n, rn in runners.items()}, repeats, warmup=0)
-    flops_per_token = None
     for n, rn in runners.items():
         tps = out["tokens_per_step"] / times[n]["wall_s"]
         out[n] = {"step_s": times[n]["wall_s"], "step_cpu_s": times[n]["cpu_s"], "tokens_per_s": tps,
                   "tokens_per_cpu_s": out["tokens_per_step"] / times[n]["cpu_s"],
                   "first_loss": rn.losses[0], **memory[n]}
-        if device == "cuda":
-            params = sum(p.numel() for p in (rn.gpt() if hasattr(rn, "gpt") else rn.model).parameters())
-            flops_per_token = 6 * params + 12 * r["num_layers"] * r["hidden_size"] * r["seq_length"]
-            out[n]["tflops"] = flops_per_token * tps / 1e12
+        if device == "cuda":  # the torch twin is the same model: the megatron twin's count serves both
+            inp = n.split("_", 1)[1]
+            report = parameter_report(cfgs[inp], runners[f"megatron_{inp}"].chunks, pg)
+            flops = model_flops_per_token(report, r["num_layers"], r["hidden_size"], r["seq_length"])
+            out[n]["tflops"] = flops * tps / 1e12
             out[n]["mfu"] = out[n]["tflops"] / peak_tflops
     table_bytes = cfg.padded_vocab_size() * r["hidden_size"] * 4
     for inp in INPUTS:

@@ -46,7 +46,9 @@ def test_dry_run_checks_the_wiring(tmp_path):
 
 
 def test_model_flops_leave_out_the_input_table_and_mfu_uses_the_gpu_peak():
-    from bench import flops_per_token, summarize
+    from bench import summarize
+
+    from megatron_fixedcode.models.report import model_flops_per_token as flops_per_token
 
     learned = {"input_embedding": "learned", "trainable_params": 1_000 + 300, "input_interface_params": 300}
     binary = {"input_embedding": "binary", "trainable_params": 1_000, "input_interface_params": 0}

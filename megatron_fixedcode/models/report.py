@@ -46,6 +46,13 @@ def parameter_report(
     }
 
 
+def model_flops_per_token(report: dict, num_layers: int, hidden_size: int, seq_length: int) -> float:
+    """6·N + 12·L·h·s model FLOPs per token; N leaves out the input interface (a lookup, not a
+    matmul: a learned table or lowdim's V×K′ coordinates add no FLOPs)."""
+    matmul_params = report["trainable_params"] - report["input_interface_params"]
+    return 6 * matmul_params + 12 * num_layers * hidden_size * seq_length
+
+
 def format_parameter_report(report: dict) -> str:
     gib = 1024**3
     return (

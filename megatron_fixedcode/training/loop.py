@@ -28,6 +28,7 @@ from megatron_fixedcode.compat import destroy_distributed, initialize_distribute
 from megatron_fixedcode.data import DataConfig, build_datasets
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
+from megatron_fixedcode.models.report import model_flops_per_token
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
@@ -266,9 +267,7 @@ class Trainer:
             logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
                         self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
                         self.max_steps, self.step)
-        # A learned input table is a lookup, not a matmul: its parameters add no model FLOPs.
-        matmul_params = self.report["trainable_params"] - self.report["input_interface_params"]
-        flops_per_token = 6 * matmul_params + 12 * a.num_layers * a.hidden_size * a.seq_length
+        flops_per_token = model_flops_per_token(self.report, a.num_layers, a.hidden_size, a.seq_length)
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
                            run_config=cfg.as_dict())

@@ -17,7 +17,7 @@ from megatron_fixedcode.training.config import LoggingConfig
 logger = logging.getLogger(__name__)
 
 # Dense BF16 peak per GPU, for the MFU estimate.
-_PEAK_BF16_FLOPS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "B200": 2250e12}
+_PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12}
 
 
 def require_logging_backends(cfg: LoggingConfig) -> None:
@@ -34,11 +34,13 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
             raise ValueError(f"--wandb-project needs the wandb package: pip install wandb ({e})")
 
 
+def peak_bf16_flops(device_name: str) -> float | None:
+    """Dense BF16 peak of a GPU by its name (the longest matching model name wins), else None."""
+    return next((v for k, v in sorted(_PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in device_name), None)
+
+
 def peak_flops() -> float | None:
-    if not torch.cuda.is_available():
-        return None
-    name = torch.cuda.get_device_name()
-    return next((v for k, v in _PEAK_BF16_FLOPS.items() if k in name), None)
+    return peak_bf16_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
 
 
 def memory_gib() -> float:

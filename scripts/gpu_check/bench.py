@@ -27,6 +27,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
+from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
+from megatron_fixedcode.training.metrics import peak_bf16_flops  # noqa: E402
+
 VARIANTS = {  # name -> (recipe input, extra trainer flags)
     "learned": ("learned", []),
     "binary": ("binary", []),
@@ -35,7 +38,6 @@ VARIANTS = {  # name -> (recipe input, extra trainer flags)
                               "--fp8-amax-compute-algo", "max"]),
 }
 VOCAB = 49152
-PEAK_BF16 = {"H100": 989.4e12, "H200": 989.4e12, "A100": 312e12, "B200": 2250e12, "GH200": 989.4e12}
 
 
 def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: int, global_batch: int) -> list[str]:
@@ -68,18 +70,13 @@ def make_data(data_dir: Path, num_tokens: int = 2_000_000) -> str:
     return str(prefix)
 
 
-def flops_per_token(report: dict, num_layers: int, hidden: int, seq: int) -> float:
-    matmul_params = report["trainable_params"] - (report["input_interface_params"] if report["input_embedding"] == "learned" else 0)
-    return 6 * matmul_params + 12 * num_layers * hidden * seq
-
-
 def summarize(*, variant: str, gpu: str, step_times: list[float], tokens_per_step: int, flops_tok: float,
               peak_alloc: int, peak_reserved: int, extra: dict) -> dict:
     """The numbers the report shows (also used on fake inputs by the dry run)."""
     step_s = statistics.median(step_times)
     tokens_s = tokens_per_step / step_s
     tflops = tokens_s * flops_tok / 1e12
-    peak = next((v for k, v in sorted(PEAK_BF16.items(), key=lambda kv: -len(kv[0])) if k in gpu), None)
+    peak = peak_bf16_flops(gpu)
     return {"variant": variant, "gpu": gpu, "step_time_s": step_s, "step_times_s": step_times,
             "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_s, "model_flops_per_token": flops_tok,
             "model_tflops_per_s": tflops, "mfu": tflops * 1e12 / peak if peak else None,
@@ -122,7 +119,7 @@ def run(a: argparse.Namespace) -> dict:
         variant=a.variant, gpu=torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         step_times=times[a.warmup:],
         tokens_per_step=trainer.global_batch * args.seq_length,
-        flops_tok=flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length),
+        flops_tok=model_flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length),
         peak_alloc=torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0,
         peak_reserved=torch.cuda.max_memory_reserved() if torch.cuda.is_available() else 0,
         extra={"warmup_steps": a.warmup, "losses": losses, "build_s": build_s, "parameters": trainer.report,
