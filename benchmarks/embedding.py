@@ -129,7 +129,8 @@ def run(size: str, repeats: int) -> dict:
 
     # Forwards take milliseconds and this is where the bound is compared: 10x the rounds, so
     # the medians hold still on a shared machine.
-    fwd = time_interleaved({"bandwidth": bandwidth, **{n: v.forward for n, v in variants.items()}}, 10 * repeats)
+    forward_rounds = 10 * repeats
+    fwd = time_interleaved({"bandwidth": bandwidth, **{n: v.forward for n, v in variants.items()}}, forward_rounds)
     fwd_bwd = time_interleaved({n: v.forward_backward for n, v in variants.items()}, repeats)
     step = time_interleaved({n: v.step for n, v in variants.items()}, repeats)
 
@@ -146,7 +147,7 @@ def run(size: str, repeats: int) -> dict:
         "hidden_size": hidden, "micro_batch_size": batch, "seq_length": seq, "output_dtype": str(out_dtype),
         "output_bytes": output_bytes, "repeats": repeats, "machine": machine(),
         "load_average_during": [fwd["load_average"][0], step["load_average"][1]],
-        "bandwidth_s": bw, "bandwidth_GBps": output_bytes / bw / 1e9, "forward_rounds": 10 * repeats,
+        "bandwidth_s": bw, "bandwidth_GBps": output_bytes / bw / 1e9, "forward_rounds": forward_rounds,
         "variants": per_variant,
         # Throughput as a fraction of the bandwidth bound (1.0 = as fast as writing the output);
         # the headline is the slowest fixed variant.

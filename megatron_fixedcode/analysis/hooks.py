@@ -10,6 +10,8 @@ import contextlib
 
 import torch
 
+from megatron_fixedcode.export.megatron_io import megatron_logits
+
 
 def sites(model: torch.nn.Module) -> list[torch.nn.Module]:
     return [model.embedding, *model.decoder.layers]
@@ -20,16 +22,9 @@ def _states(output):
 
 
 @torch.no_grad()
-def logits(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int) -> torch.Tensor:
-    """``[B, S, V]`` float logits (vocabulary padding removed)."""
-    position_ids = torch.arange(ids_BS.shape[1]).expand_as(ids_BS)
-    return model(ids_BS.long(), position_ids, None)[..., :vocab_size].float()
-
-
-@torch.no_grad()
 def next_token_nll(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int) -> float:
     """Mean NLL of tokens 1..S-1 given their prefixes."""
-    out_BSV = logits(model, ids_BS, vocab_size)[:, :-1]
+    out_BSV = megatron_logits(model, ids_BS, vocab_size)[:, :-1]
     return float(torch.nn.functional.cross_entropy(out_BSV.flatten(0, 1).double(), ids_BS[:, 1:].flatten().long()))
 
 

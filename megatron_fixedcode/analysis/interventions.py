@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import torch
 
-from megatron_fixedcode.analysis.hooks import hidden_states, logits, next_token_nll, patch_site, skip_block
+from megatron_fixedcode.analysis.hooks import hidden_states, next_token_nll, patch_site, skip_block
+from megatron_fixedcode.export.megatron_io import megatron_logits
 
 
 def layer_ablation(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int) -> dict:
@@ -19,7 +20,7 @@ def layer_ablation(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int
 
 
 def _answer_logprob(model, ids_S, vocab_size, answer: int) -> float:
-    return float(torch.log_softmax(logits(model, ids_S[None], vocab_size)[0, -1].double(), -1)[answer])
+    return float(torch.log_softmax(megatron_logits(model, ids_S[None], vocab_size)[0, -1].double(), -1)[answer])
 
 
 @torch.no_grad()
@@ -34,7 +35,7 @@ def activation_patching(model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S
     if clean_S.shape != corrupt_S.shape:
         raise ValueError(f"contexts must have the same length, got {tuple(clean_S.shape)} and {tuple(corrupt_S.shape)}")
     if answer is None:
-        answer = int(logits(model, clean_S[None], vocab_size)[0, -1].argmax())
+        answer = int(megatron_logits(model, clean_S[None], vocab_size)[0, -1].argmax())
     clean_states = hidden_states(model, clean_S[None])
     clean = _answer_logprob(model, clean_S, vocab_size, answer)
     corrupt = _answer_logprob(model, corrupt_S, vocab_size, answer)

@@ -26,14 +26,14 @@ def lambada_examples(root: Path, limit: int) -> list[tuple[str, str]]:
 def lambada(model, tokenizer, examples: list[tuple[str, str]], seq_length: int, vocab_size: int) -> dict:
     """Accuracy (every target token is the argmax) and target perplexity; contexts keep their last
     ``seq_length − len(target)`` tokens (the models never saw longer windows)."""
-    from megatron_fixedcode.analysis.hooks import logits
+    from megatron_fixedcode.export.megatron_io import megatron_logits
 
     correct, nll, count = 0, 0.0, 0
     for context, target in examples:
         tgt = tokenizer.tokenize(target)
         ctx = tokenizer.tokenize(context)[-(seq_length - len(tgt)):]
         ids = torch.tensor([ctx + tgt[:-1]])
-        logp = torch.log_softmax(logits(model, ids, vocab_size)[0, len(ctx) - 1 :].double(), dim=-1)
+        logp = torch.log_softmax(megatron_logits(model, ids, vocab_size)[0, len(ctx) - 1 :].double(), dim=-1)
         tgt_t = torch.tensor(tgt)
         correct += int(bool((logp.argmax(dim=-1) == tgt_t).all()))
         nll -= float(logp[torch.arange(len(tgt)), tgt_t].sum())

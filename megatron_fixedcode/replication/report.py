@@ -4,11 +4,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-
-def seed_summary(values: list[float]) -> dict:
-    mean = sum(values) / len(values)
-    return {"mean": mean, "min": min(values), "max": max(values),
-            "relative_range": (max(values) - min(values)) / mean if mean else None}
+from megatron_fixedcode.eval.report import seed_summary
 
 
 def summarize(results: dict[str, dict[int, dict]]) -> dict[str, dict]:
