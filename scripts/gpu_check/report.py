@@ -20,9 +20,13 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 def add_stage(out: Path, name: str, status: str, seconds: str, detail: str = "") -> None:
+    from plan import STAGES
+
     assert status in ("ok", "failed", "skipped", "not_run"), status
+    budget = dict((s, b) for s, b, _, _ in STAGES).get(name)
     with open(out / "stages.jsonl", "a") as f:
-        f.write(json.dumps({"stage": name, "status": status, "seconds": round(float(seconds), 1), "detail": detail}) + "\n")
+        f.write(json.dumps({"stage": name, "status": status, "seconds": round(float(seconds), 1), "budget_s": budget,
+                            "detail": detail}) + "\n")
 
 
 def read_junit(path: Path) -> dict:
@@ -47,7 +51,11 @@ def collect(out: Path) -> dict:
     stages = [json.loads(l) for l in (out / "stages.jsonl").read_text().splitlines()] if (out / "stages.jsonl").exists() else []
     env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {"missing": "env.json"}
     bench = [json.loads(p.read_text()) for p in sorted(out.glob("bench-*.json"))]
+    from plan import STAGES, TOTAL_LIMIT_S
+
     return {"generated": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "env": env, "stages": stages,
+            "plan": {"stages": [{"stage": s, "budget_s": b, "when": w} for s, b, w, _ in STAGES],
+                     "total_limit_s": TOTAL_LIMIT_S},
             "tests": read_junit(out / "pytest-gpu.xml"), "benchmark": bench}
 
 
@@ -68,8 +76,9 @@ def markdown(r: dict) -> str:
              f"- apex: {'yes' if env.get('apex') else 'no'}"]
     if env.get("fp8_support"):
         lines.append("- FP8 recipes on this GPU: " + ", ".join(f"{k} {v}" for k, v in env["fp8_support"].items()))
-    lines += ["", "## Stages", "", "| stage | status | seconds | detail |", "|---|---|---|---|"]
-    lines += [f"| {s['stage']} | {s['status']} | {s['seconds']} | {s['detail']} |" for s in r["stages"]]
+    lines += ["", "## Stages", "", "| stage | status | seconds | budget s | detail |", "|---|---|---|---|---|"]
+    lines += [f"| {s['stage']} | {s['status']} | {s['seconds']} | {s.get('budget_s') or '—'} | {s['detail']} |"
+              for s in r["stages"]]
     t = r["tests"]
     lines += ["", "## GPU-marked tests (`pytest -m gpu`)", ""]
     if "missing" in t:
@@ -78,20 +87,31 @@ def markdown(r: dict) -> str:
         lines.append(", ".join(f"{n} {k}" for k, n in t["counts"].items()))
         lines += ["", "| test | outcome | seconds | message |", "|---|---|---|---|"]
         lines += [f"| `{c['test']}` | {c['outcome']} | {c['seconds']} | {c['message']} |" for c in t["cases"]]
-    lines += ["", "## Throughput: paper-2 1.7B recipe on one GPU", ""]
+    lines += ["", "## Throughput: the paper-2 block on one GPU", ""]
     if not r["benchmark"]:
         lines.append("No benchmark results: see the stages above.")
     else:
-        lines += ["Micro batch 8 × 2048, global batch 8 (no accumulation), BF16, full recompute, distributed "
-                  "optimizer; median step of the timed steps. Model FLOPs/token = 6·N(blocks + head) + 12·L·h·s "
-                  "(the input table is a lookup: learned and binary are credited the same work).", "",
-                  "| variant | layers | step s | tokens/s | model TFLOP/s | MFU | peak alloc GiB | peak reserved GiB |",
-                  "|---|---|---|---|---|---|---|---|"]
+        b0 = r["benchmark"][0]
+        lines += [f"Paper-2 block (h {b0.get('hidden_size', 2048)}, FFN 8192 SwiGLU, 32 heads) at "
+                  f"{b0.get('num_layers', '?')} of 24 layers, micro batch {b0.get('micro_batch_size', 8)} × "
+                  f"{b0.get('seq_length', 2048)}, global batch {b0.get('global_batch_size', 8)} (no accumulation), "
+                  f"BF16, recompute {b0.get('recompute_granularity') or 'none'}, distributed optimizer; median of the "
+                  "timed steps. Model FLOPs/token = 6·N(blocks + head) + 12·L·h·s (the input table is a lookup: "
+                  "learned and binary are credited the same work). Placement: the devices of the parameters and "
+                  "buffers of trainer.chunks after the steps and of the batch tensors the model was called with.", "",
+                  "| variant | layers | timed steps | step s | tokens/s | model TFLOP/s | MFU | peak alloc GiB | "
+                  "peak reserved GiB | placement |",
+                  "|---|---|---|---|---|---|---|---|---|---|"]
         for b in r["benchmark"]:
             impl = b.get("transformer_impl", "?") + (f" + FP8 {b['fp8']}" if b.get("fp8") else "")
-            lines.append(f"| {b['variant']} | {impl} | {b['step_time_s']:.3f} | {b['tokens_per_s']:,.0f} | "
-                         f"{b['model_tflops_per_s']:.1f} | {_fmt(b['mfu'] and 100 * b['mfu'], '.1f')}% | "
-                         f"{b['peak_memory_allocated_gib']:.1f} | {b['peak_memory_reserved_gib']:.1f} |")
+            where = b.get("placement") or {}
+            devices = sorted({*where.get("parameters", {}), *where.get("buffers", {}), *where.get("batch", {}).values()})
+            place = ("all on " + ", ".join(devices) if where.get("all_on_cuda")
+                     else "NOT all on CUDA: " + "; ".join(where.get("not_on_cuda", [])[:3]) if where else "—")
+            lines.append(f"| {b['variant']} | {impl} | {b.get('timed_steps', '—')} | {b['step_time_s']:.3f} | "
+                         f"{b['tokens_per_s']:,.0f} | {b['model_tflops_per_s']:.1f} | "
+                         f"{_fmt(b['mfu'] and 100 * b['mfu'], '.1f')}% | {b['peak_memory_allocated_gib']:.1f} | "
+                         f"{b['peak_memory_reserved_gib']:.1f} | {place} |")
     return "\n".join(lines) + "\n"
 
 
@@ -114,10 +134,14 @@ def fake(out: Path) -> dict:
         '<testsuites><testsuite name="pytest"><testcase classname="tests.test_fake" name="test_ok" time="1.0"/>'
         '<testcase classname="tests.test_fake" name="test_skip" time="0"><skipped message="fake skip"/></testcase>'
         '</testsuite></testsuites>')
-    for variant, step in (("learned", 0.70), ("binary", 0.68)):
+    placed = {"parameters": {"cuda:0": 3}, "buffers": {"cuda:0": 1}, "batch": {"arg0": "cuda:0"}, "all_on_cuda": True,
+              "not_on_cuda": []}
+    for variant, step in (("binary", 0.68), ("gf2", 0.68), ("learned", 0.70)):
         result = summarize(variant=variant, gpu="NVIDIA H200 (fake)", step_times=[step, step + 0.01, step - 0.01],
-                           tokens_per_step=16384, flops_tok=6 * 1.61e9 + 12 * 24 * 2048 * 2048,
-                           peak_alloc=40 * 2**30, peak_reserved=44 * 2**30, extra={"transformer_impl": "fake", "fp8": None})
+                           tokens_per_step=16384, flops_tok=6 * 0.369e9 + 12 * 4 * 2048 * 2048,
+                           peak_alloc=40 * 2**30, peak_reserved=44 * 2**30,
+                           extra={"transformer_impl": "fake", "fp8": None, "num_layers": 4, "timed_steps": 3,
+                                  "placement": placed})
         (out / f"bench-{variant}.json").write_text(json.dumps(result))
     add_stage(out, "fake", "ok", "0", "dry run: fake numbers")
     return write(out)
