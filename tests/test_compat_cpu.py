@@ -4,6 +4,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 _FAULTS_PER_64MIB_STEP = """
 import json, resource, sys, torch
@@ -33,3 +34,49 @@ def test_freed_activation_memory_is_reused_without_page_faults():
     assert reuse["applied"]
     assert default["faults"] > 10_000  # glibc unmaps the 64 MiB block and faults 16,384 pages back in
     assert reuse["faults"] < 100
+
+
+# --- megatron-core patches (apply_cpu_patches), checked where they run: on CPU tensors ---------------
+
+def _mcore_version():
+    import megatron.core
+    from packaging.version import Version
+
+    return Version(megatron.core.__version__)
+
+
+def _needs_mcore_019():
+    from packaging.version import Version
+
+    if _mcore_version() < Version("0.19"):
+        pytest.skip(f"megatron-core {_mcore_version()}: the patch is for 0.19.x (Python 3.12 environments)")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU patches only")
+def test_grad_sync_of_megatron_ddp_runs_on_cpu(single_rank):
+    """finalize_model_grads -> finish_grad_sync -> start_grad_sync (0.19: waits on the current CUDA stream)."""
+    from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    from megatron_fixedcode.compat import cpu_transformer_config_overrides
+
+    config = TransformerConfig(num_layers=1, hidden_size=8, num_attention_heads=1, **cpu_transformer_config_overrides())
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(8, 4, bias=False)
+    ddp = DistributedDataParallel(config, DistributedDataParallelConfig(), module=linear, pg_collection=single_rank)
+    x = torch.randn(3, 8)
+    ddp(x).sum().backward()
+    ddp.finish_grad_sync()
+    expected = torch.ones(3, 4).T @ x  # d(sum(x W^T))/dW on a world of one
+    torch.testing.assert_close(linear.weight.main_grad, expected)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CPU patches only")
+def test_grad_buffer_stream_is_a_no_op_on_cpu(single_rank):
+    _needs_mcore_019()
+    from megatron.core.distributed import param_and_grad_buffer
+
+    stream = param_and_grad_buffer.torch.cuda.current_stream()
+    stream.wait_event(object())
+    stream.wait_stream(stream)
+    assert param_and_grad_buffer.torch.zeros(1, device="cuda").device.type == "cpu"

@@ -11,6 +11,7 @@ import importlib
 import logging
 
 import torch
+from packaging.version import Version
 
 logger = logging.getLogger(__name__)
 _APPLIED = False
@@ -45,6 +46,42 @@ class _CpuTorch:
             return attr(*args, **kwargs)
 
         return factory
+
+
+class _NullStream:
+    """Stands in for a CUDA stream on CPU: work is already done when the call returns."""
+
+    def wait_event(self, event):
+        pass
+
+    def wait_stream(self, stream):
+        pass
+
+    def record_event(self, event=None):
+        return event
+
+    def synchronize(self):
+        pass
+
+
+class _CpuStreamTorch(_CpuTorch):
+    """:class:`_CpuTorch` whose ``torch.cuda.current_stream()`` is a :class:`_NullStream`."""
+
+    class _Cuda:
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def current_stream(*args, **kwargs):
+            return _NullStream()
+
+    cuda = _Cuda()
+
+
+def _mcore_version() -> Version:
+    import megatron.core
+
+    return Version(megatron.core.__version__)
 
 
 class _FusedCpuAdamTorch:
@@ -163,6 +200,9 @@ def apply_cpu_patches() -> bool:
     # Literal device="cuda" tensor factories in these modules create CPU tensors instead.
     for name in _MODULES_WITH_CUDA_LITERALS:
         importlib.import_module(name).torch = _CpuTorch()
+    if _mcore_version() >= Version("0.19"):
+        # 0.19: start_grad_sync waits on torch.cuda.current_stream() for CUDA-graph grads; no streams on CPU.
+        importlib.import_module("megatron.core.distributed.param_and_grad_buffer").torch = _CpuStreamTorch()
     # The RNG tracker stores torch.cuda generator states; keep CPU generator states instead.
     mcore_random._CUDA_RNG_STATE_TRACKER = _cpu_rng_tracker_class()()
     mcore_random._CUDA_RNG_STATE_TRACKER_INITIALIZED = True
