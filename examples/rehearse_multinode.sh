@@ -16,6 +16,7 @@
 # concurrently, with SLURM_NODEID/SLURM_PROCID/SLURMD_NODENAME set as Slurm does and
 # --kill-on-bad-exit; `scancel --signal=TERM` signals those node tasks; `scontrol` expands the
 # node list (127.0.0.[1-N]: every "node" is a loopback address) and records requeues.
+# The jobs run with MFC_REQUIRE_CUDA=0 (the launcher's default 1 makes a GPU-less rank refuse to start).
 #
 # The run is planned for 1000 steps (--train-iters 1000, so the LR schedule and the sample stream are
 # fixed up front). The batch shell gets USR1 once --stop-after steps are logged; the trainer
@@ -91,7 +92,7 @@ cat >"$BIN/srun" <<'SH'
 kill_on_bad_exit=0
 while [[ $1 == -* ]]; do
     case $1 in
-        --nodes|-N|--ntasks-per-node) shift 2 ;;
+        --nodes|-N|--ntasks-per-node|--cpus-per-task|-c) shift 2 ;;
         --kill-on-bad-exit=1|-K) kill_on_bad_exit=1; shift ;;
         *) shift ;;
     esac
@@ -153,7 +154,8 @@ job_env() {
     export REHEARSAL_DIR=$JOB_DIR PATH="$BIN:$PATH" SLURM_JOB_ID=$JOB_ID SLURM_NNODES=$NODES \
         SLURM_JOB_NUM_NODES=$NODES SLURM_JOB_NODELIST="127.0.0.[1-$NODES]" SLURM_GPUS_ON_NODE=1 \
         SLURM_RESTART_COUNT=0 SLURM_JOB_NAME=mfc-rehearsal CKPT_DIR=$JOB_DIR/checkpoints \
-        LOG_DIR=$JOB_DIR/logs TENSORBOARD_DIR= SAVE_INTERVAL=100000 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore
+        LOG_DIR=$JOB_DIR/logs TENSORBOARD_DIR= SAVE_INTERVAL=100000 OMP_NUM_THREADS=1 PYTHONWARNINGS=ignore \
+        MFC_REQUIRE_CUDA=0 CPUS_PER_TASK=1
     unset MASTER_ADDR MASTER_PORT GPUS_PER_NODE
 }
 

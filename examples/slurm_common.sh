@@ -23,6 +23,15 @@
 #   EXIT_DURATION_MINS  trainer --exit-duration-in-mins (a second guard besides the signal)
 #   WANDB_PROJECT     trainer --wandb-project
 #   GPUS_PER_NODE     default $SLURM_GPUS_ON_NODE, else 8;  MASTER_PORT  default 20000 + job id mod 20000
+#   CPUS_PER_TASK     srun --cpus-per-task of the one task per node (torchrun and its GPUS_PER_NODE workers):
+#                     default $SLURM_CPUS_PER_TASK (the script's #SBATCH --cpus-per-task), else
+#                     $SLURM_CPUS_ON_NODE, else this machine's cores. Passed explicitly because srun no
+#                     longer inherits sbatch's --cpus-per-task (Slurm >= 22.05): without it the step gets
+#                     one CPU per task and all 8 ranks and their data workers share it.
+#                     OMP_NUM_THREADS defaults to CPUS_PER_TASK / GPUS_PER_NODE.
+#   MFC_REQUIRE_CUDA  exported to the trainer, default 1: a rank that sees no CUDA GPU refuses to start
+#                     (exit before any model or data is built) instead of training on CPU. Set it to 0
+#                     only for CPU rehearsals (examples/rehearse_multinode.sh does).
 #   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
@@ -58,10 +67,11 @@ mfc_set_env() {
     : "${NCCL_IB_RETRY_CNT:=7}"
     : "${NCCL_IB_QPS_PER_CONNECTION:=4}"
     : "${NCCL_DEBUG:=WARN}"
-    : "${OMP_NUM_THREADS:=8}"
+    : "${OMP_NUM_THREADS:=$((MFC_CPUS_PER_TASK / MFC_GPUS_PER_NODE > 0 ? MFC_CPUS_PER_TASK / MFC_GPUS_PER_NODE : 1))}"
+    : "${MFC_REQUIRE_CUDA:=1}"                     # the trainer refuses to run without a visible GPU
     : "${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:=240}"     # seconds torchrun lets workers checkpoint on SIGTERM
     export CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_IB_TIMEOUT NCCL_IB_RETRY_CNT \
-        NCCL_IB_QPS_PER_CONNECTION NCCL_DEBUG OMP_NUM_THREADS TORCH_ELASTIC_SHUTDOWN_TIMEOUT
+        NCCL_IB_QPS_PER_CONNECTION NCCL_DEBUG OMP_NUM_THREADS TORCH_ELASTIC_SHUTDOWN_TIMEOUT MFC_REQUIRE_CUDA
 }
 
 mfc_activate_venv() {
@@ -116,6 +126,8 @@ mfc_launch() {
     local num_nodes=${SLURM_NNODES:-${DEFAULT_NODES:-1}}
     local job_id=${SLURM_JOB_ID:-0}
     local gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
+    local cpus_per_task=${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}}}
+    MFC_CPUS_PER_TASK=$cpus_per_task MFC_GPUS_PER_NODE=$gpus_per_node
     local master_addr=${MASTER_ADDR:-localhost}
     if [[ -n ${SLURM_JOB_NODELIST:-} ]] && command -v scontrol >/dev/null; then
         master_addr=$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n1)
@@ -141,7 +153,8 @@ mfc_launch() {
 
     # One torchrun per node (examples/slurm_node.sh: per-node log, then exec); the global batch
     # comes from the recipe whatever the node count, the trainer derives gradient accumulation from it.
-    local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --kill-on-bad-exit=1 --cpu-bind=none
+    local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"
+        --kill-on-bad-exit=1 --cpu-bind=none
         bash "$MFC_ROOT/examples/slurm_node.sh" torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
         --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id"
         -m megatron_fixedcode.pretrain "${trainer[@]}")
@@ -152,10 +165,11 @@ mfc_launch() {
     local config
     config=$(python -m megatron_fixedcode.pretrain "${trainer[@]}" --dry-run) || exit 2
     if ((dry_run)); then
-        echo "# nodes=$num_nodes gpus_per_node=$gpus_per_node job=$job_id recipe=$RECIPE"
+        echo "# nodes=$num_nodes gpus_per_node=$gpus_per_node cpus_per_task=$cpus_per_task job=$job_id recipe=$RECIPE"
         echo "# env: CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS" \
             "TORCH_NCCL_ASYNC_ERROR_HANDLING=$TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_IB_TIMEOUT=$NCCL_IB_TIMEOUT" \
-            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT"
+            "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT OMP_NUM_THREADS=$OMP_NUM_THREADS" \
+            "MFC_REQUIRE_CUDA=$MFC_REQUIRE_CUDA"
         echo "# command:"
         printf '%q ' "${launch[@]}"
         echo

@@ -51,6 +51,7 @@ def launcher_env(tmp_path: Path, **extra: str) -> dict[str, str]:
         "LOG_DIR": str(tmp_path / "logs"),
         "TENSORBOARD_DIR": "",  # the CPU venv has no tensorboard; the default is checked separately
         "PYTHONWARNINGS": "ignore",
+        "MFC_REQUIRE_CUDA": "0",  # runs here start the trainer on CPU; the launcher's default (1) is checked separately
         **extra,
     })
     return env
@@ -110,6 +111,10 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
         assert flag in torchrun
     assert torchrun[torchrun.index("--rdzv_backend") + 1] == "c10d"
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "8"
+    # srun gives the node's one task its CPUs (srun does not inherit sbatch's --cpus-per-task)
+    srun = command[:command.index("torchrun")]
+    cpus = [a for a in srun if a.startswith("--cpus-per-task=")]
+    assert len(cpus) == 1 and int(cpus[0].split("=")[1]) >= 1
 
     # the trainer's own parser, in this process, with the launcher's environment
     for key in ("FINEWEB_PREFIX", "COSMOPEDIA_PREFIX", "DATA_PATH", "VALID_DATA_PATH", "TOKENIZER"):
@@ -133,6 +138,25 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
     else:
         assert resolved["data_path"] == ["0.8", "/data/fineweb_train_text_document",
                                          "0.2", "/data/cosmopedia_train_text_document"]
+
+
+def test_dry_run_cpus_per_task_and_cuda_requirement(tmp_path):
+    env = launcher_env(tmp_path, SLURM_CPUS_PER_TASK="64", SLURM_GPUS_ON_NODE="8")
+    del env["MFC_REQUIRE_CUDA"]
+    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"], env=env, cwd=ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    command = shlex.split(lines[lines.index("# command:") + 1])
+    assert "--cpus-per-task=64" in command[:command.index("torchrun")]
+    assert "cpus_per_task=64" in lines[0]
+    # the trainer's environment: a rank without a visible GPU refuses to start (exported by default)
+    assert "MFC_REQUIRE_CUDA=1" in out.stdout and "OMP_NUM_THREADS=8" in out.stdout
+    env.update(CPUS_PER_TASK="32", MFC_REQUIRE_CUDA="0")
+    command, _, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], env)
+    assert "--cpus-per-task=32" in command
+    text = (EXAMPLES / "slurm_common.sh").read_text()
+    assert "MFC_REQUIRE_CUDA" in text.split("mfc_log()")[0]  # documented in the header
 
 
 def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_batch(tmp_path):
@@ -189,14 +213,16 @@ def test_recipes_hold_the_spec_numbers():
     expected2 = dict(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192, seq_length=2048,
                      block="llama", lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
                      lr_decay_iters=382_500, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, weight_decay=0.01,
-                     clip_grad=1.0, bf16=True, recompute_granularity="full", micro_batch_size=8,
+                     clip_grad=1.0, bf16=True, recompute_granularity=None, transformer_impl="transformer_engine",
+                     micro_batch_size=8,
                      global_batch_size=128, train_tokens=100_000_000_000, dataset_type="document_windows",
                      samples_per_shard_visit=1024 * 8 * 2, tokenizer_type="HuggingFaceTokenizer", vocab_size=49152)
     assert {k: p2[k] for k in expected2} == expected2
     assert isinstance(p2["train_tokens"], int)
     p1 = recipe("paper1_0p4b_binary.yaml")
     expected1 = dict(num_layers=32, hidden_size=1024, num_attention_heads=32, ffn_hidden_size=4096, seq_length=1024,
-                     block="gpt_gelu", weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536)
+                     block="gpt_gelu", weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536,
+                     transformer_impl="transformer_engine", recompute_granularity="selective")
     assert {k: p1[k] for k in expected1} == expected1
     assert not p1.get("bf16", False) and p1["lr_warmup_iters"] > 0
     assert abs(p1["train_tokens"] - 17.1e9) < 1e8
