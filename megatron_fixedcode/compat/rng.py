@@ -1,7 +1,17 @@
-"""An RNG detour, so that building the learned input table does not shift the backbone's init.
+"""Random streams: megatron's seeding, an RNG detour, and initialisation that does not depend on
+the parallel layout.
 
-With it, learned and fixed-code models built from the same seed get bit-identical backbone
-weights: the input interface is the only difference between the variants.
+* :func:`seed_streams` seeds every stream megatron uses, as Megatron-LM's ``_set_random_seed``
+  does (torch's CPU and CUDA generators, and the tracker's data-parallel, tensor-parallel and
+  expert streams, the tensor-parallel one offset by the TP rank).
+* :func:`seeded_streams` runs a block on freshly seeded streams and then restores every stream,
+  so what the block draws does not shift what comes after it.
+* :func:`layer_init_seed` names the seed of one global transformer layer: building each layer
+  inside ``seeded_streams(layer_init_seed(seed, n))`` gives global layer ``n`` the same initial
+  weights whatever pipeline stage builds it (PP 1, 2, 4 or interleaved), and with
+  ``use_cpu_initialization`` (the CPU path) whatever the TP size too — megatron then draws each
+  full weight and slices it. On GPUs megatron draws TP-sharded weights on each TP rank's own
+  stream, so there init depends on TP (as in Megatron-LM) but not on PP.
 """
 from __future__ import annotations
 
@@ -9,25 +19,35 @@ import contextlib
 import copy
 
 import torch
+from megatron.core import tensor_parallel
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-_DETOUR_SEED_OFFSET = 7919
+_DETOUR_SEED_OFFSET = 7919       # the learned input table's streams (prime: no layer seed equals it)
+_LAYER_SEED_STRIDE = 1009        # global layer n initialises from seed + 1009·n
+PIPELINE_STAGE_SEED_STRIDE = 100  # runtime streams of pipeline stage p: seed + 100·p (Megatron-LM)
+
+
+def seed_streams(seed: int) -> None:
+    """Seed torch's generators and megatron's tracked streams from ``seed``."""
+    torch.manual_seed(seed)
+    tensor_parallel.model_parallel_cuda_manual_seed(seed)
+
+
+def layer_init_seed(seed: int, global_layer_number: int) -> int:
+    """The seed global transformer layer ``global_layer_number`` (1-based) is initialised from."""
+    return seed + _LAYER_SEED_STRIDE * global_layer_number
 
 
 @contextlib.contextmanager
-def rng_detour(seed_offset: int = _DETOUR_SEED_OFFSET):
-    """Run the body on RNG streams derived from the current seed, then restore every stream."""
+def seeded_streams(seed: int):
+    """Run the body on every stream seeded from ``seed``, then restore every stream as it was."""
     tracker = get_cuda_rng_tracker()
     cpu_state = torch.get_rng_state()
     cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
     tracker_states = {k: v.clone() for k, v in tracker.get_states().items()}
     tracker_seeds = copy.copy(tracker.seeds_)
-    base_seed = torch.initial_seed() + seed_offset
     try:
-        torch.manual_seed(base_seed)
-        tracker.reset()
-        for i, name in enumerate(sorted(tracker_states)):
-            tracker.add(name, base_seed + 1 + i)
+        seed_streams(seed)
         yield
     finally:
         torch.set_rng_state(cpu_state)
@@ -35,3 +55,10 @@ def rng_detour(seed_offset: int = _DETOUR_SEED_OFFSET):
             torch.cuda.set_rng_state_all(cuda_states)
         tracker.set_states(tracker_states)
         tracker.seeds_ = tracker_seeds
+
+
+def rng_detour(seed_offset: int = _DETOUR_SEED_OFFSET):
+    """Streams derived from the current seed for the body, then every stream restored: building
+    the learned input table inside it leaves the backbone's init unchanged, so learned and
+    fixed-code models built from one seed get bit-identical backbones."""
+    return seeded_streams(torch.initial_seed() + seed_offset)
