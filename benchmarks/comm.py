@@ -51,7 +51,7 @@ def model_config(shape: dict, inp: str, seq: int) -> ModelConfig:
 
 
 def summarize(counts) -> dict:
-    ops = {k: v for k, v in counts.items() if not k.endswith(":bytes")}
+    ops = {k: v for k, v in counts.items() if not k.endswith(":bytes") and not k.startswith("device:")}
     return {"calls": num_collective_calls(counts), "bytes": sum(v for k, v in counts.items() if k.endswith(":bytes")),
             "ops": ops}
 

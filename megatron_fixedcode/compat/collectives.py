@@ -17,6 +17,14 @@ _COLLECTIVES = (
 )
 
 
+def _tensors(obj) -> list[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [t for o in obj for t in _tensors(o)]
+    return []
+
+
 def _tensor_bytes(obj) -> int:
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
@@ -27,7 +35,8 @@ def _tensor_bytes(obj) -> int:
 
 @contextlib.contextmanager
 def count_collectives():
-    """Yields a Counter of ``{op: calls}`` and ``{op + ':bytes': bytes of the first tensor argument}``."""
+    """Yields a Counter of ``{op: calls}``, ``{op + ':bytes': bytes of the first tensor argument}`` and
+    ``{'device:' + type: tensors}`` for every tensor argument (see :func:`tensor_devices`)."""
     counts: collections.Counter = collections.Counter()
     # Keep the raw class attributes: getattr() would return unbound builtins that lose `self`.
     originals = {name: _ProcessGroup.__dict__[name] for name in _COLLECTIVES if name in _ProcessGroup.__dict__}
@@ -38,6 +47,8 @@ def count_collectives():
         def counted(self, *args, **kwargs):
             counts[name] += 1
             counts[f"{name}:bytes"] += _tensor_bytes(args[0]) if args else 0
+            for tensor in _tensors(list(args)):
+                counts[f"device:{tensor.device.type}"] += 1
             return bound(self, type(self))(*args, **kwargs)
 
         return counted
@@ -52,4 +63,9 @@ def count_collectives():
 
 
 def num_collective_calls(counts: collections.Counter) -> int:
-    return sum(v for k, v in counts.items() if not k.endswith(":bytes"))
+    return sum(v for k, v in counts.items() if not k.endswith(":bytes") and not k.startswith("device:"))
+
+
+def tensor_devices(counts: collections.Counter) -> dict[str, int]:
+    """``{device type: tensors handed to collectives}`` from a :func:`count_collectives` Counter."""
+    return {k.split(":", 1)[1]: v for k, v in counts.items() if k.startswith("device:")}

@@ -46,6 +46,26 @@ class ParallelLayout:
         return world_size // self.model_parallel_size
 
 
+def runtime_device() -> torch.device:
+    """Where the model, batches and every collective's tensors live: this rank's GPU
+    (``torch.cuda.current_device()``) when CUDA is used, else the CPU."""
+    return torch.device("cuda", torch.cuda.current_device()) if torch.cuda.is_available() else torch.device("cpu")
+
+
+def describe_runtime() -> str:
+    """One line: which runtime this process uses, and why the CPU one when it is chosen."""
+    if torch.cuda.is_available():
+        index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
+        return (f"runtime: CUDA + NCCL on {torch.cuda.get_device_name(index)} "
+                f"({torch.cuda.device_count()} visible; torch {torch.__version__}, CUDA {torch.version.cuda})")
+    if torch.version.cuda is None:
+        why = f"torch {torch.__version__} is a CPU-only build"
+    else:
+        why = (f"torch {torch.__version__} has CUDA {torch.version.cuda} but sees no GPU "
+               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s})")
+    return f"runtime: CPU + gloo, megatron-core patched for CPU (compat/cpu.py): {why}"
+
+
 def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: int = 600) -> ProcessGroupCollection:
     """Start torch.distributed from torchrun's environment (NCCL on GPUs, gloo on CPU), build
     megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1."""

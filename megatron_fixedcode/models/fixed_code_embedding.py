@@ -4,7 +4,10 @@
 Shape legend: B batch, S sequence (S_local = this rank's shard), K code bits, H hidden size.
 
 Under sequence parallelism each tensor-parallel rank computes the code of only the positions it
-owns; under context parallelism the ids are already this rank's chunk. Nothing is communicated.
+owns; under context parallelism the ids are already this rank's chunks (the trainer's forward step
+cuts the batch with ``training.batches.split_for_context_parallel``). Nothing is communicated.
+The bit tables are buffers: ``module.to(device)`` takes them along, and the forward runs on the
+ids' device (the compiled kernel for CPU ids, torch ops for CUDA ids).
 """
 from __future__ import annotations
 

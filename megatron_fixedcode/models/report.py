@@ -5,6 +5,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.process_groups_config import ProcessGroupCollection
 
+from megatron_fixedcode.compat import runtime_device
 from megatron_fixedcode.models.config import ModelConfig
 
 
@@ -28,7 +29,9 @@ def parameter_report(
     """Whole-model counts (summed over the model-parallel group) and the table's per-rank bytes."""
     counts = _local_counts(chunks, pg_collection.tp.rank())
     if dist.is_initialized() and pg_collection.mp.size() > 1:
+        counts = counts.to(runtime_device())  # NCCL reduces GPU tensors only
         dist.all_reduce(counts, group=pg_collection.mp)
+        counts = counts.cpu()
     tp = pg_collection.tp.size()
     table_params = cfg.padded_vocab_size(tp) * cfg.hidden_size
     # fp32 AdamW: weight 4 + grad 4 + exp_avg 4 + exp_avg_sq 4 bytes; bf16 adds an fp32 master copy.

@@ -1,7 +1,9 @@
 """One pass of megatron-core's pipeline schedule over a list of microbatches.
 
 A microbatch is a dict with ``tokens``, ``labels``, ``loss_mask`` ``[b, s]`` and optionally
-``position_ids``. The loss is the mean next-token NLL over all loss-mask positions of the batch.
+``position_ids``, as collated (on the CPU, pinned on GPU runs); the forward step moves it to the
+model's device and, under context parallelism, keeps this rank's positions. The loss is the mean
+next-token NLL over all loss-mask positions of the batch.
 """
 from __future__ import annotations
 
@@ -10,6 +12,9 @@ from typing import Iterable
 
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
+
+from megatron_fixedcode.compat import runtime_device
+from megatron_fixedcode.training.batches import split_for_context_parallel, to_device
 
 
 def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):
@@ -20,13 +25,13 @@ def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):
     return total, num_tokens, {"lm loss": torch.stack([total.detach(), num_tokens.float()])}
 
 
-def gpt_forward_step(data_iterator, model):
-    batch = next(data_iterator)
-    tokens_BS = batch["tokens"]
-    position_ids = batch.get("position_ids")
-    if position_ids is None:
-        position_ids = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
-    output_BS = model(tokens_BS, position_ids, None, labels=batch["labels"])
+def gpt_forward_step(data_iterator, model, *, device: torch.device | None = None, cp_size: int = 1, cp_rank: int = 0):
+    batch = to_device(next(data_iterator), runtime_device() if device is None else device)
+    if batch.get("position_ids") is None:
+        tokens_BS = batch["tokens"]
+        batch["position_ids"] = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
+    batch = split_for_context_parallel(batch, cp_size, cp_rank)
+    output_BS = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output_BS, functools.partial(_loss_func, batch["loss_mask"].float())
 
 
@@ -39,19 +44,23 @@ def forward_backward(
     micro_batch_size: int,
     forward_only: bool = False,
     pg_collection=None,
+    device: torch.device | None = None,
 ) -> tuple[float, int] | None:
-    """Run the schedule; on the last pipeline stage return (summed NLL, token count), else None."""
+    """Run the schedule; on the last pipeline stage return (summed NLL, token count), else None.
+    ``seq_length`` is the full sequence: under context parallelism each rank runs its share."""
     microbatches = list(microbatches)
     num_chunks = len(model_chunks)
     # Every virtual stage reads the same microbatch stream.
     iterators = [iter(microbatches) for _ in range(num_chunks)] if num_chunks > 1 else iter(microbatches)
     schedule = get_forward_backward_func()
+    cp = pg_collection.cp if pg_collection is not None else None
+    cp_size, cp_rank = (cp.size(), cp.rank()) if cp is not None else (1, 0)
     losses = schedule(
-        forward_step_func=gpt_forward_step,
+        forward_step_func=functools.partial(gpt_forward_step, device=device, cp_size=cp_size, cp_rank=cp_rank),
         data_iterator=iterators,
         model=model_chunks if num_chunks > 1 else model_chunks[0],
         num_microbatches=num_microbatches,
-        seq_length=seq_length,
+        seq_length=seq_length // cp_size,
         micro_batch_size=micro_batch_size,
         forward_only=forward_only,
     )

@@ -1,4 +1,5 @@
-"""Build this rank's model chunks (pipeline stages) and wrap them in megatron-core's DDP."""
+"""Build this rank's model chunks (pipeline stages), put them on the runtime device and wrap them
+in megatron-core's DDP — the order of Megatron-LM's ``get_model``."""
 from __future__ import annotations
 
 import contextlib
@@ -10,7 +11,7 @@ from megatron.core.process_groups_config import ProcessGroupCollection
 from megatron.core.transformer.module import Float16Module
 from megatron.core.transformer.transformer_config import TransformerConfig
 
-from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.compat import ParallelLayout, runtime_device
 from megatron_fixedcode.models import ModelConfig, build_gpt_model
 
 
@@ -24,8 +25,13 @@ def build_model_chunks(
     use_distributed_optimizer: bool = False,
     overlap_grad_reduce: bool = False,
     overlap_param_gather: bool = False,
+    device: torch.device | str | None = None,
 ) -> list[torch.nn.Module]:
     """One chunk per virtual pipeline stage; the first stage embeds, the last has the head.
+
+    Every parameter and buffer (the fixed code's tables too) goes to ``device`` (default: the
+    runtime device, ``torch.cuda.current_device()`` on GPUs) before the FP16 and DDP wrappers,
+    which allocate their buffers next to the parameters.
 
     With ``config.fp8_param`` the TE weights are created in FP8 (TE's ``fp8_model_init``, through
     megatron's ``get_fp8_context(is_init=True)``) and the distributed optimizer gathers them in FP8.
@@ -45,6 +51,8 @@ def build_model_chunks(
                     vp_stage=vp_stage if layout.virtual_pipeline_model_parallel_size else None,
                 )
             )
+    device = runtime_device() if device is None else torch.device(device)
+    chunks = [chunk.to(device) for chunk in chunks]
     if config.bf16 or config.fp16:
         # BF16 compute on BF16 weights; the optimizer keeps FP32 master weights.
         chunks = [Float16Module(config, chunk) for chunk in chunks]
