@@ -107,7 +107,7 @@ def test_dry_run_shows_the_te_fields(capsys):
                                      "tp_comm_overlap", "transformer_impl")} == {
         "fp8_format": "hybrid", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024,
         "fp8_amax_compute_algo": "max", "fp8_param_gather": True, "overlap_grad_reduce": True,
-        "overlap_param_gather": True, "tp_comm_overlap": False, "transformer_impl": "auto"}
+        "overlap_param_gather": True, "tp_comm_overlap": False, "transformer_impl": "transformer_engine"}
 
 
 def test_transformer_config_gets_the_fp8_fields_and_the_code_stays_bf16(monkeypatch):

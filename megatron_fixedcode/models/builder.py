@@ -22,11 +22,23 @@ from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedd
 logger = logging.getLogger(__name__)
 
 
-TE_INSTALL_HINT = (
-    "install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
-    "'transformer_engine[pytorch]>=2.9,<2.12' (builds against the installed torch; or use an NGC PyTorch "
-    "container, which ships it)"
-)
+def supported_te_range(mcore_version: str) -> str:
+    """The Transformer Engine releases a megatron-core line is built and tested against
+    (its package metadata and CI pins; docs/SCALING.md has the table)."""
+    major_minor = tuple(int(x) for x in mcore_version.split(".")[:2])
+    return ">=2.16,<2.18" if major_minor >= (0, 19) else ">=2.9,<2.12"
+
+
+def _te_install_hint() -> str:
+    from megatron.core import __version__ as mcore_version
+
+    return ("install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
+            f"'transformer_engine[pytorch]{supported_te_range(mcore_version)}' (the range megatron-core "
+            f"{mcore_version} supports; it builds against the installed torch; or use an NGC PyTorch "
+            "container, which ships it)")
+
+
+TE_INSTALL_HINT = _te_install_hint()
 
 
 def transformer_engine_available() -> bool:
@@ -41,7 +53,16 @@ def use_transformer_engine(cfg: ModelConfig) -> bool:
         what = f"fp8={cfg.fp8!r}" if cfg.fp8 else "transformer_impl='transformer_engine'"
         where = "a CUDA GPU and Transformer Engine" if not torch.cuda.is_available() else "Transformer Engine"
         raise ValueError(f"{what} needs {where}: {TE_INSTALL_HINT}; use transformer_impl='local' without FP8 otherwise")
+    if cfg.transformer_impl == "auto" and torch.cuda.is_available() and not te_available:
+        _warn_once("transformer_impl=auto on a GPU without Transformer Engine: building megatron-core's local "
+                   "layers (no FP8, no fused attention). Name transformer_engine to require TE, or local to "
+                   f"choose these layers; {TE_INSTALL_HINT}")
     return wants_te or (cfg.transformer_impl == "auto" and te_available)
+
+
+@functools.cache
+def _warn_once(message: str) -> None:
+    logger.warning("%s", message)
 
 
 def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrides) -> TransformerConfig:

@@ -85,6 +85,17 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
                    help="overlap the distributed optimizer's parameter all-gather with the next forward")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
+    g = p.add_argument_group("GPU kernel fusions and TF32 (Megatron-LM's defaults: on where this machine has "
+                             "the kernel; ignored on CPU)")
+    for flag, dest, what in (
+        ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion", "weight-gradient GEMM accumulating into main_grad (apex)"),
+        ("--no-bias-swiglu-fusion", "bias_swiglu_fusion", "fused SwiGLU (SwiGLU blocks; a bias-free GELU has none)"),
+        ("--no-bias-dropout-fusion", "bias_dropout_fusion", "fused bias-dropout-add"),
+        ("--no-rope-fusion", "rope_fusion", "fused RoPE (Transformer Engine)"),
+        ("--no-masked-softmax-fusion", "masked_softmax_fusion", "fused scale-mask-softmax of the local attention"),
+        ("--no-tf32", "tf32", "TF32 tensor cores for FP32 matmuls and convolutions"),
+    ):
+        g.add_argument(flag, dest=dest, action="store_false", help=f"turn off: {what}")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:

@@ -101,3 +101,43 @@ def params_synced(chunks: list[torch.nn.Module]):
     finally:
         for chunk in overlapped:
             chunk.enable_forward_pre_hook()
+
+
+def _importable(module: str) -> bool:
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit: bool) -> dict[str, bool]:
+    """TransformerConfig fusion fields as Megatron-LM sets them on GPUs: each on unless its
+    ``--no-...`` flag is given or this machine lacks the kernel (then off, and the log says so).
+    Empty on CPU, where ``cpu_transformer_config_overrides`` turns them all off."""
+    if not torch.cuda.is_available():
+        return {}
+    wanted_and_available = {
+        # megatron's output layer (a ColumnParallelLinear even with TE layers) needs apex's kernel
+        "gradient_accumulation_fusion": (a.gradient_accumulation_fusion, _importable("fused_weight_gradient_mlp_cuda")),
+        # megatron refuses the bias-activation fusion for a bias-free GELU MLP; SwiGLU has its fused kernel
+        "bias_activation_fusion": (a.bias_swiglu_fusion, gated_linear_unit),
+        "bias_dropout_fusion": (a.bias_dropout_fusion, True),
+        "apply_rope_fusion": (a.rope_fusion, _importable("transformer_engine")),
+        # only the local attention uses it; TE attention (flash / cuDNN fused) always fuses
+        "masked_softmax_fusion": (a.masked_softmax_fusion, te_layers or _importable("scaled_masked_softmax_cuda")),
+    }
+    settings = {}
+    for field, (wanted, available) in wanted_and_available.items():
+        settings[field] = wanted and available
+        if wanted and not available:
+            logger.info("%s off: this machine lacks its kernel", field)
+    return settings
+
+
+def configure_tf32(a: argparse.Namespace) -> bool:
+    """Let FP32 matmuls and convolutions use TF32 tensor cores (on unless --no-tf32). Returns it."""
+    if not torch.cuda.is_available():
+        return False
+    torch.backends.cuda.matmul.allow_tf32 = a.tf32
+    torch.backends.cudnn.allow_tf32 = a.tf32
+    return a.tf32

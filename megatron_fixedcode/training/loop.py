@@ -24,10 +24,20 @@ import torch.distributed as dist
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
-from megatron_fixedcode.compat import destroy_distributed, initialize_distributed, parallel_ranks
+from megatron_fixedcode.compat import (
+    describe_runtime,
+    destroy_distributed,
+    initialize_distributed,
+    parallel_ranks,
+    runtime_device,
+)
+from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.data import DataConfig, build_datasets
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
+from megatron_fixedcode.models.builder import use_transformer_engine
+from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.models.report import model_flops_per_token
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.training import checkpointing
@@ -35,6 +45,8 @@ from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.forward_backward import forward_backward
 from megatron_fixedcode.training.gpu_features import (
     check_gpu_features,
+    configure_tf32,
+    fusion_settings,
     initialize_tp_comm_overlap,
     params_synced,
     use_fused_adamw,
@@ -59,28 +71,41 @@ class _ExitRequest:
         self.flag = True
 
 
-def _any_rank(flag: bool) -> bool:
-    t = torch.tensor([1.0 if flag else 0.0])
+def _any_rank(flag: bool, device: torch.device) -> bool:
+    t = torch.tensor([1.0 if flag else 0.0], device=device)
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return bool(t.item())
 
 
-def _global_sum(values: list[float]) -> list[float]:
-    """Sum over every rank; callers zero the entries a rank does not own (e.g. non-last stages)."""
-    t = torch.tensor(values, dtype=torch.float64)
+def _global_sum(values: list[float], device: torch.device) -> list[float]:
+    """Sum over every rank; callers zero the entries a rank does not own (e.g. non-last stages).
+    The tensor lives on ``device``: NCCL takes only GPU tensors."""
+    t = torch.tensor(values, dtype=torch.float64, device=device)
     dist.all_reduce(t)
     return t.tolist()
 
 
+REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
+NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
+                         "(check the allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); "
+                         "refusing to train on the CPU")
+CONTEXT_PARALLEL_UNPROVEN = ("--context-parallel-size > 1 is refused until its parity with CP 1 has been measured on a "
+                             "GPU (the batch split is in place and tested; TE attention under CP is not yet)")
+
+
 def _check_runtime(cfg: PretrainConfig) -> None:
+    if os.environ.get(REQUIRE_CUDA_ENV) == "1" and not torch.cuda.is_available():
+        raise ValueError(NO_GPU_UNDER_LAUNCHER)
     check_gpu_features(cfg.args)  # first: its message says what to install
+    if cfg.layout.context_parallel_size > 1:
+        raise ValueError(CONTEXT_PARALLEL_UNPROVEN)
     if not torch.cuda.is_available():
         if cfg.args.bf16:
             raise ValueError("--bf16 needs a GPU; on CPU training runs in FP32 (drop --bf16)")
-        if cfg.layout.context_parallel_size > 1:
-            raise ValueError("--context-parallel-size > 1 needs Transformer Engine attention on GPUs")
         if cfg.optim.use_distributed_optimizer:
             raise ValueError("--use-distributed-optimizer is supported on GPUs only (megatron checks CUDA tensor types)")
+    elif cfg.args.code_kernel == "fused":
+        raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
     require_logging_backends(cfg.logging)
 
 
@@ -90,6 +115,7 @@ class Trainer:
         self.cfg = cfg
         self.pg = initialize_distributed(cfg.layout, seed=a.seed)
         self.ranks = parallel_ranks()
+        self.device = runtime_device()
         # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
         # GPT index reads it; our datasets never mask on it).
         self.tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
@@ -103,13 +129,19 @@ class Trainer:
         self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
         self.max_steps = cfg.schedule.max_steps(self.global_batch)
         self._check_resume_compatible()
-        torch.manual_seed(a.seed)
+        seed_streams(a.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
         initialize_tp_comm_overlap(a)
-        config = build_transformer_config(self.model_cfg, cfg.layout, **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
+        self.fusions = fusion_settings(a, te_layers=use_transformer_engine(self.model_cfg),
+                                       gated_linear_unit=BLOCKS[self.model_cfg.block]["gated_linear_unit"])
+        self.tf32 = configure_tf32(a)
+        config = build_transformer_config(self.model_cfg, cfg.layout, **self.fusions,
+                                          **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
         self.chunks = build_model_chunks(self.model_cfg, config, cfg.layout, self.pg,
                                          use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
                                          overlap_grad_reduce=a.overlap_grad_reduce,
                                          overlap_param_gather=a.overlap_param_gather)
+        # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
+        seed_streams(a.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
         self.report = parameter_report(self.model_cfg, [checkpointing._unwrap(c) for c in self.chunks], self.pg)
         o = cfg.optim
         self.optimizer = get_megatron_optimizer(
@@ -183,19 +215,21 @@ class Trainer:
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
         a = self.cfg.args
-        return [fetch_microbatch(dataset, rank_microbatch_indices(
-                    step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
-                    dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
-                for m in range(self.num_microbatches)]
+        batches = [fetch_microbatch(dataset, rank_microbatch_indices(
+                       step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
+                       dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
+                   for m in range(self.num_microbatches)]
+        # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
+        return [pin(b) for b in batches] if self.device.type == "cuda" else batches
 
     def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
         """(mean NLL over the global batch, prediction targets of the global batch)."""
         out = forward_backward(self.chunks, microbatches, num_microbatches=self.num_microbatches,
                                seq_length=self.cfg.args.seq_length, micro_batch_size=self.cfg.args.micro_batch_size,
-                               forward_only=forward_only)
+                               forward_only=forward_only, pg_collection=self.pg, device=self.device)
         # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
         owns = out is not None and self.ranks["tp_rank"] == 0
-        total, count = _global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0])
+        total, count = _global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0], self.device)
         return total / count, count
 
     def train_step(self) -> dict:
@@ -244,6 +278,8 @@ class Trainer:
         cmd = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "convert_checkpoint_to_hf.py"),
                "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
+        env["CUDA_VISIBLE_DEVICES"] = ""
         self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
         logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
 
@@ -264,6 +300,9 @@ class Trainer:
             logger.info(format_parameter_report(self.report))
             logger.info("layers: %s%s; optimizer: %s", self.chunks[0].config.transformer_impl,
                         f", FP8 {a.fp8_format}/{a.fp8_recipe}" if a.fp8_format else "", self.optimizer_kind)
+            if self.device.type == "cuda":
+                on = [k for k, v in self.fusions.items() if v]
+                logger.info("GPU fusions: %s; TF32 %s", ", ".join(on) or "none", "on" if self.tf32 else "off")
             logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
                         self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
                         self.max_steps, self.step)
@@ -288,7 +327,7 @@ class Trainer:
                 record.update(self.evaluate())
             sink.record(record)
             timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
-            stop = _any_rank(exit_request.flag or timed_out) or (ck.exit_interval and self.step >= ck.exit_interval)
+            stop = _any_rank(exit_request.flag or timed_out, self.device) or (ck.exit_interval and self.step >= ck.exit_interval)
             if ck.save and ((ck.save_interval and self.step % ck.save_interval == 0) or stop or self.step == self.max_steps):
                 self.save(final=stop or self.step == self.max_steps)
                 saved_at = self.step
@@ -308,6 +347,8 @@ class Trainer:
 def run_pretraining(cfg: PretrainConfig) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines drown ours
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.info("%s", describe_runtime())
     try:
         _check_runtime(cfg)
     except ValueError as e:
