@@ -254,38 +254,44 @@ def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
             missing["bias_activation_fusion"]) == (False, False, False, True)
 
 
-# --- on a CUDA machine (scripts/gpu_check.sh runs these) ---------------------------------------------
+# --- the real trainer, one step: CPU here, CUDA on a GPU machine (scripts/gpu_check.sh) -----------
+
+DEVICE_WORKER = REPO / "tests" / "distributed" / "device_worker.py"
+
+
+def _one_step_placement(tmp_path, variant: str, *flags: str) -> dict:
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from tests.pretrain_helpers import TINY, data_args, write_corpus
+
+    out = tmp_path / "placement.json"
+    cmd = [sys.executable, str(DEVICE_WORKER), str(out), "--", *TINY, *data_args(write_corpus(tmp_path), "gpt"),
+           "--train-iters", "2", "--input-embedding", variant, *flags]
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return json.loads(out.read_text())
+
+
+def _assert_all_on(placement: dict, device: str) -> None:
+    assert placement["trainer_device"].startswith(device)
+    assert placement["tensor_devices"] == [placement["trainer_device"]] and placement["num_tensors"] > 0
+    assert placement["input_devices"] == [placement["trainer_device"]]  # tokens, position ids, labels
+    assert placement["collective_devices"] and set(placement["collective_devices"]) == {device}
+    assert 6.0 < placement["loss"] < 8.0  # ln(1024) = 6.93 at init: the step really ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU runtime's placement")
+def test_one_training_step_keeps_everything_on_the_cpu_runtime(tmp_path):
+    _assert_all_on(_one_step_placement(tmp_path, "binary"), "cpu")
+
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("variant", ["learned", "binary", "gf2"])
-def test_one_training_step_keeps_everything_on_the_gpu(tmp_path, variant, monkeypatch):
-    """A real Trainer on CUDA (world of one, NCCL): after a step every parameter, buffer, the batch
-    the model saw and every tensor given to a collective are on this GPU."""
-    import os
-
-    from megatron_fixedcode.compat import destroy_distributed
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
-    from megatron_fixedcode.training.loop import Trainer
-    from tests.pretrain_helpers import TINY, data_args, write_corpus
-
-    for k, v in {"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "0", "MASTER_ADDR": "127.0.0.1",
-                 "MASTER_PORT": str(29500 + os.getpid() % 1000)}.items():
-        monkeypatch.setenv(k, v)
-    cfg = parse_pretrain_args([*TINY, *data_args(write_corpus(tmp_path), "gpt"), "--train-iters", "2", "--bf16",
-                               "--transformer-impl", "local", "--input-embedding", variant])
-    trainer = Trainer(cfg)
-    try:
-        seen = []
-        chunk = trainer.chunks[0]
-        hook = chunk.register_forward_pre_hook(lambda m, args: seen.extend(a.device for a in args if torch.is_tensor(a)))
-        with count_collectives() as counts:
-            trainer.train_step()
-        hook.remove()
-        device = trainer.device
-        assert device.type == "cuda"
-        tensors = dict(chunk.named_parameters()) | dict(chunk.named_buffers())
-        assert {n: t.device for n, t in tensors.items() if t.device != device} == {}
-        assert seen and set(seen) == {device}
-        assert set(tensor_devices(counts)) == {"cuda"}
-    finally:
-        destroy_distributed()
+def test_one_training_step_keeps_everything_on_the_gpu(tmp_path, variant):
+    """BF16, local layers, a world of one on NCCL: every parameter, buffer, model input and
+    collective tensor on this GPU after a real step."""
+    _assert_all_on(_one_step_placement(tmp_path, variant, "--bf16", "--transformer-impl", "local"), "cuda")
