@@ -290,8 +290,8 @@ def test_one_training_step_keeps_everything_on_the_cpu_runtime(tmp_path):
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("variant", ["learned", "binary", "gf2"])
-def test_one_training_step_keeps_everything_on_the_gpu(tmp_path, variant):
+def test_one_training_step_keeps_everything_on_the_gpu(tmp_path):
     """BF16, local layers, a world of one on NCCL: every parameter, buffer, model input and
-    collective tensor on this GPU after a real step."""
-    _assert_all_on(_one_step_placement(tmp_path, variant, "--bf16", "--transformer-impl", "local"), "cuda")
+    collective tensor on this GPU after a real step (gpu_check's bench also records the placement
+    of learned, binary and gf2 at the paper-2 block size)."""
+    _assert_all_on(_one_step_placement(tmp_path, "gf2", "--bf16", "--transformer-impl", "local"), "cuda")
