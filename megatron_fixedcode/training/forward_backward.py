@@ -47,7 +47,7 @@ def forward_backward(
     device: torch.device | None = None,
 ) -> tuple[float, int] | None:
     """Run the schedule; on the last pipeline stage return (summed NLL, token count), else None.
-    ``seq_length`` is the full sequence: under context parallelism each rank runs its share."""
+    ``seq_length`` is the full sequence; under context parallelism each rank runs its share."""
     microbatches = list(microbatches)
     num_chunks = len(model_chunks)
     # Every virtual stage reads the same microbatch stream.
@@ -60,7 +60,7 @@ def forward_backward(
         data_iterator=iterators,
         model=model_chunks if num_chunks > 1 else model_chunks[0],
         num_microbatches=num_microbatches,
-        seq_length=seq_length // cp_size,
+        seq_length=seq_length,  # full length: megatron divides by the CP size for its p2p shapes
         micro_batch_size=micro_batch_size,
         forward_only=forward_only,
     )
