@@ -1,0 +1,206 @@
+"""Exclusive per-path locks for writers (preprocess / merge outputs, the trainer's ``--save``).
+
+A lock is ``fcntl.flock(LOCK_EX | LOCK_NB)`` on a lock file next to (or inside) the path it
+guards. The kernel releases it when the holder's last file descriptor on it closes, which
+includes the holder being killed (``kill -9``), so a lock file left behind by a killed run is
+simply taken over: there is no "stale lock" to clean up by hand and no pid guessing. The lock
+file records who holds it (host, pid, user, command, start time), so a refused second writer
+can name the holder in one line.
+
+Notes:
+
+* ``flock`` works on local filesystems and, on Linux, on NFS (emulated with byte-range locks
+  since 2.6.12). A forked child inherits the lock (same open file description): while a helper
+  forked by the holder is alive the lock stays held — on purpose, as that helper may still be
+  writing. Helpers should die with their parent (``megatron_fixedcode.compat.process``).
+* Two locks on one path in one process also exclude each other (each acquisition opens the
+  file anew), so in-process tests behave like separate runs.
+* On release the lock file is removed while still locked; acquirers check after locking that
+  the file they locked is still the one at the path (else retry), so removal cannot let two
+  holders in.
+
+Usage::
+
+    with PathLock(prefix + ".lock", f"--output-prefix {prefix}"):
+        ...write outputs...
+
+A refusal raises :class:`LockHeld` (a ``ValueError``, so tools turn it into ``error: ...`` and
+exit code 2).
+"""
+
+from __future__ import annotations
+
+import datetime
+import errno
+import fcntl
+import getpass
+import json
+import logging
+import os
+import socket
+import sys
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+SAVE_DIR_LOCK_NAME = ".mfc_save.lock"
+"""Lock file inside a ``--save`` directory (see :func:`lock_save_dir`)."""
+
+
+class LockHeld(ValueError):
+    """Another live process holds the lock; ``str()`` is a one-line message naming it."""
+
+    def __init__(self, message: str, holder: Optional[dict] = None, lock_file: str = "") -> None:
+        super().__init__(message)
+        self.holder = holder or {}
+        self.lock_file = lock_file
+
+
+def _holder_info() -> dict:
+    try:
+        user = getpass.getuser()
+    except Exception:  # no passwd entry in some containers
+        user = str(os.getuid())
+    return {
+        "host": socket.gethostname(),
+        "pid": os.getpid(),
+        "user": user,
+        "command": " ".join([os.path.basename(sys.executable)] + sys.argv)[:500],
+        "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+    }
+
+
+def _read_holder(path: str) -> dict:
+    try:
+        return json.loads(Path(path).read_text() or "{}")
+    except (OSError, ValueError):
+        return {}
+
+
+def describe_holder(holder: dict, held: bool = True) -> str:
+    """``pid 123 on host h (user u), started T, command: ...`` or ``an unknown process``."""
+    if not holder.get("pid"):
+        return "an unknown process (it has not recorded itself yet)"
+    text = f"pid {holder['pid']} on host {holder.get('host', '?')}"
+    if holder.get("user"):
+        text += f" (user {holder['user']})"
+    if holder.get("started"):
+        text += f", started {holder['started']}"
+    if held and holder.get("host") == socket.gethostname() and not _pid_alive(int(holder["pid"])):
+        text += " [that pid has exited; a child process it started still holds the lock]"
+    if holder.get("command"):
+        text += f", command: {holder['command']}"
+    return text
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class PathLock:
+    """An exclusive, non-blocking lock held through ``lock_file``; a context manager.
+
+    ``what`` names the guarded thing in the refusal message, e.g. ``"--output-prefix /d/x"``.
+    """
+
+    def __init__(self, lock_file: str | os.PathLike, what: str = "") -> None:
+        self.lock_file = str(lock_file)
+        self.what = what or self.lock_file
+        self._fd: Optional[int] = None
+        self.took_over: Optional[dict] = None
+        """Holder recorded by a previous run that died holding the lock (if any)."""
+
+    @property
+    def held(self) -> bool:
+        return self._fd is not None
+
+    def acquire(self) -> "PathLock":
+        if self._fd is not None:
+            return self
+        Path(self.lock_file).parent.mkdir(parents=True, exist_ok=True)
+        for _ in range(100):
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise ValueError(f"{self.what}: cannot lock {self.lock_file}: {e.strerror}") from e
+                holder = _read_holder(self.lock_file)
+                raise LockHeld(
+                    f"{self.what} is in use by another run: {describe_holder(holder)} "
+                    f"(lock {self.lock_file}; wait for it to finish or stop it)",
+                    holder, self.lock_file,
+                ) from None
+            try:  # the file we locked must still be the one at the path (see module notes)
+                same = os.stat(self.lock_file).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if not same:
+                os.close(fd)
+                continue
+            break
+        else:  # pragma: no cover - needs 100 lost races
+            raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")
+        previous = _read_holder(self.lock_file)
+        if previous.get("pid"):
+            self.took_over = previous
+            logger.warning("%s: taking over the lock left by a run that ended without releasing it (%s)",
+                           self.what, describe_holder(previous, held=False))
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, (json.dumps(_holder_info()) + "\n").encode(), 0)
+        os.fsync(fd)
+        self._fd = fd
+        return self
+
+    def release(self) -> None:
+        fd, self._fd = self._fd, None
+        if fd is None:
+            return
+        if os.getpid() != _holder_pid(fd):  # a forked child closing its copy must not unlink
+            os.close(fd)
+            return
+        try:
+            os.unlink(self.lock_file)
+        except FileNotFoundError:
+            pass
+        finally:
+            os.close(fd)  # releases the flock
+
+    def __enter__(self) -> "PathLock":
+        return self.acquire()
+
+    def __exit__(self, *exc) -> None:
+        self.release()
+
+    def __del__(self) -> None:  # pragma: no cover - best effort
+        if self._fd is not None:
+            try:
+                os.close(self._fd)
+            except OSError:
+                pass
+
+
+def _holder_pid(fd: int) -> int:
+    try:
+        return int(json.loads(os.pread(fd, 4096, 0).decode() or "{}").get("pid", -1))
+    except (OSError, ValueError):
+        return -1
+
+
+def lock_output_prefix(prefix: str | os.PathLike, flag: str = "--output-prefix") -> PathLock:
+    """Acquire the lock ``<prefix>.lock`` for a writer of ``<prefix>*`` outputs."""
+    return PathLock(f"{prefix}.lock", f"{flag} {prefix}").acquire()
+
+
+def lock_save_dir(save_dir: str | os.PathLike) -> PathLock:
+    """Acquire the lock of a checkpoint directory: ``<save_dir>/.mfc_save.lock`` (the
+    directory is created). Hold it for the whole training run on every rank-0 of a job."""
+    return PathLock(Path(save_dir) / SAVE_DIR_LOCK_NAME, f"--save {save_dir}").acquire()
