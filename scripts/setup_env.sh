@@ -82,8 +82,16 @@ setup_py312() {
     else
         stage "install torch==$TORCH_VERSION" "$vpy" -m pip install -q "torch==$TORCH_VERSION"
     fi
-    stage "install this package [dev] with megatron-core==$MCORE_PY312" \
-        "$vpy" -m pip install -q -e ".[dev]" "megatron-core==$MCORE_PY312" "torch==$TORCH_VERSION"
+    # reinstall only when pyproject.toml, the pins or the checkout's location changed since the last run
+    local stamp="$venv/.mfc-installed" want
+    want="$(sha256sum pyproject.toml | cut -c1-64) $MCORE_PY312 $TORCH_VERSION $PWD"
+    if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
+        echo "setup_env: this package [dev] already installed from $PWD (pyproject.toml unchanged)" >&2
+    else
+        stage "install this package [dev] with megatron-core==$MCORE_PY312" \
+            "$vpy" -m pip install -q -e ".[dev]" "megatron-core==$MCORE_PY312" "torch==$TORCH_VERSION"
+        echo "$want" > "$stamp"
+    fi
     # a reused venv keeps its megatron-core unless asked: pick up a newer release of the series
     stage "megatron-core: newest $MCORE_PY312" "$vpy" -m pip install -q -U "megatron-core==$MCORE_PY312" "torch==$TORCH_VERSION"
     "$vpy" - <<'PYEOF' >&2
