@@ -64,3 +64,100 @@ def test_lock_of_killed_holder_is_taken_over(tmp_path):
     lock = lock_save_dir(tmp_path / "ckpt")  # the kernel released the dead holder's flock
     assert lock.took_over["pid"] == holder.pid
     lock.release()
+
+
+@pytest.fixture(scope="module")
+def small_tokenizer(tmp_path_factory) -> str:
+    from megatron_fixedcode.tokenizers import train_bpe_tokenizer
+
+    out = tmp_path_factory.mktemp("bpe")
+    (out / "train.txt").write_text(" ".join(f"doc t{i} word{i % 13}." for i in range(300)), encoding="utf-8")
+    return str(train_bpe_tokenizer([str(out / "train.txt")], 300, str(out / "tok")))
+
+
+def _corpus(path: Path, n: int = 400) -> Path:
+    path.write_text("".join(json.dumps({"id": str(i), "text": f"doc t{i} word{i % 13}. " * (1 + i % 7)}) + "\n"
+                            for i in range(n)))
+    return path
+
+
+_PAUSED_PREPROCESS = """
+    import sys, time
+    from pathlib import Path
+    import megatron_fixedcode.data.preprocess.pipeline as pl
+    orig = pl.iter_chunks
+    def paused(files, cfg):
+        for i, chunk in enumerate(orig(files, cfg)):
+            if i == 1:  # holds the lock and has written part of its outputs
+                Path({ready!r}).touch()
+                while not Path({go!r}).exists():
+                    time.sleep(0.05)
+            yield chunk
+    pl.iter_chunks = paused
+    sys.path.insert(0, "tools")
+    import preprocess_data
+    sys.exit(preprocess_data.main({argv!r}))
+"""
+
+
+def _preprocess_argv(corpus: Path, prefix: Path, tokenizer: str) -> list[str]:
+    return ["--input", str(corpus), "--output-prefix", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
+            "--tokenizer-model", tokenizer, "--append-eod", "--id-key", "id", "--valid-fraction", "0.1",
+            "--chunk-docs", "50"]
+
+
+def test_concurrent_preprocess_on_one_prefix_second_refused_first_complete(tmp_path, small_tokenizer):
+    """Issue 15 item 1: the second writer exits 2 at once naming the holder; the first's outputs
+    are complete and load."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    corpus, prefix = _corpus(tmp_path / "c.jsonl"), tmp_path / "out" / "books"
+    ready, go = tmp_path / "ready", tmp_path / "go"
+    argv = _preprocess_argv(corpus, prefix, small_tokenizer)
+    first = _python(_PAUSED_PREPROCESS.format(ready=str(ready), go=str(go), argv=argv))
+    _wait_for(ready, first)
+    second = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO,
+                            capture_output=True, text=True, timeout=300)
+    go.touch()
+    out, err = first.communicate(timeout=300)
+    assert second.returncode == 2, second.stderr
+    last = second.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: --output-prefix") and f"pid {first.pid} " in last, second.stderr
+    assert "Traceback" not in second.stderr
+    assert first.returncode == 0, err
+    summary = json.loads(Path(f"{prefix}_summary.json").read_text())
+    for split in ("train", "valid"):
+        ds = IndexedDataset(f"{prefix}_{split}_text_document")
+        assert len(ds.document_indices) - 1 == summary["documents"][split]
+        assert int(ds.sequence_lengths.sum()) == summary["tokens"][split]
+    assert summary["documents"]["train"] + summary["documents"]["valid"] == 400
+    assert not Path(f"{prefix}.lock").exists()
+
+
+def test_preprocess_takes_over_lock_of_killed_run(tmp_path, small_tokenizer):
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    corpus, prefix = _corpus(tmp_path / "c.jsonl"), tmp_path / "books"
+    ready = tmp_path / "ready"
+    argv = _preprocess_argv(corpus, prefix, small_tokenizer)
+    killed = _python(_PAUSED_PREPROCESS.format(ready=str(ready), go=str(tmp_path / "never"), argv=argv + ["--workers", "2"]))
+    _wait_for(ready, killed)
+    killed.send_signal(signal.SIGKILL)
+    killed.wait()
+    assert Path(f"{prefix}.lock").exists()  # left behind by the killed run
+    rerun = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO,
+                           capture_output=True, text=True, timeout=300)
+    assert rerun.returncode == 0, rerun.stderr  # its pool workers died with it: lock free
+    assert "taking over the lock" in rerun.stderr
+    assert len(IndexedDataset(f"{prefix}_train_text_document").document_indices) > 1
+
+
+def test_merge_output_locked(tmp_path):
+    from megatron_fixedcode.data.preprocess import merge_datasets
+    from tests.data_helpers import write_indexed_dataset
+
+    a = write_indexed_dataset(tmp_path / "a", [np.arange(1, 5)])
+    with lock_output_prefix(tmp_path / "m"):
+        with pytest.raises(LockHeld, match="is in use by another run"):
+            merge_datasets([a], str(tmp_path / "m"))
+    assert merge_datasets([a], str(tmp_path / "m"))["documents"] == 1

@@ -14,6 +14,7 @@ from typing import Optional
 import numpy as np
 from megatron.core.datasets.indexed_dataset import DType
 
+from megatron_fixedcode.compat.process import die_with_parent
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
 from megatron_fixedcode.data.preprocess.inputs import Chunk
 from megatron_fixedcode.tokenizers import Tokenizer, build_tokenizer
@@ -40,8 +41,15 @@ def sentence_splitter():
         return PunktSentenceTokenizer(), False
 
 
-def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Optional[Tokenizer] = None) -> None:
-    """Per-process state; ``threads`` is set in pool processes, ``tokenizer`` when in-process."""
+def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Optional[Tokenizer] = None,
+                parent_pid: Optional[int] = None) -> None:
+    """Per-process state; ``threads`` is set in pool processes, ``tokenizer`` when in-process.
+
+    A pool process dies with the run (``parent_pid``): a SIGKILLed run leaves no workers
+    behind, and none of them keeps the output lock held.
+    """
+    if parent_pid is not None:
+        die_with_parent(expected_parent=parent_pid)
     if threads is not None:  # pool process: share the cores between workers
         os.environ["RAYON_NUM_THREADS"] = str(threads)
         if threads == 1:  # never switch it on: after a fork the tokenizers library may have turned it off

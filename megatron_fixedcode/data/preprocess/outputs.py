@@ -14,6 +14,8 @@ from typing import Sequence
 import numpy as np
 from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, _IndexReader
 
+from megatron_fixedcode.locks import lock_output_prefix
+
 logger = logging.getLogger(__name__)
 
 
@@ -82,8 +84,14 @@ def find_dataset_prefixes(inputs: Sequence[str], pattern: str = "*") -> list[str
 def merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str = "*") -> dict:
     """Concatenate indexed datasets in order (Megatron-LM ``tools/merge_datasets.py``).
 
-    Returns ``{"inputs", "output_prefix", "dtype", "documents", "tokens"}``.
+    Returns ``{"inputs", "output_prefix", "dtype", "documents", "tokens"}``. Holds the lock
+    ``{output_prefix}.lock`` for the whole merge (a concurrent writer is refused at once).
     """
+    with lock_output_prefix(output_prefix):
+        return _merge_datasets(inputs, output_prefix, pattern)
+
+
+def _merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str) -> dict:
     prefixes = find_dataset_prefixes(inputs, pattern)
     if output_prefix in prefixes:
         raise ValueError(f"--output-prefix {output_prefix} is also an input")

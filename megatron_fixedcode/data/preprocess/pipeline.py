@@ -23,6 +23,7 @@ from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_p
 from megatron_fixedcode.data.preprocess.encode import encode_chunk, init_worker, sentence_splitter
 from megatron_fixedcode.data.preprocess.inputs import expand_inputs, iter_chunks
 from megatron_fixedcode.data.preprocess.outputs import AtomicIndexedOutputs
+from megatron_fixedcode.locks import lock_output_prefix
 from megatron_fixedcode.tokenizers import build_tokenizer
 
 logger = logging.getLogger(__name__)
@@ -91,7 +92,16 @@ class _Progress:
 
 
 def preprocess(cfg: PreprocessConfig) -> dict:
-    """Index ``cfg.input`` into ``.bin/.idx`` per split and key; returns the summary dict."""
+    """Index ``cfg.input`` into ``.bin/.idx`` per split and key; returns the summary dict.
+
+    Holds the exclusive lock ``{output_prefix}.lock`` for the whole run: a second run on the
+    same prefix is refused at once (``LockHeld``, a ``ValueError`` naming the holder).
+    """
+    with lock_output_prefix(cfg.output_prefix):
+        return _preprocess(cfg)
+
+
+def _preprocess(cfg: PreprocessConfig) -> dict:
     files = expand_inputs(cfg.input)
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
     dtype = DType.optimal_dtype(tokenizer.vocab_size)
@@ -110,7 +120,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 3), progress, outputs)
         else:
             threads = max(1, (os.cpu_count() or 1) // cfg.workers)
-            with multiprocessing.get_context("fork").Pool(cfg.workers, init_worker, (cfg, threads)) as pool:
+            with multiprocessing.get_context("fork").Pool(cfg.workers, init_worker, (cfg, threads, None, os.getpid())) as pool:
                 submit = lambda chunk: pool.apply_async(encode_chunk, (chunk,)).get
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 2 * cfg.workers), progress, outputs)
         progress.log(force=True)
