@@ -67,7 +67,7 @@ def load_megatron_checkpoint(root: str | Path, step: int | None = None) -> Loade
         raise ValueError(f"--load {root}: no such directory")
     if root.name.startswith("iter_") and (root / "metadata.json").exists():
         root, step = root.parent, int(root.name[5:])
-    step = checkpointing.resolve_step(str(root), step)
+    step = checkpointing.verified_step(str(root), step)  # refuses bytes changed since the save
     if step is None:
         raise ValueError(f"--load {root}: no complete checkpoint ({checkpointing.LATEST_MARKER} missing)")
     path = checkpointing.checkpoint_dir(root, step)
@@ -92,6 +92,7 @@ def save_megatron_checkpoint(root: str | Path, model: torch.nn.Module, trainer_s
     target.mkdir(parents=True)
     checkpointing._fork_results_queue()
     dist_checkpointing.save({"model": model.sharded_state_dict(), "trainer": trainer_state}, str(target))
+    checkpointing.write_checksums(target)
     checkpointing._fsync_write(Path(root) / checkpointing.LATEST_MARKER, str(step))
     return target
 

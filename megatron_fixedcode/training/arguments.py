@@ -115,6 +115,13 @@ def _add_training(p: argparse.ArgumentParser) -> None:
     g.add_argument("--train-iters", type=int, default=None)
     g.add_argument("--train-tokens", type=int, default=None, help="stop at the first step boundary past this many prediction targets")
     g.add_argument("--seed", type=int, default=1234)
+    g.add_argument("--override-opt-param-scheduler", action="store_true",
+                   help="on resume, use this run's LR schedule flags instead of the checkpoint's")
+    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true",
+                   help="on resume, keep the checkpoint's LR schedule whatever this run's flags say")
+    g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_true",
+                   default=True, help="stop training with an error at a non-finite loss or gradient norm (default)")
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_false")
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
@@ -264,6 +271,15 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--save-interval needs --save")
     if a.lr_decay_iters is not None and a.lr_decay_iters <= a.lr_warmup_iters:
         p.error(f"--lr-decay-iters {a.lr_decay_iters} must exceed --lr-warmup-iters {a.lr_warmup_iters}")
+    if a.override_opt_param_scheduler and a.use_checkpoint_opt_param_scheduler:
+        p.error("give at most one of --override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler")
+    if a.eval_iters < 0:
+        p.error(f"--eval-iters must be >= 0, got {a.eval_iters}")
+    if a.eval_iters == 0 and (a.eval_interval or a.skip_train):
+        p.error("--eval-iters 0 evaluates nothing: give --eval-iters >= 1 with "
+                + ("--skip-train" if a.skip_train else f"--eval-interval {a.eval_interval}") + ", or drop it")
+    if a.eval_interval is not None and a.eval_interval < 1:
+        p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
     _validate_te_and_overlap(a, p)

@@ -4,9 +4,17 @@ Layout: ``SAVE/iter_0000100/`` per checkpoint, ``SAVE/latest_checkpointed_iterat
 the newest *complete* one — written (atomically) only after every rank finished saving, so a
 crash while saving leaves the previous checkpoint as the one that loads. Model weights reshard
 to any TP/PP layout on load; the optimizer is restored when the layout is unchanged.
+
+Integrity: after every rank finished writing, rank 0 records the size and SHA-256 of every file
+of the checkpoint in ``iter_N/checksums.json`` — the last file written before the ``latest``
+marker moves, so the marker covers it. Every load (``--load``, ``--skip-train``, the HF
+converter, ``tools/evaluate.py``) verifies them first and refuses a checkpoint whose bytes
+changed, naming the file and the newest older checkpoint that verifies (``--ckpt-step N``).
 """
 from __future__ import annotations
 
+import hashlib
+import json
 import logging
 import os
 import shutil
@@ -20,6 +28,11 @@ from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 logger = logging.getLogger(__name__)
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
+CHECKSUMS = "checksums.json"
+
+
+class CorruptCheckpoint(ValueError):
+    """A checkpoint whose files do not match the checksums recorded when it was saved."""
 
 
 def checkpoint_dir(root: str | Path, step: int) -> Path:
@@ -81,6 +94,95 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 22), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def write_checksums(target: Path) -> None:
+    """Record size and SHA-256 of every file under ``target`` (call once every rank has written)."""
+    target = Path(target)
+    files = sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
+    manifest = {"algorithm": "sha256",
+                "files": {str(p.relative_to(target)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}}
+    _fsync_write(target / CHECKSUMS, json.dumps(manifest, indent=1, sort_keys=True))
+
+
+def verify_checkpoint(target: str | Path) -> None:
+    """Raise :class:`CorruptCheckpoint` naming the first file whose size or SHA-256 differs from
+    the record (or that is missing). Checkpoints saved before checksums were recorded load with a warning."""
+    target = Path(target)
+    manifest_path = target / CHECKSUMS
+    if not manifest_path.exists():
+        logger.warning("%s: no %s (saved before checksums were recorded): its bytes are not verified", target, CHECKSUMS)
+        return
+    try:
+        files = json.loads(manifest_path.read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise CorruptCheckpoint(f"{manifest_path}: unreadable checksum record ({e})") from None
+    for name, rec in sorted(files.items()):
+        path = target / name
+        if not path.is_file():
+            raise CorruptCheckpoint(f"{path}: missing (recorded in {CHECKSUMS} when the checkpoint was saved)")
+        size = path.stat().st_size
+        if size != rec["size"]:
+            raise CorruptCheckpoint(f"{path}: {size} bytes, {rec['size']} when saved (truncated or overwritten)")
+        if _sha256(path) != rec["sha256"]:
+            raise CorruptCheckpoint(f"{path}: SHA-256 differs from the one recorded when it was saved (corrupt bytes)")
+
+
+def _complete_steps(root: Path) -> list[int]:
+    return sorted((int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit() and (p / "metadata.json").exists()),
+                  reverse=True)
+
+
+def newest_verified_step(root: str | Path, below: int | None = None) -> int | None:
+    """The newest complete checkpoint (older than ``below``) whose checksums verify."""
+    for step in _complete_steps(Path(root)):
+        if below is not None and step >= below:
+            continue
+        try:
+            verify_checkpoint(checkpoint_dir(root, step))
+        except CorruptCheckpoint:
+            continue
+        return step
+    return None
+
+
+def _way_forward(root: str | Path, below: int | None) -> str:
+    good = newest_verified_step(root, below)
+    if good is None:
+        return f"; no older complete checkpoint in {root} verifies"
+    return (f"; the newest complete checkpoint that verifies is {checkpoint_dir(root, good)}: "
+            f"resume from it with --ckpt-step {good}")
+
+
+def verified_step(root: str | Path, step: int | None = None) -> int | None:
+    """:func:`resolve_step`, then verify that checkpoint's files against their recorded checksums.
+    A corrupt or incomplete one is refused naming the file, the newest checkpoint that verifies and
+    the flag that resumes from it. None when ``root`` holds no checkpoint."""
+    try:
+        resolved = resolve_step(str(root), step)
+    except ValueError as e:
+        if step is not None:
+            raise ValueError(f"{e}{_way_forward(root, None)}") from None
+        raise CorruptCheckpoint(f"{e}{_way_forward(root, None)}") from None
+    if resolved is None:
+        return None
+    target = checkpoint_dir(root, resolved)
+    if not (target / "metadata.json").exists():
+        raise CorruptCheckpoint(f"{Path(root) / LATEST_MARKER} names step {resolved} but {target} is not a complete "
+                                f"checkpoint{_way_forward(root, resolved)}")
+    try:
+        verify_checkpoint(target)
+    except CorruptCheckpoint as e:
+        raise CorruptCheckpoint(f"checkpoint {target} is corrupt: {e}{_way_forward(root, resolved)}") from None
+    return resolved
+
+
 def _fork_results_queue() -> None:
     """megatron's async writer collects results through a Manager started with *spawn*, which
     re-imports ``__main__`` (seconds per process, and it needs a main guard); a forked Manager
@@ -111,6 +213,7 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     dist_checkpointing.save(state, str(target))
     dist.barrier()
     if rank == 0:
+        write_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
         _prune(Path(root), keep_last, step)
     dist.barrier()
@@ -136,8 +239,12 @@ def read_trainer_state(root: str, step: int | None = None) -> dict | None:
     step = resolve_step(root, step)
     if step is None:
         return None
-    common = dist_checkpointing.load_common_state_dict(str(checkpoint_dir(root, step)))
-    return common["trainer"]
+    return read_common_state(root, step)["trainer"]
+
+
+def read_common_state(root: str, step: int) -> dict:
+    """The checkpoint's non-sharded state (trainer dict, scheduler state), without a process group."""
+    return dist_checkpointing.load_common_state_dict(str(checkpoint_dir(root, step)))
 
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,

@@ -51,6 +51,9 @@ class ScheduleConfig:
     def from_args(cls, a: argparse.Namespace) -> "ScheduleConfig":
         if a.micro_batch_size < 1:
             raise ValueError(f"--micro-batch-size must be >= 1, got {a.micro_batch_size}")
+        if a.global_batch_size is not None and a.global_batch_size < 1:
+            raise ValueError(f"--global-batch-size must be >= 1, got {a.global_batch_size} "
+                             "(leave it out for micro batch x data-parallel size)")
         if a.global_batch_size is not None and a.global_batch_size % a.micro_batch_size:
             raise ValueError(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size {a.micro_batch_size}")
         if a.train_iters is not None and a.train_iters < 1:
@@ -91,6 +94,8 @@ class CheckpointConfig:
     exit_duration_in_mins: float | None
     exit_signal_handler: bool
     exit_interval: int | None
+    override_opt_param_scheduler: bool = False
+    use_checkpoint_opt_param_scheduler: bool = False
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
@@ -98,7 +103,9 @@ class CheckpointConfig:
             raise ValueError(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
         return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
-                   exit_interval=a.exit_interval)
+                   exit_interval=a.exit_interval,
+                   override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
+                   use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

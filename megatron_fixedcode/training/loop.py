@@ -109,26 +109,207 @@ def _check_runtime(cfg: PretrainConfig) -> None:
     require_logging_backends(cfg.logging)
 
 
+class NonFiniteTraining(RuntimeError):
+    """A non-finite loss or gradient norm (``--check-for-nan-in-loss-and-grad``)."""
+
+
+def _resolve_data_paths(paths: list[str] | None) -> list[str] | None:
+    """Prefixes as absolute, symlink-free paths (blend weights kept): the same files given as a
+    relative or an absolute path compare equal."""
+    if paths is None:
+        return None
+    out = []
+    for p in paths:
+        try:
+            float(p)
+            out.append(p)
+        except ValueError:
+            out.append(os.path.realpath(p))
+    return out
+
+
+def stream_identity(a, global_batch: int, max_steps: int) -> dict:
+    """What fixes the sample stream; a resume must match it to continue exactly."""
+    ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
+             "dataset_type": a.dataset_type, "data_path": _resolve_data_paths(a.data_path),
+             "valid_data_path": _resolve_data_paths(a.valid_data_path)}
+    if a.dataset_type == "document_windows":
+        ident["samples_per_shard_visit"] = a.samples_per_shard_visit
+    else:  # megatron's GPT shuffle is sized by the total number of samples
+        ident["num_train_samples"] = max_steps * global_batch
+    return ident
+
+
+# Fields of the model a checkpoint's weights are shaped by: a resume (or --finetune) must match them.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
+                       "ffn_hidden_size", "block")  # the input interface: its own check below
+# The scheduler's state → the flags that set it.
+SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
+                  "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
+                  "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay"}
+
+
+def scheduler_settings(o, max_steps: int) -> dict:
+    return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": o.lr_warmup_iters,
+            "lr_decay_steps": o.lr_decay_iters or max(max_steps, o.lr_warmup_iters + 1),
+            "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay}
+
+
+def _data_parallel_size(layout) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model_parallel = (layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
+                      * layout.context_parallel_size)
+    if world % model_parallel:
+        raise ValueError(f"world size {world} is not divisible by tensor x pipeline x context parallel size "
+                         f"= {model_parallel}")
+    return world // model_parallel
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """Everything decided before the process group exists: a user error found here is one line
+    on rank 0 and exit code 2 (no traceback per rank)."""
+
+    tokenizer: object
+    model_cfg: object
+    identity: dict
+    dp_size: int
+    global_batch: int
+    max_steps: int
+    load_step: int | None       # the verified checkpoint to resume from (None: start fresh)
+    schedule: dict              # the LR schedule in force
+    schedule_source: str
+
+
+def plan_run(cfg: PretrainConfig) -> RunPlan:
+    a, ck = cfg.args, cfg.checkpoint
+    _check_runtime(cfg)
+    # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
+    # GPT index reads it; our datasets never mask on it).
+    tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
+                 else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
+                                            fingerprint=f"vocab{a.vocab_size}"))
+    model_cfg = cfg.model_config(tokenizer.vocab_size)
+    code = model_cfg.code_spec()
+    identity = {"input_embedding": model_cfg.input_embedding,
+                "code_fingerprint": code.fingerprint if code else "learned",
+                "tokenizer_fingerprint": tokenizer.fingerprint}
+    dp_size = _data_parallel_size(cfg.layout)
+    global_batch = cfg.schedule.resolve_global_batch(dp_size)
+    max_steps = cfg.schedule.max_steps(global_batch)
+    schedule = scheduler_settings(cfg.optim, max_steps)
+    plan = RunPlan(tokenizer=tokenizer, model_cfg=model_cfg, identity=identity, dp_size=dp_size,
+                   global_batch=global_batch, max_steps=max_steps, load_step=None, schedule=schedule,
+                   schedule_source="command line")
+    if ck.load:
+        plan.load_step = _resolve_load(cfg)
+    if plan.load_step is not None:
+        _check_resume_compatible(cfg, plan)
+    return plan
+
+
+def _same_dir(x: str | None, y: str | None) -> bool:
+    return x is not None and y is not None and os.path.realpath(x) == os.path.realpath(y)
+
+
+def _resolve_load(cfg: PretrainConfig) -> int | None:
+    """The verified checkpoint step to load; None only for Megatron-LM's auto-resume convention
+    ``--load X --save X`` with nothing in X yet."""
+    ck = cfg.checkpoint
+    step = checkpointing.verified_step(ck.load, ck.load_step)
+    if step is not None:
+        return step
+    if ck.finetune:
+        raise ValueError(f"--finetune: no complete checkpoint in --load {ck.load}")
+    if _same_dir(ck.load, ck.save):
+        if int(os.environ.get("RANK", "0")) == 0:
+            logger.info("--load %s holds no checkpoint yet: starting fresh (it is also --save)", ck.load)
+        return None
+    what = "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpointing.LATEST_MARKER} missing)"
+    raise ValueError(f"--load {ck.load} {what}; to start fresh drop --load, or give the same directory as --save "
+                     "(resume when a checkpoint is there, start fresh otherwise)")
+
+
+def _check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
+    """Refuse a resume that would not continue the checkpoint's run, naming what differs."""
+    load, a = cfg.checkpoint.load, cfg.args
+    saved = checkpointing.read_trainer_state(load, plan.load_step)
+    where = f"--load {checkpointing.checkpoint_dir(load, plan.load_step)}"
+    now_model = dataclasses.asdict(plan.model_cfg)
+    for field in ARCHITECTURE_FIELDS:
+        before = saved.get("model_config", {}).get(field, now_model[field])
+        if before != now_model[field]:
+            raise ValueError(f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
+                             f"refusing to load weights of another shape (--{field.replace('_', '-')})")
+    ident = saved["identity"]
+    if (ident["input_embedding"], ident["code_fingerprint"]) != (plan.identity["input_embedding"], plan.identity["code_fingerprint"]):
+        raise ValueError(
+            f"{where}: checkpoint was trained with input {ident['input_embedding']} "
+            f"(code {ident['code_fingerprint']}) but this run uses {plan.identity['input_embedding']} "
+            f"(code {plan.identity['code_fingerprint']}); refusing to resume with a different input interface"
+        )
+    if cfg.checkpoint.finetune:
+        return  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+    if "tokenizer_fingerprint" in ident and ident["tokenizer_fingerprint"] != plan.identity["tokenizer_fingerprint"]:
+        rec = saved.get("tokenizer") or {}
+        raise ValueError(
+            f"{where}: checkpoint was trained with tokenizer {rec.get('model') or '(none, --vocab-size)'} "
+            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {a.tokenizer_model or '(none, --vocab-size)'} "
+            f"(fingerprint {plan.identity['tokenizer_fingerprint']}); refusing to resume with another tokenizer "
+            "(to start from these weights with it, give --finetune)")
+    for key, now in stream_identity(a, plan.global_batch, plan.max_steps).items():
+        before = saved.get(key)
+        if key in ("data_path", "valid_data_path"):
+            before = _resolve_data_paths(before)  # checkpoints that recorded them as given
+        if before != now:
+            raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
+                             "the data stream would not continue exactly")
+    _resolve_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+
+
+def _resolve_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:
+    """Megatron-LM's semantics: the checkpoint's schedule and this run's flags must agree, unless
+    --override-opt-param-scheduler (the flags win) or --use-checkpoint-opt-param-scheduler (the checkpoint wins)."""
+    if not saved_schedule:
+        return
+    ck = cfg.checkpoint
+    differ = {k: (saved_schedule[k], v) for k, v in plan.schedule.items() if k in saved_schedule and saved_schedule[k] != v}
+    if not differ:
+        plan.schedule_source = "checkpoint = command line"
+    elif ck.override_opt_param_scheduler:
+        plan.schedule_source = "command line (--override-opt-param-scheduler)"
+    elif ck.use_checkpoint_opt_param_scheduler:
+        plan.schedule.update({k: before for k, (before, _) in differ.items()})
+        plan.schedule_source = "checkpoint (--use-checkpoint-opt-param-scheduler)"
+    else:
+        what = "; ".join(f"{k} {before} in the checkpoint, {now} in this run ({SCHEDULE_FLAGS[k]})"
+                         for k, (before, now) in differ.items())
+        raise ValueError(f"--load {cfg.checkpoint.load}: the LR schedule differs: {what}; give "
+                         "--override-opt-param-scheduler to use this run's values or "
+                         "--use-checkpoint-opt-param-scheduler to keep the checkpoint's")
+
+
+def describe_schedule(schedule: dict, source: str) -> str:
+    return (f"LR schedule in force (from {source}): lr {schedule['max_lr']:g}, min-lr {schedule['min_lr']:g}, "
+            f"warmup {schedule['lr_warmup_steps']} steps, {schedule['lr_decay_style']} decay over "
+            f"{schedule['lr_decay_steps']} steps, weight decay {schedule['start_wd']:g}")
+
+
 class Trainer:
-    def __init__(self, cfg: PretrainConfig):
+    def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None):
         a = cfg.args
         self.cfg = cfg
+        self.plan = plan = plan or plan_run(cfg)
         self.pg = initialize_distributed(cfg.layout, seed=a.seed)
         self.ranks = parallel_ranks()
         self.device = runtime_device()
-        # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
-        # GPT index reads it; our datasets never mask on it).
-        self.tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
-                          else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
-                                                     fingerprint=f"vocab{a.vocab_size}"))
-        self.model_cfg = cfg.model_config(self.tokenizer.vocab_size)
-        code = self.model_cfg.code_spec()
-        self.identity = {"input_embedding": self.model_cfg.input_embedding,
-                         "code_fingerprint": code.fingerprint if code else "learned"}
-        self.global_batch = cfg.schedule.resolve_global_batch(self.ranks["dp_size"])
+        self.tokenizer = plan.tokenizer
+        self.model_cfg = plan.model_cfg
+        self.identity = plan.identity
+        assert plan.dp_size == self.ranks["dp_size"], (plan.dp_size, self.ranks["dp_size"])
+        self.global_batch = plan.global_batch
         self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
-        self.max_steps = cfg.schedule.max_steps(self.global_batch)
-        self._check_resume_compatible()
+        self.max_steps = plan.max_steps
         seed_streams(a.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
         initialize_tp_comm_overlap(a)
         self.fusions = fusion_settings(a, te_layers=use_transformer_engine(self.model_cfg),
@@ -152,11 +333,15 @@ class Trainer:
             self.chunks,
         )
         self.optimizer_kind = use_fused_adamw(self.optimizer)
+        sched = scheduler_settings(o, self.max_steps)  # this run's flags; plan.schedule: what applies on resume
         self.scheduler = OptimizerParamScheduler(
-            self.optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=o.lr, min_lr=o.min_lr,
-            lr_warmup_steps=o.lr_warmup_iters, lr_decay_steps=o.lr_decay_iters or max(self.max_steps, o.lr_warmup_iters + 1),
-            lr_decay_style=o.lr_decay_style, start_wd=o.weight_decay, end_wd=o.weight_decay,
+            self.optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
+            lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
+            lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
             wd_incr_steps=self.max_steps, wd_incr_style="constant",
+            # Mismatches were resolved (or refused) in plan_run: the checkpoint's values load unless overridden.
+            use_checkpoint_opt_param_scheduler=not cfg.checkpoint.override_opt_param_scheduler,
+            override_opt_param_scheduler=cfg.checkpoint.override_opt_param_scheduler,
         )
         self.train_ds, self.valid_ds = build_datasets(
             DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
@@ -167,42 +352,14 @@ class Trainer:
             seed=a.seed,
         )
         self.step, self.tokens = 0, 0
-        if cfg.checkpoint.load:
+        if plan.load_step is not None:
             state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler,
-                                                  cfg.checkpoint.load_step, weights_only=cfg.checkpoint.finetune)
-            if state is None and cfg.checkpoint.finetune:
-                raise ValueError(f"--finetune: no complete checkpoint in --load {cfg.checkpoint.load}")
-            if state is not None and not cfg.checkpoint.finetune:
+                                                  plan.load_step, weights_only=cfg.checkpoint.finetune)
+            if not cfg.checkpoint.finetune:
                 self.step, self.tokens = state["step"], state["tokens"]
 
-    def _check_resume_compatible(self) -> None:
-        load = self.cfg.checkpoint.load
-        saved = checkpointing.read_trainer_state(load, self.cfg.checkpoint.load_step) if load else None
-        if saved is None:
-            return
-        if saved["identity"] != self.identity:
-            raise ValueError(
-                f"--load {load}: checkpoint was trained with input {saved['identity']['input_embedding']} "
-                f"(code {saved['identity']['code_fingerprint']}) but this run uses {self.identity['input_embedding']} "
-                f"(code {self.identity['code_fingerprint']}); refusing to resume with a different input interface"
-            )
-        if self.cfg.checkpoint.finetune:
-            return  # weights only: a new stream starts at step 0
-        for key, now in self._stream_identity().items():
-            if saved.get(key) != now:
-                raise ValueError(f"--load {load}: checkpoint has {key}={saved[key]}, this run {now}; "
-                                 "the data stream would not continue exactly")
-
     def _stream_identity(self) -> dict:
-        """What fixes the sample stream; a resume must match it to continue exactly."""
-        a = self.cfg.args
-        ident = {"global_batch_size": self.global_batch, "seq_length": a.seq_length, "seed": a.seed,
-                 "dataset_type": a.dataset_type, "data_path": a.data_path, "valid_data_path": a.valid_data_path}
-        if a.dataset_type == "document_windows":
-            ident["samples_per_shard_visit"] = a.samples_per_shard_visit
-        else:  # megatron's GPT shuffle is sized by the total number of samples
-            ident["num_train_samples"] = self.max_steps * self.global_batch
-        return ident
+        return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
 
     def trainer_state(self) -> dict:
         r = self.ranks
@@ -238,7 +395,14 @@ class Trainer:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
         loss, targets = self._run(self._microbatches(self.train_ds, self.step), forward_only=False)
+        check = self.cfg.args.check_for_nan_in_loss_and_grad
+        if check and not math.isfinite(loss):  # the same all-reduced value on every rank
+            raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
+                                    "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)")
         _, grad_norm, _ = self.optimizer.step()
+        if check and grad_norm is not None and not math.isfinite(float(grad_norm)):
+            raise NonFiniteTraining(f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {loss}); "
+                                    "stopping before any save (--no-check-for-nan-in-loss-and-grad to train on)")
         self.scheduler.step(increment=1)
         self.step += 1
         self.tokens += int(targets)
@@ -306,6 +470,8 @@ class Trainer:
             logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
                         self.global_batch, a.micro_batch_size, self.num_microbatches, self.ranks["dp_size"],
                         self.max_steps, self.step)
+            sch = self.scheduler  # after loading: the values actually in force
+            logger.info("%s", describe_schedule({k: getattr(sch, k) for k in self.plan.schedule}, self.plan.schedule_source))
         flops_per_token = model_flops_per_token(self.report, a.num_layers, a.hidden_size, a.seq_length)
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
@@ -349,15 +515,21 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines drown ours
     if int(os.environ.get("RANK", "0")) == 0:
         logger.info("%s", describe_runtime())
+    rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
-        _check_runtime(cfg)
-    except ValueError as e:
-        logger.error("%s", e)
+        plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
+    except (ValueError, FileNotFoundError) as e:
+        if rank0:
+            logger.error("%s", e)
         return 2
-    trainer = Trainer(cfg)
+    trainer = Trainer(cfg, plan)
     if trainer.ranks["rank"] != 0:
         logging.getLogger().setLevel(logging.WARNING)
     try:
         return trainer.train()
+    except NonFiniteTraining as e:
+        if trainer.ranks["rank"] == 0:
+            logger.error("%s", e)
+        return 3
     finally:
         destroy_distributed()

@@ -1,0 +1,198 @@
+"""Nothing lost, nothing silently wrong (issue 15): checkpoint checksums verified on every load,
+a way forward from a corrupt latest checkpoint, resume identity (tokenizer, shapes, resolved data
+paths, LR schedule), fresh-start vs missing --load, parse-time validation, non-finite stop."""
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from megatron_fixedcode.training import checkpointing
+from megatron_fixedcode.training.checkpointing import latest_step
+from tests.helpers import REPO
+from tests.pretrain_helpers import data_args, pretrain, write_corpus
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def _tokenizer(root: Path, shift: int) -> str:
+    """A 1024-word WordLevel tokenizer; ``shift`` permutes the words (same size, another tokenizer)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    vocab = {"<|endoftext|>": 0, **{f"w{(i + shift) % 1023}": i + 1 for i in range(1023)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    root.mkdir(parents=True)
+    tok.save(str(root / "tokenizer.json"))
+    return str(root)
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory, corpus):
+    """One short run with --load X --save X and nothing in X yet: saves steps 1 and 2."""
+    root = tmp_path_factory.mktemp("trained")
+    tok = _tokenizer(root / "tok_a", 0)
+    ckpt = str(root / "ckpt")
+    proc = pretrain("--train-iters", "2", "--save-interval", "1", "--load", ckpt, "--save", ckpt,
+                    "--tokenizer-model", tok, *data_args(corpus, "document_windows"))
+    return {"ckpt": ckpt, "tok": tok, "root": root, "log": proc.stdout + proc.stderr}
+
+
+def _common(corpus, *extra):
+    return [*data_args(corpus, "document_windows"), *extra]
+
+
+def _refused(proc, *needles):
+    """A user error: exit 2, one error line (rank 0), no traceback; it names each needle."""
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if " ERROR " in line or line.startswith("error:")]
+    assert len(errors) == 1, errors
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    return errors[0]
+
+
+# --- item 4: --load X --save X starts fresh with one log line; a --load holding nothing is an error
+
+def test_load_equal_to_save_with_nothing_there_starts_fresh_and_says_so(trained):
+    assert trained["log"].count("starting fresh") == 1, trained["log"][-3000:]
+    assert latest_step(trained["ckpt"]) == 2
+
+
+def test_load_that_holds_no_checkpoint_is_an_error(tmp_path, corpus):
+    proc = pretrain("--train-iters", "2", "--load", str(tmp_path / "nowhere"), "--save", str(tmp_path / "out"),
+                    *_common(corpus), check=False)
+    _refused(proc, "--load", "nowhere", "does not exist")
+    assert not (tmp_path / "out").exists()
+
+
+# --- item 2: checksums recorded at save, verified on every load; item 9: the way forward
+
+def test_checksums_cover_every_file_of_a_checkpoint(trained):
+    target = checkpointing.checkpoint_dir(trained["ckpt"], 2)
+    manifest = json.loads((target / checkpointing.CHECKSUMS).read_text())["files"]
+    on_disk = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file() and p.name != checkpointing.CHECKSUMS}
+    assert set(manifest) == on_disk and any(n.endswith(".distcp") for n in manifest)
+
+
+@pytest.fixture
+def corrupt(trained, tmp_path):
+    """A copy of the trained checkpoint with bytes flipped inside the latest step's .distcp shard."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], ckpt)
+    shard = sorted(checkpointing.checkpoint_dir(ckpt, 2).glob("*.distcp"))[0]
+    data = bytearray(shard.read_bytes())
+    for i in range(len(data) // 2, len(data) // 2 + 8):
+        data[i] ^= 0xFF
+    shard.write_bytes(bytes(data))
+    return ckpt, shard
+
+
+def test_corrupt_latest_checkpoint_is_refused_naming_file_and_way_forward(corrupt, trained, corpus):
+    ckpt, shard = corrupt
+    for extra in (["--train-iters", "3", "--save", str(ckpt)], ["--train-iters", "2", "--skip-train"]):
+        proc = pretrain(*extra, "--load", str(ckpt), "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
+        _refused(proc, str(shard), "--ckpt-step 1", str(checkpointing.checkpoint_dir(ckpt, 1)))
+    assert checkpointing.verified_step(ckpt, 1) == 1  # the way forward verifies
+
+
+def test_corrupt_checkpoint_is_refused_by_converter_and_evaluate(corrupt, tmp_path, capsys):
+    ckpt, shard = corrupt
+    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+
+    with pytest.raises(checkpointing.CorruptCheckpoint, match=shard.name):
+        load_megatron_checkpoint(ckpt)
+    import importlib.util
+
+    def tool(name):
+        spec = importlib.util.spec_from_file_location(name, REPO / "tools" / f"{name}.py")
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    assert tool("convert_checkpoint_to_hf").main(["--load", str(ckpt), "--output", str(tmp_path / "hf")]) == 2
+    text = tmp_path / "doc.txt"
+    text.write_text("w1 w2 w3 " * 50)
+    assert tool("evaluate").main(["--load", str(ckpt), "--text-files", str(text)]) == 2
+    err = capsys.readouterr().err
+    assert err.count(str(shard)) == 2 and "--ckpt-step 1" in err
+    assert not (tmp_path / "hf").exists()
+
+
+# --- item 11 / 3: resume refusals name the field; the tokenizer joins the resume identity
+
+@pytest.mark.parametrize("flag,value,field", [("--hidden-size", "128", "hidden_size"),
+                                              ("--vocab-size", "2048", "vocab_size")])
+def test_resume_refusal_names_the_field_that_differs(trained, corpus, flag, value, field):
+    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
+                    flag, value, *_common(corpus), check=False)
+    _refused(proc, field, value)
+
+
+def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corpus, tmp_path):
+    other = _tokenizer(tmp_path / "tok_b", 7)
+    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other,
+                    *_common(corpus), check=False)
+    _refused(proc, "tokenizer", other, "--finetune")
+
+
+# --- item 5: LR schedule on resume; item 11: data paths compared resolved
+
+def test_changed_lr_on_resume_is_refused_naming_the_flag(trained, corpus):
+    proc = pretrain("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
+                    trained["tok"], *_common(corpus), check=False)
+    _refused(proc, "--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler")
+
+
+def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_path):
+    """The same data by a relative path resumes; --override-opt-param-scheduler puts the new --lr
+    (and the longer run's decay) in force, and the start-up log says so."""
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], ckpt)
+    train, valid = (os.path.relpath(p, REPO) for p in corpus)
+    assert not os.path.isabs(train)
+    proc = pretrain("--train-iters", "3", "--lr", "6e-3", "--override-opt-param-scheduler", "--load", str(ckpt),
+                    "--save", str(ckpt), "--tokenizer-model", trained["tok"], "--data-path", train, "--dataset-type",
+                    "document_windows", "--valid-data-path", valid, "--samples-per-shard-visit", "16",
+                    "--metrics-file", str(tmp_path / "m.jsonl"))
+    log = proc.stdout + proc.stderr
+    assert "LR schedule in force (from command line (--override-opt-param-scheduler)): lr 0.006" in log, log[-3000:]
+    assert "decay over 3 steps" in log
+    assert [json.loads(l)["step"] for l in (tmp_path / "m.jsonl").read_text().splitlines()] == [3]
+    assert latest_step(ckpt) == 3
+
+
+# --- item 2 (second half): a non-finite loss stops training before it is saved
+
+def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
+    ckpt = tmp_path / "ckpt"
+    proc = pretrain("--train-iters", "6", "--save", str(ckpt), "--save-interval", "1", "--lr", "1e30",
+                    "--lr-warmup-iters", "0", "--clip-grad", "0", "--vocab-size", "1024", *_common(corpus), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    line = next(l for l in out.splitlines() if " ERROR " in l)
+    failed_step = int(line.split("step ")[1].split(":")[0])
+    assert "--no-check-for-nan-in-loss-and-grad" in line
+    assert (latest_step(ckpt) or 0) < failed_step, (latest_step(ckpt), failed_step)
+
+
+# --- item 10: parse-time validation
+
+@pytest.mark.parametrize("argv,needle", [(["--eval-iters", "0", "--eval-interval", "2"], "--eval-iters 0"),
+                                         (["--global-batch-size", "0"], "--global-batch-size must be >= 1")])
+def test_parse_time_validation(argv, needle, capsys):
+    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from tests.pretrain_helpers import TINY
+
+    with pytest.raises(SystemExit) as e:
+        parse_pretrain_args([*TINY, "--train-iters", "2", "--data-path", "x", *argv])
+    assert e.value.code == 2
+    assert needle in capsys.readouterr().err
