@@ -196,3 +196,15 @@ def test_parse_time_validation(argv, needle, capsys):
         parse_pretrain_args([*TINY, "--train-iters", "2", "--data-path", "x", *argv])
     assert e.value.code == 2
     assert needle in capsys.readouterr().err
+
+
+# --- item 1 (trainer): one job at a time writes a --save directory
+
+def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
+    from megatron_fixedcode.locks import lock_save_dir
+
+    ckpt = tmp_path / "ckpt"
+    with lock_save_dir(ckpt):  # stands for a first job still training into it
+        proc = pretrain("--train-iters", "1", "--save", str(ckpt), *_common(corpus), check=False)
+    _refused(proc, f"--save {ckpt}", "in use by another run", f"pid {os.getpid()}")
+    assert latest_step(ckpt) is None and not list(ckpt.glob("iter_*"))

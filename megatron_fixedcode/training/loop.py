@@ -33,6 +33,7 @@ from megatron_fixedcode.compat import (
 )
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.data import DataConfig, build_datasets
+from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
@@ -516,12 +517,25 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     if int(os.environ.get("RANK", "0")) == 0:
         logger.info("%s", describe_runtime())
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    save_lock = None
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
+        if rank0 and cfg.checkpoint.save:
+            # One job writes a --save directory at a time: a second one is refused naming the holder;
+            # the kernel drops the lock of a killed run, so the next run takes it over.
+            save_lock = lock_save_dir(cfg.checkpoint.save)
     except (ValueError, FileNotFoundError) as e:
         if rank0:
             logger.error("%s", e)
         return 2
+    try:
+        return _train(cfg, plan)
+    finally:
+        if save_lock is not None:
+            save_lock.release()
+
+
+def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
     trainer = Trainer(cfg, plan)
     if trainer.ranks["rank"] != 0:
         logging.getLogger().setLevel(logging.WARNING)
