@@ -48,9 +48,10 @@ def tagged_documents(lengths: list[int], shard: int = 0) -> list[numpy.ndarray]:
 
 
 class StubTokenizer:
-    """The attributes megatron's GPTDataset reads (no text)."""
+    """The attributes megatron's GPTDataset reads (no text). The default vocabulary covers the
+    ids of `tagged_documents` for up to 8 shards (samples are checked against it)."""
 
-    def __init__(self, vocab_size: int = 1 << 20, eod: int = 0) -> None:
+    def __init__(self, vocab_size: int = 1 << 23, eod: int = 0) -> None:
         self.vocab_size = vocab_size
         self.eod = eod
         self.bos = None

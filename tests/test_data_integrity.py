@@ -161,3 +161,76 @@ def test_merge_output_locked(tmp_path):
         with pytest.raises(LockHeld, match="is in use by another run"):
             merge_datasets([a], str(tmp_path / "m"))
     assert merge_datasets([a], str(tmp_path / "m"))["documents"] == 1
+
+
+# --------------------------------------------------------------------------- 6: shard checks
+
+def _build(tmp_path, prefixes, dataset_type, vocab_size, seq=8, valid=None):
+    from megatron_fixedcode.data import DataConfig, build_datasets
+    from tests.data_helpers import StubTokenizer, single_process_group
+
+    cfg = DataConfig(data_path=prefixes, valid_data_path=valid, dataset_type=dataset_type, seq_length=seq,
+                     split="100,0,0", cache_path=str(tmp_path / "cache"))
+    with single_process_group(tmp_path):
+        return build_datasets(cfg, StubTokenizer(vocab_size=vocab_size), num_train_samples=16,
+                              num_valid_samples=0, seed=3)
+
+
+@pytest.mark.parametrize("dataset_type", ["gpt", "document_windows"])
+@pytest.mark.parametrize("damage", ["bin_short", "bin_long", "idx_truncated", "idx_header"])
+def test_damaged_shard_refused_at_startup_naming_it(tmp_path, dataset_type, damage):
+    """Issue 15 item 6: a .bin 2 bytes short (and other index/data mismatches) is refused when
+    the datasets are built, naming the shard, not when the sampler reaches the damage."""
+    from tests.data_helpers import random_documents, write_indexed_dataset
+
+    rng = np.random.default_rng(0)
+    good = write_indexed_dataset(tmp_path / "good", random_documents(rng, [40] * 5, 500))
+    bad = write_indexed_dataset(tmp_path / "bad", random_documents(rng, [40] * 5, 500))
+    if damage == "bin_short":
+        os.truncate(bad + ".bin", os.path.getsize(bad + ".bin") - 2)
+    elif damage == "bin_long":
+        with open(bad + ".bin", "ab") as f:
+            f.write(b"\0" * 4)
+    elif damage == "idx_truncated":
+        os.truncate(bad + ".idx", os.path.getsize(bad + ".idx") - 8)
+    else:
+        with open(bad + ".idx", "r+b") as f:
+            f.write(b"XXXX")
+    with pytest.raises(ValueError, match=rf"^data_path {bad}: .*{'bad.bin' if 'bin' in damage else 'bad.idx'}"):
+        _build(tmp_path, [good, bad], dataset_type, vocab_size=500)
+    _build(tmp_path, [good], dataset_type, vocab_size=500)  # the intact shard alone is fine
+
+
+def test_valid_shard_checked_too(tmp_path):
+    from tests.data_helpers import random_documents, write_indexed_dataset
+
+    rng = np.random.default_rng(0)
+    good = write_indexed_dataset(tmp_path / "good", random_documents(rng, [40] * 5, 500))
+    bad = write_indexed_dataset(tmp_path / "v", random_documents(rng, [40] * 5, 500))
+    os.truncate(bad + ".bin", 10)
+    with pytest.raises(ValueError, match=rf"^valid_data_path {bad}: .*truncated"):
+        _build(tmp_path, [good], "document_windows", vocab_size=500, valid=[bad])
+
+
+def test_token_dtype_must_hold_the_vocabulary(tmp_path):
+    from tests.data_helpers import random_documents, write_indexed_dataset
+
+    shard = write_indexed_dataset(tmp_path / "u16", random_documents(np.random.default_rng(0), [40] * 3, 500),
+                                  dtype=np.uint16)
+    with pytest.raises(ValueError, match=rf"^data_path {shard}: tokens are stored as uint16 .* 70000 ids"):
+        _build(tmp_path, [shard], "document_windows", vocab_size=70000)
+
+
+@pytest.mark.parametrize("dataset_type", ["gpt", "document_windows"])
+def test_token_id_beyond_vocabulary_is_a_named_error(tmp_path, dataset_type):
+    """Ids >= V gave a bare IndexError in the learned embedding; every input interface now gets
+    the same named check when the sample is read (it names shard and document)."""
+    from megatron_fixedcode.data.validate import TokenIdOutOfRange
+    from tests.data_helpers import write_indexed_dataset
+
+    docs = [np.full(40, 7)] + [np.r_[np.full(20, 7), np.full(20, 900)]] * 3
+    shard = write_indexed_dataset(tmp_path / "ids", docs)
+    train, _ = _build(tmp_path, [shard], dataset_type, vocab_size=500)
+    with pytest.raises(TokenIdOutOfRange, match=rf"^{shard} \(document.* token id 900 is outside the vocabulary \[0, 500\)"):
+        for i in range(len(train)):
+            train[i]

@@ -8,6 +8,7 @@ from typing import Any, Callable
 from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.document_window import DocumentWindowDataset
 from megatron_fixedcode.data.gpt_blend import build_gpt_datasets
+from megatron_fixedcode.data.validate import check_shards
 
 logger = logging.getLogger(__name__)
 
@@ -15,8 +16,18 @@ TRAIN_STREAM_ID = 0
 VALID_STREAM_ID = 1
 
 
+def check_data_shards(cfg: DataConfig, vocab_size: int | None) -> None:
+    """Every shard of the train and valid blends: ``.bin`` size matches its ``.idx`` and the
+    token dtype holds the vocabulary (index reads only; see data/validate.py). Raises a
+    ``ValueError`` naming the shard."""
+    check_shards(cfg.blend[0], vocab_size, "data_path")
+    if cfg.valid_blend is not None:
+        check_shards(cfg.valid_blend[0], vocab_size, "valid_data_path")
+
+
 def build_document_window_datasets(
-    cfg: DataConfig, *, num_train_samples: int, num_valid_samples: int, seed: int
+    cfg: DataConfig, *, num_train_samples: int, num_valid_samples: int, seed: int,
+    vocab_size: int | None = None,
 ) -> tuple[DocumentWindowDataset, DocumentWindowDataset | None]:
     """Train windows over `data_path`; valid windows over `valid_data_path` (own stream), if set."""
     train_ds = DocumentWindowDataset(
@@ -28,6 +39,7 @@ def build_document_window_datasets(
         samples_per_shard_visit=cfg.samples_per_shard_visit,
         stream_id=TRAIN_STREAM_ID,
         mmap=cfg.mmap_bin_files,
+        vocab_size=vocab_size,
     )
     valid_ds = None
     if cfg.valid_blend is not None and num_valid_samples > 0:
@@ -40,6 +52,7 @@ def build_document_window_datasets(
             samples_per_shard_visit=cfg.samples_per_shard_visit,
             stream_id=VALID_STREAM_ID,
             mmap=cfg.mmap_bin_files,
+            vocab_size=vocab_size,
         )
     elif num_valid_samples > 0:
         logger.warning("document_windows without valid_data_path: no validation dataset")
@@ -57,8 +70,11 @@ def build_datasets(
 ) -> tuple[Any, Any]:
     """(train, valid) for `cfg.dataset_type`; both yield dicts with the same tensor keys.
 
-    `tokenizer` is only read by the GPT path (EOD/pad ids); document windows ignore it.
+    `tokenizer` gives the GPT path its EOD/pad ids, and both its vocabulary size: every shard
+    is checked first (``check_data_shards``), and every sample's ids as it is read.
     """
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    check_data_shards(cfg, None if vocab_size is None else int(vocab_size))
     if cfg.dataset_type == "gpt":
         return build_gpt_datasets(
             cfg,
@@ -69,5 +85,6 @@ def build_datasets(
             is_built_on_rank=is_built_on_rank,
         )
     return build_document_window_datasets(
-        cfg, num_train_samples=num_train_samples, num_valid_samples=num_valid_samples, seed=seed
+        cfg, num_train_samples=num_train_samples, num_valid_samples=num_valid_samples, seed=seed,
+        vocab_size=None if vocab_size is None else int(vocab_size),
     )

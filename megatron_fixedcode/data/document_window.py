@@ -24,6 +24,8 @@ import numpy
 import torch
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
+from megatron_fixedcode.data.validate import check_token_ids
+
 logger = logging.getLogger(__name__)
 
 _PURPOSE_WINDOW = 0
@@ -89,6 +91,7 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         samples_per_shard_visit: int,
         stream_id: int = 0,
         mmap: bool = True,
+        vocab_size: int | None = None,
     ) -> None:
         if not prefixes:
             raise ValueError("prefixes: needs at least one shard")
@@ -107,6 +110,7 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         self.stream_id = stream_id
         self.samples_per_shard_visit = samples_per_shard_visit
         self.prefixes = list(prefixes)
+        self.vocab_size = vocab_size  # every window's ids are checked against it (data/validate.py)
         self.datasets = [IndexedDataset(p, mmap=mmap) for p in self.prefixes]
         self.eligible = [EligibleDocuments.from_indexed(d, seq_length + 1) for d in self.datasets]
         self._shards, self._probs = self._schedule(weights)
@@ -184,7 +188,12 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} outside [0, {self.num_samples})")
-        text = torch.from_numpy(self.window_tokens(self.locate(index)).astype(numpy.int64))
+        location = self.locate(index)
+        window = self.window_tokens(location)
+        check_token_ids(window, self.vocab_size, lambda: (
+            f"{location.prefix} (document {location.document}, tokens {location.start}.."
+            f"{location.start + self.seq_length}, sample {index})"))
+        text = torch.from_numpy(window.astype(numpy.int64))
         return {
             "tokens": text[:-1].contiguous(),
             "labels": text[1:].contiguous(),

@@ -19,6 +19,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import Split
 
 from megatron_fixedcode.data.config import DataConfig
+from megatron_fixedcode.data.validate import check_token_ids
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,19 @@ def _weighted_by_tokens(blend: Blend, lengths: _Lengths, field_name: str) -> Ble
     return prefixes, [float(lengths(p, field_name).sum(dtype=numpy.int64)) for p in prefixes]
 
 
+class CheckedGPTDataset(GPTDataset):
+    """megatron's GPTDataset whose every sample's token ids are checked against the vocabulary
+    (a named error instead of an ``IndexError`` in a learned embedding; see data/validate.py)."""
+
+    def _query_document_sample_shuffle_indices(self, idx):
+        text, document_ids = super()._query_document_sample_shuffle_indices(idx)
+        check_token_ids(
+            text, getattr(self.config.tokenizer, "vocab_size", None),
+            lambda: f"{self.dataset.path_prefix} (documents {[int(d) for d in document_ids]}, sample {idx})",
+        )
+        return text, document_ids
+
+
 def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
     """The GPTDatasetConfig for `cfg`: every position is a prediction target."""
     lengths = _Lengths()
@@ -124,7 +138,7 @@ def build_gpt_datasets(
         raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
     config = gpt_dataset_config(cfg, tokenizer, seed)
     builder = BlendedMegatronDatasetBuilder(
-        GPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
+        CheckedGPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
     )
     train_ds, valid_ds, _ = builder.build()
     if valid_ds is not None and len(valid_ds) == 0:

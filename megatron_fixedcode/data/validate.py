@@ -1,0 +1,118 @@
+"""Cheap consistency checks of indexed-dataset shards, and the named token-id check.
+
+At start-up (``build_datasets``) every shard of the train and valid blends is checked without
+reading its tokens (issue 15, item 6): the ``.idx`` header, version and dtype code; the
+``.idx`` size against its sequence / document counts; the document index bounds; the ``.bin``
+size against the last sequence's pointer and length; and that the token dtype can hold every
+id of the vocabulary. A damaged shard is refused with a ``ValueError`` naming it, instead of
+training until the sampler reaches the damage.
+
+A full scan (every id < V) is the data verification tool's job; during training every sample
+is checked as it is read (:func:`check_token_ids`), for every input interface alike, so an
+out-of-range id is a named error and never a bare ``IndexError`` in an embedding.
+"""
+
+from __future__ import annotations
+
+import os
+import struct
+from typing import Iterable, Optional
+
+import numpy
+
+from megatron.core.datasets.indexed_dataset import DType
+
+_INDEX_HEADER = b"MMIDIDX\x00\x00"
+_HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # header, version, dtype code, #sequences, #documents
+
+
+class TokenIdOutOfRange(ValueError):
+    """A token id >= the vocabulary size was read from a shard."""
+
+
+def check_shard(prefix: str, vocab_size: Optional[int] = None, field: str = "data_path") -> dict:
+    """Check one ``prefix.bin/.idx`` pair (index only, no token scan); returns its shape.
+
+    Raises ``ValueError("FIELD PREFIX: reason")`` on the first problem found.
+    """
+    where = f"{field} {prefix}"
+    idx_path, bin_path = prefix + ".idx", prefix + ".bin"
+    for path in (idx_path, bin_path):
+        if not os.path.isfile(path):
+            raise ValueError(f"{where}: {path} not found")
+    idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
+    with open(idx_path, "rb") as f:
+        head = f.read(_HEADER_BYTES)
+    if len(head) < _HEADER_BYTES or head[: len(_INDEX_HEADER)] != _INDEX_HEADER:
+        raise ValueError(f"{where}: {idx_path} is not a megatron-core index (bad or truncated header)")
+    offset = len(_INDEX_HEADER)
+    (version,) = struct.unpack_from("<Q", head, offset)
+    (code,) = struct.unpack_from("<B", head, offset + 8)
+    num_sequences, num_documents = struct.unpack_from("<QQ", head, offset + 9)
+    if version != 1:
+        raise ValueError(f"{where}: {idx_path} has index version {version}, expected 1")
+    try:
+        dtype = numpy.dtype(DType.dtype_from_code(code))
+    except (KeyError, ValueError):
+        raise ValueError(f"{where}: {idx_path} has an unknown token dtype code {code}") from None
+    expected_idx = _HEADER_BYTES + num_sequences * (4 + 8) + num_documents * 8
+    if idx_size not in (expected_idx, expected_idx + num_sequences):  # + int8 modes (multimodal)
+        raise ValueError(
+            f"{where}: {idx_path} is {idx_size} bytes, its header ({num_sequences} sequences, "
+            f"{num_documents} document bounds) needs {expected_idx}; the index is damaged or truncated"
+        )
+    sizes_off = _HEADER_BYTES
+    pointers_off = sizes_off + num_sequences * 4
+    docs_off = pointers_off + num_sequences * 8
+    with open(idx_path, "rb") as f:
+        if num_documents:
+            f.seek(docs_off)
+            first = numpy.frombuffer(f.read(8), dtype=numpy.int64)[0]
+            f.seek(docs_off + (num_documents - 1) * 8)
+            last = numpy.frombuffer(f.read(8), dtype=numpy.int64)[0]
+            if first != 0 or last != num_sequences:
+                raise ValueError(
+                    f"{where}: {idx_path} document bounds run from {first} to {last}, expected 0 to "
+                    f"{num_sequences}; the index is damaged"
+                )
+        expected_bin = 0
+        if num_sequences:
+            f.seek(sizes_off + (num_sequences - 1) * 4)
+            last_size = int(numpy.frombuffer(f.read(4), dtype=numpy.int32)[0])
+            f.seek(pointers_off + (num_sequences - 1) * 8)
+            last_pointer = int(numpy.frombuffer(f.read(8), dtype=numpy.int64)[0])
+            expected_bin = last_pointer + last_size * dtype.itemsize
+    if bin_size != expected_bin:
+        raise ValueError(
+            f"{where}: {bin_path} is {bin_size} bytes but its index describes {expected_bin} "
+            f"({num_sequences} sequences of {dtype.name}); the .bin is "
+            f"{'truncated' if bin_size < expected_bin else 'longer than indexed'} or belongs to another index "
+            "(re-run preprocessing for it)"
+        )
+    if vocab_size is not None and dtype.kind in "iu" and vocab_size - 1 > numpy.iinfo(dtype).max:
+        raise ValueError(
+            f"{where}: tokens are stored as {dtype.name} (ids up to {numpy.iinfo(dtype).max}) but the "
+            f"vocabulary has {vocab_size} ids; the shard was indexed with another tokenizer"
+        )
+    return {"dtype": dtype.name, "sequences": num_sequences, "documents": max(num_documents - 1, 0),
+            "bin_bytes": bin_size}
+
+
+def check_shards(prefixes: Iterable[str], vocab_size: Optional[int], field: str) -> None:
+    for prefix in prefixes:
+        check_shard(prefix, vocab_size, field)
+
+
+def check_token_ids(tokens: numpy.ndarray, vocab_size: Optional[int], where) -> None:
+    """Refuse ids outside ``[0, vocab_size)`` with a ``TokenIdOutOfRange`` naming ``where``
+    (a string, or a zero-argument callable building it, called only on failure)."""
+    if vocab_size is None or tokens.size == 0:
+        return
+    hi, lo = int(tokens.max()), int(tokens.min())
+    if hi >= vocab_size or lo < 0:
+        bad = hi if hi >= vocab_size else lo
+        text = where() if callable(where) else where
+        raise TokenIdOutOfRange(
+            f"{text}: token id {bad} is outside the vocabulary [0, {vocab_size}); the data was indexed "
+            "with another tokenizer or is damaged"
+        )
