@@ -299,3 +299,60 @@ def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
     """).replace("\n", "\n        "))
     if alive:
         pytest.xfail("training/checkpointing._fork_results_queue must use compat.process.helper_queue()")
+
+
+# --------------------------------------------------------------------------- 7: --save pre-flight
+
+def test_save_under_a_file_refused_before_training(tmp_path):
+    from megatron_fixedcode.training.save_checks import check_save_dir_writable
+
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(ValueError, match=r"^--save .*file/ckpt: cannot create the directory: not a directory"):
+        check_save_dir_writable(tmp_path / "file" / "ckpt")
+    with pytest.raises(ValueError, match=r"^--save .*file: exists and is not a directory"):
+        check_save_dir_writable(tmp_path / "file")
+    assert check_save_dir_writable(tmp_path / "a" / "b").is_dir()
+    assert list((tmp_path / "a" / "b").iterdir()) == []  # the probe is removed
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
+def test_save_read_only_refused(tmp_path):
+    from megatron_fixedcode.training.save_checks import check_save_dir_writable
+
+    (tmp_path / "ro").mkdir()
+    (tmp_path / "ro").chmod(0o500)
+    with pytest.raises(ValueError, match=r"not writable: permission denied"):
+        check_save_dir_writable(tmp_path / "ro")
+
+
+def test_free_space_below_two_checkpoints_warns(tmp_path, monkeypatch):
+    import shutil as _shutil
+
+    from megatron_fixedcode.training import save_checks
+
+    size = save_checks.estimate_checkpoint_bytes(10_000_000)  # 10M params, Adam: ~126 MB
+    assert 120e6 < size < 140e6
+    usage = _shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(save_checks.shutil, "disk_usage", lambda p: usage._replace(free=int(1.5 * size)))
+    assert "less than 2 checkpoints" in save_checks.free_space_warning(tmp_path, size)
+    monkeypatch.setattr(save_checks.shutil, "disk_usage", lambda p: usage._replace(free=3 * size))
+    assert save_checks.free_space_warning(tmp_path, size) is None
+
+
+def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
+    import errno as _errno
+
+    from megatron_fixedcode.training import save_checks
+
+    try:
+        try:
+            raise OSError(_errno.ENOSPC, os.strerror(_errno.ENOSPC), str(tmp_path / "x.distcp"))
+        except OSError as e:
+            raise RuntimeError("writer failed") from e
+    except RuntimeError as e:
+        err = save_checks.checkpoint_write_error(tmp_path, e)
+    assert str(err) == f"cannot write checkpoint {tmp_path / 'x.distcp'}: no space left on device; the last complete checkpoint is kept"
+    usage = save_checks.shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(save_checks.shutil, "disk_usage", lambda p: usage._replace(free=0))
+    err = save_checks.checkpoint_write_error(tmp_path, RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598"))
+    assert "no space left on device" in str(err) and str(tmp_path) in str(err)

@@ -1,0 +1,108 @@
+"""``--save`` checks that run before the first training step, and readable write failures.
+
+Issue 15, item 7: a read-only filesystem, a ``--save`` under a regular file or a full disk were
+found only at the first save (after that many steps), the last as
+``[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598``.
+
+* :func:`check_save_dir_writable` — create the directory and write/fsync/remove a probe file;
+  refuse with ``ValueError("--save PATH: reason (OS error)")``.
+* :func:`estimate_checkpoint_bytes` / :func:`free_space_warning` — a checkpoint is about
+  ``params x (4 weights + 8 Adam moments [+ 4 FP32 main params with BF16])`` bytes; warn when the
+  filesystem has room for fewer than two (the new one is written before the old one is pruned).
+* :func:`checkpoint_write_error` — turn an exception raised while saving into a one-line
+  ``ValueError`` naming the path and the OS error ("no space left on device" for torch's
+  ``unexpected pos`` when the disk is full). The last good checkpoint stays as it is: ``latest``
+  only moves after a complete save.
+"""
+
+from __future__ import annotations
+
+import errno
+import logging
+import os
+import shutil
+import uuid
+from pathlib import Path
+from typing import Optional
+
+logger = logging.getLogger(__name__)
+
+
+def _os_reason(e: OSError) -> str:
+    return (e.strerror or os.strerror(e.errno or 0) or str(e)).lower() if e.errno else str(e)
+
+
+def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
+    """Create ``save_dir`` if needed and prove a file can be written, synced and removed there."""
+    path = Path(save_dir)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise ValueError(f"--save {path}: exists and is not a directory") from None
+    except OSError as e:
+        where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
+        raise ValueError(f"--save {path}: cannot create the directory: {_os_reason(e)}{where}") from None
+    probe = path / f".mfc_write_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
+    try:
+        with open(probe, "wb") as f:
+            f.write(b"\0" * 4096)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as e:
+        raise ValueError(f"--save {path}: not writable: {_os_reason(e)}") from None
+    finally:
+        try:
+            probe.unlink()
+        except OSError:
+            pass
+    return path
+
+
+def estimate_checkpoint_bytes(num_parameters: int, *, bf16: bool = False, optimizer: bool = True) -> int:
+    """Bytes of one checkpoint: FP32 weights, Adam's two moments, FP32 main params with BF16,
+    plus 5% for metadata and RNG/scheduler state."""
+    per_param = 4 + (8 if optimizer else 0) + (4 if bf16 and optimizer else 0)
+    return int(num_parameters * per_param * 1.05) + (1 << 20)
+
+
+def free_space_warning(save_dir: str | os.PathLike, checkpoint_bytes: int, copies: int = 2) -> Optional[str]:
+    """A warning (also logged) when ``save_dir``'s filesystem has room for fewer than ``copies``
+    checkpoints of ``checkpoint_bytes``; ``None`` when there is room."""
+    free = shutil.disk_usage(save_dir).free
+    if free >= copies * checkpoint_bytes:
+        return None
+    message = (f"--save {save_dir}: {free / 2**30:.2f} GiB free, less than {copies} checkpoints of about "
+               f"{checkpoint_bytes / 2**30:.2f} GiB each; saving may fail with 'no space left on device'")
+    logger.warning("%s", message)
+    return message
+
+
+def _find_os_error(exc: BaseException) -> Optional[OSError]:
+    seen = set()
+    while exc is not None and id(exc) not in seen:
+        seen.add(id(exc))
+        if isinstance(exc, OSError) and exc.errno:
+            return exc
+        exc = exc.__cause__ or exc.__context__
+    return None
+
+
+def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> ValueError:
+    """A one-line ``ValueError`` for an exception raised while writing a checkpoint to ``path``."""
+    os_error = _find_os_error(exc)
+    if os_error is not None:
+        reason = _os_reason(os_error)
+        name = os_error.filename or path
+    elif "unexpected pos" in str(exc) or "PytorchStreamWriter failed" in str(exc):
+        # torch's zip writer reports a short write without errno; a full disk is the usual cause
+        try:
+            free = shutil.disk_usage(Path(path) if Path(path).exists() else Path(path).parent).free
+        except OSError:
+            free = -1
+        reason = (os.strerror(errno.ENOSPC).lower() if 0 <= free < (64 << 20)
+                  else f"short write ({str(exc).splitlines()[0][:200]})")
+        name = path
+    else:
+        reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        name = path
+    return ValueError(f"cannot write checkpoint {name}: {reason}; the last complete checkpoint is kept")
