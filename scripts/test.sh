@@ -31,17 +31,9 @@ if [ "${MFC_SKIP_PY312:-0}" = 1 ]; then
 else
     t=$SECONDS
     venv=$(bash scripts/setup_env.sh --py312)
-    deselect=()
-    if grep -q '"common.pt"' tests/test_pretrain.py; then
-        # megatron-core >= 0.17 keeps the common state inside the torch_dist checkpoint: no common.pt
-        # file, which these two tests look for (the fix belongs in tests/test_pretrain.py).
-        deselect=(--deselect tests/test_pretrain.py::test_token_budget_stops_at_first_step_boundary_past_it
-                  --deselect tests/test_pretrain.py::test_sigterm_saves_a_complete_checkpoint_that_resumes)
-        echo "test.sh: leg 2 deselects 2 tests of tests/test_pretrain.py that look for common.pt"
-    fi
     qs=$(mktemp -d)
     rc_core=0 rc_quick=0
-    (. "$venv/bin/activate" && python -m pytest -q "${deselect[@]}" "${CORE_SUBSET[@]}") || rc_core=$?
+    (. "$venv/bin/activate" && python -m pytest -q "${CORE_SUBSET[@]}") || rc_core=$?
     echo "test.sh: leg 2 core subset: exit $rc_core; now quickstart --quick on Python 3.12 (work dir $qs)"
     # what scripts/quickstart.sh --quick runs, in this venv instead of .venv
     (. "$venv/bin/activate" && OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} PYTHONWARNINGS=${PYTHONWARNINGS:-ignore} \

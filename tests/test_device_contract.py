@@ -12,6 +12,7 @@ GPU-marked tests rerun the trainer checks on CUDA (scripts/gpu_check.sh).
 """
 from __future__ import annotations
 
+import inspect
 import types
 
 import pytest
@@ -160,8 +161,15 @@ def test_context_parallel_positions_by_hand():
 
 
 @pytest.mark.parametrize("cp_size", [2, 4])
-def test_context_parallel_split_matches_megatron_core(single_rank, cp_size):
+def test_context_parallel_split_matches_megatron_core(single_rank, cp_size, monkeypatch):
+    import torch.distributed as dist
     from megatron.core.utils import get_batch_on_this_cp_rank
+
+    # A stand-in CP group: 0.16 asks the group for its size/rank, 0.19 asks torch.distributed.
+    world_size, rank = dist.get_world_size, dist.get_rank
+    fake = lambda group: isinstance(group, types.SimpleNamespace)  # noqa: E731
+    monkeypatch.setattr(dist, "get_world_size", lambda group=None: group.size() if fake(group) else world_size(group))
+    monkeypatch.setattr(dist, "get_rank", lambda group=None: group.rank() if fake(group) else rank(group))
 
     g = torch.Generator().manual_seed(0)
     batch = {"tokens": torch.randint(0, 1000, (3, 32), generator=g), "labels": torch.randint(0, 1000, (3, 32), generator=g),
@@ -169,7 +177,10 @@ def test_context_parallel_split_matches_megatron_core(single_rank, cp_size):
     covered = []
     for cp_rank in range(cp_size):
         group = types.SimpleNamespace(size=lambda: cp_size, rank=lambda r=cp_rank: r)
-        theirs = get_batch_on_this_cp_rank({k: v.clone() for k, v in batch.items()}, cp_group=group)
+        kwargs = {"cp_group": group}
+        if "is_hybrid_cp" in inspect.signature(get_batch_on_this_cp_rank).parameters:  # megatron-core >= 0.19
+            kwargs["is_hybrid_cp"] = False
+        theirs = get_batch_on_this_cp_rank({k: v.clone() for k, v in batch.items()}, **kwargs)
         ours = batch_lib.split_for_context_parallel(batch, cp_size, cp_rank)
         assert set(ours) == set(theirs)
         for key in batch:

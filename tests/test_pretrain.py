@@ -21,6 +21,14 @@ def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
 
 
+def _is_complete_checkpoint(path) -> bool:
+    """A distributed checkpoint megatron can load: its metadata.json and torch_dist's .metadata
+    (megatron-core <= 0.16 also writes common.pt; from 0.17 that state is inside the checkpoint)."""
+    from megatron.core import dist_checkpointing
+
+    return dist_checkpointing.check_is_distributed_checkpoint(str(path)) and (path / ".metadata").exists()
+
+
 def assert_same_steps(straight: list[dict], resumed: list[dict]) -> None:
     by_step = {r["step"]: r for r in straight}
     assert resumed, "the resumed run logged no step"
@@ -91,7 +99,7 @@ def test_token_budget_stops_at_first_step_boundary_past_it(tmp_path, corpus):
     assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert [m["tokens"] for m in metrics] == [256, 512, 768, 1024]  # 3 steps < 1000 <= 4 steps
-    assert latest_step(ckpt) == 4 and (ckpt / "iter_0000004" / "common.pt").exists()
+    assert latest_step(ckpt) == 4 and _is_complete_checkpoint(ckpt / "iter_0000004")
     from megatron.core import dist_checkpointing
 
     trainer_state = dist_checkpointing.load_common_state_dict(str(ckpt / "iter_0000004"))["trainer"]
@@ -112,7 +120,7 @@ def test_sigterm_saves_a_complete_checkpoint_that_resumes(tmp_path, corpus):
     out, _ = proc.communicate(timeout=120)
     step = latest_step(ckpt)
     assert step is not None and step >= 3, out[-3000:]
-    assert (ckpt / f"iter_{step:07d}" / "common.pt").exists()
+    assert _is_complete_checkpoint(ckpt / f"iter_{step:07d}")
     assert len(read_metrics(metrics)) == step  # saved exactly where it stopped
     # A shorter run than the checkpoint's schedule (100000 steps): keep that schedule, explicitly.
     pretrain("--train-iters", str(step + 1), "--use-checkpoint-opt-param-scheduler", "--load", str(ckpt),

@@ -80,12 +80,14 @@ class CheckedGPTDataset(GPTDataset):
     (a named error instead of an ``IndexError`` in a learned embedding; see data/validate.py)."""
 
     def _query_document_sample_shuffle_indices(self, idx):
-        text, document_ids = super()._query_document_sample_shuffle_indices(idx)
+        # (text, document_ids) on megatron-core 0.16; 0.19 appends the documents' lengths
+        out = super()._query_document_sample_shuffle_indices(idx)
+        text, document_ids = out[0], out[1]
         check_token_ids(
             text, getattr(self.config.tokenizer, "vocab_size", None),
             lambda: f"{self.dataset.path_prefix} (documents {[int(d) for d in document_ids]}, sample {idx})",
         )
-        return text, document_ids
+        return out
 
 
 def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
