@@ -356,3 +356,28 @@ def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
     monkeypatch.setattr(save_checks.shutil, "disk_usage", lambda p: usage._replace(free=0))
     err = save_checks.checkpoint_write_error(tmp_path, RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598"))
     assert "no space left on device" in str(err) and str(tmp_path) in str(err)
+
+
+# --------------------------------------------------------------------------- 13: huge documents
+
+def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokenizer):
+    """Issue 15 item 13: a 50 MB document needed 7 GB to index; records above
+    --max-document-bytes (default 8 MiB) are refused as FILE:LINE before tokenizing."""
+    corpus = tmp_path / "big.jsonl"
+    big = "word " * ((8 << 20) // 5 + 10)  # just above 8 MiB
+    corpus.write_text(json.dumps({"id": "a", "text": "small doc"}) + "\n" + json.dumps({"id": "b", "text": big}) + "\n")
+    argv = _preprocess_argv(corpus, tmp_path / "out", small_tokenizer)
+    sys.path.insert(0, str(REPO / "tools"))
+    import preprocess_data
+
+    proc = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 2
+    assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {corpus}:2: key 'text' holds ")
+    assert "--max-document-bytes 8388608" in proc.stderr
+    # raising the limit indexes it; skipping counts it
+    assert preprocess_data.main(argv + ["--max-document-bytes", str(16 << 20), "--output-prefix",
+                                        str(tmp_path / "ok")]) == 0
+    assert preprocess_data.main(argv + ["--skip-bad-documents", "--output-prefix", str(tmp_path / "skip")]) == 0
+    summary = json.loads((tmp_path / "skip_summary.json").read_text())
+    assert summary["skipped"]["count"] == 1

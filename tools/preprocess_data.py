@@ -31,6 +31,8 @@ def parse_args(argv=None) -> PreprocessConfig:
     p.add_argument("--min-doc-tokens", type=int, default=2049, help="only counted in the summary")
     p.add_argument("--skip-bad-documents", action="store_true")
     p.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
+    p.add_argument("--max-document-bytes", type=int, default=8 << 20,
+                   help="largest text of one record (UTF-8 bytes per key); larger ones are an error (memory bound)")
     p.add_argument("--chunk-docs", type=int, default=1024)
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     return PreprocessConfig(**vars(p.parse_args(argv)))

@@ -23,6 +23,10 @@ class PreprocessConfig:
     min_doc_tokens: int = 2049
     skip_bad_documents: bool = False
     log_interval: int = 10000
+    max_document_bytes: int = 8 << 20
+    """Largest text (UTF-8 bytes, per json key) of one record; larger ones are refused
+    (``FILE:LINE``): tokenizing a text needs about 140 bytes of memory per byte of text at
+    once (a 50 MB document took 7 GB), so 8 MiB keeps a worker near 1.2 GB."""
     chunk_docs: int = 1024
     chunk_bytes: int = 1 << 20
     """Chunks bound memory and are the unit of work of a pool process: many per worker."""
@@ -38,6 +42,8 @@ class PreprocessConfig:
             raise ValueError(f"--workers must be >= 1, got {self.workers}")
         if not 0.0 <= self.valid_fraction < 1.0:
             raise ValueError(f"--valid-fraction must be in [0, 1), got {self.valid_fraction}")
+        if self.max_document_bytes < 1:
+            raise ValueError(f"--max-document-bytes must be >= 1, got {self.max_document_bytes}")
         if self.chunk_docs < 1 or self.chunk_bytes < 1:
             raise ValueError("chunk_docs and chunk_bytes must be >= 1")
 

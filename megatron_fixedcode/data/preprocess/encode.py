@@ -84,10 +84,15 @@ def _parse(chunk: Chunk, index: int, cfg: PreprocessConfig):
         if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
             raise ValueError(f"missing or non-text key {key!r}" if value is None else f"key {key!r} is not text")
         try:
-            for text in value:
-                text.encode("utf-8")
+            size = sum(len(text.encode("utf-8")) for text in value)
         except UnicodeEncodeError:
             raise ValueError(f"key {key!r} holds a lone surrogate (\\ud800-\\udfff), not valid Unicode") from None
+        if size > cfg.max_document_bytes:
+            raise ValueError(
+                f"key {key!r} holds {size} bytes of text, more than --max-document-bytes "
+                f"{cfg.max_document_bytes} (tokenizing needs ~140 bytes of memory per text byte); "
+                "split the document into several records or raise the limit"
+            )
         texts[key] = value
     if cfg.id_key is not None:
         if record.get(cfg.id_key) is None:
