@@ -111,9 +111,11 @@ def write_checksums(target: Path) -> None:
     _fsync_write(target / CHECKSUMS, json.dumps(manifest, indent=1, sort_keys=True))
 
 
-def verify_checkpoint(target: str | Path) -> None:
+def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
     """Raise :class:`CorruptCheckpoint` naming the first file whose size or SHA-256 differs from
-    the record (or that is missing). Checkpoints saved before checksums were recorded load with a warning."""
+    the record (or that is missing); ``hash_files=False`` checks presence and sizes only (the
+    trainer's ranks other than 0: rank 0 reads every byte once, not every rank). Checkpoints saved
+    before checksums were recorded load with a warning."""
     target = Path(target)
     manifest_path = target / CHECKSUMS
     if not manifest_path.exists():
@@ -130,7 +132,7 @@ def verify_checkpoint(target: str | Path) -> None:
         size = path.stat().st_size
         if size != rec["size"]:
             raise CorruptCheckpoint(f"{path}: {size} bytes, {rec['size']} when saved (truncated or overwritten)")
-        if _sha256(path) != rec["sha256"]:
+        if hash_files and _sha256(path) != rec["sha256"]:
             raise CorruptCheckpoint(f"{path}: SHA-256 differs from the one recorded when it was saved (corrupt bytes)")
 
 
@@ -160,7 +162,7 @@ def _way_forward(root: str | Path, below: int | None) -> str:
             f"resume from it with --ckpt-step {good}")
 
 
-def verified_step(root: str | Path, step: int | None = None) -> int | None:
+def verified_step(root: str | Path, step: int | None = None, hash_files: bool = True) -> int | None:
     """:func:`resolve_step`, then verify that checkpoint's files against their recorded checksums.
     A corrupt or incomplete one is refused naming the file, the newest checkpoint that verifies and
     the flag that resumes from it. None when ``root`` holds no checkpoint."""
@@ -177,7 +179,7 @@ def verified_step(root: str | Path, step: int | None = None) -> int | None:
         raise CorruptCheckpoint(f"{Path(root) / LATEST_MARKER} names step {resolved} but {target} is not a complete "
                                 f"checkpoint{_way_forward(root, resolved)}")
     try:
-        verify_checkpoint(target)
+        verify_checkpoint(target, hash_files)
     except CorruptCheckpoint as e:
         raise CorruptCheckpoint(f"checkpoint {target} is corrupt: {e}{_way_forward(root, resolved)}") from None
     return resolved

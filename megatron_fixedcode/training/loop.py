@@ -180,6 +180,7 @@ class RunPlan:
     load_step: int | None       # the verified checkpoint to resume from (None: start fresh)
     schedule: dict              # the LR schedule in force
     schedule_source: str
+    checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
 
 
 def plan_run(cfg: PretrainConfig) -> RunPlan:
@@ -217,7 +218,8 @@ def _resolve_load(cfg: PretrainConfig) -> int | None:
     """The verified checkpoint step to load; None only for Megatron-LM's auto-resume convention
     ``--load X --save X`` with nothing in X yet."""
     ck = cfg.checkpoint
-    step = checkpointing.verified_step(ck.load, ck.load_step)
+    # Rank 0 hashes every file (and refuses, one line); the others check presence and sizes only.
+    step = checkpointing.verified_step(ck.load, ck.load_step, hash_files=int(os.environ.get("RANK", "0")) == 0)
     if step is not None:
         return step
     if ck.finetune:
@@ -273,6 +275,7 @@ def _resolve_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict |
     --override-opt-param-scheduler (the flags win) or --use-checkpoint-opt-param-scheduler (the checkpoint wins)."""
     if not saved_schedule:
         return
+    plan.checkpoint_schedule = saved_schedule
     ck = cfg.checkpoint
     differ = {k: (saved_schedule[k], v) for k, v in plan.schedule.items() if k in saved_schedule and saved_schedule[k] != v}
     if not differ:
@@ -326,8 +329,11 @@ class Trainer:
         seed_streams(a.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
         self.report = parameter_report(self.model_cfg, [checkpointing._unwrap(c) for c in self.chunks], self.pg)
         o = cfg.optim
+        # Resuming: the optimizer is built with the checkpoint's lr/min-lr (newer megatron-core keys
+        # its param groups by them when loading); --override-opt-param-scheduler sets the new ones after.
+        resumed = plan.checkpoint_schedule or {}
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=o.lr, min_lr=o.min_lr, weight_decay=o.weight_decay,
+            OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr), weight_decay=o.weight_decay,
                             adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2, adam_eps=o.adam_eps,
                             clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
                             use_distributed_optimizer=o.use_distributed_optimizer),
@@ -358,6 +364,10 @@ class Trainer:
                                                   plan.load_step, weights_only=cfg.checkpoint.finetune)
             if not cfg.checkpoint.finetune:
                 self.step, self.tokens = state["step"], state["tokens"]
+            if cfg.checkpoint.override_opt_param_scheduler and not cfg.checkpoint.finetune:
+                for group in self.optimizer.param_groups:  # megatron-core >= 0.17 reads them per group
+                    group.update({k: v for k, v in (("max_lr", o.lr), ("min_lr", o.min_lr)) if k in group})
+                self.scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
 
     def _stream_identity(self) -> dict:
         return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
