@@ -16,7 +16,7 @@
 #   scripts/gpu_check/wheels.txt (name==version, file, bytes: commit it when it changed) and fails
 #   if the folder is over 64 MiB (what travels with the checkout to the GPU machine).
 # MCORE_VERSION (default 0.19.2, the newest 0.19.x on PyPI when this was written) is the megatron-core
-# for Python 3.12; the CPU test suite in .venv (Python 3.11) runs 0.16.1, /work/venv312-style 3.12
+# for Python 3.12; the CPU test suite in .venv (Python 3.11) runs 0.16.1, the 3.12 leg of scripts/test.sh (a cached venv)
 # environments run 0.19.x. No editable install of this package is needed on the GPU machine
 # (gpu_check.sh puts the checkout on PYTHONPATH), so no setuptools/wheel either.
 #
