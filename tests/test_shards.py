@@ -47,3 +47,69 @@ def test_split_key_is_id_where_present_else_text_per_document(tmp_path, small_to
     assert summary["documents"]["valid"] + summary["documents"]["train"] == 3000
     no_id = run(tmp_path, [path], small_tokenizer, name="noid", valid_fraction=fraction, split_seed=seed)
     assert no_id["split_keys"] == {"id": 0, "text": 3000}
+
+
+# --- tools/verify_dataset.py ---------------------------------------------------------------------
+
+def _verify(capsys, *argv):
+    from tools.verify_dataset import main
+
+    rc = main([str(a) for a in argv])
+    out = capsys.readouterr()
+    return rc, out.out, out.err
+
+
+@pytest.fixture
+def indexed(tmp_path, small_tokenizer):
+    """A two-split dataset from preprocess_data's library path, in its own directory."""
+    path = tmp_path / "in.jsonl"
+    path.write_text("".join(json.dumps({"id": str(i), "text": " ".join(f"word{j % 13} t{i}" for j in range(i % 40 + 1))})
+                            + "\n" for i in range(400)))
+    out = tmp_path / "idx"
+    out.mkdir()
+    summary = run(out, [path], small_tokenizer, name="shard", valid_fraction=0.2, append_eod=True)
+    return out, summary
+
+
+def test_verify_reports_counts_of_a_good_dataset(indexed, capsys):
+    out, summary = indexed
+    rc, stdout, _ = _verify(capsys, out, "--vocab-size", 320, "--seq-length", 30, "--json")
+    assert rc == 0
+    rows = {r["split"]: r for r in map(json.loads, stdout.splitlines())}
+    for split in ("train", "valid"):
+        docs = read_documents(output_prefix_for(str(out / "shard"), split, "text"))
+        assert rows[split]["documents"] == len(docs) == summary["documents"][split]
+        assert rows[split]["tokens"] == sum(map(len, docs)) == summary["tokens"][split]
+        assert rows[split]["eligible_documents"] == sum(len(d) >= 31 for d in docs) > 0
+
+
+@pytest.mark.parametrize("damage", ["truncated_bin", "flipped_idx_size", "flipped_idx_header", "id_beyond_vocab",
+                                    "summary_count"])
+def test_verify_names_the_damaged_shard(indexed, capsys, damage):
+    out, _ = indexed
+    train = output_prefix_for(str(out / "shard"), "train", "text")
+    valid = output_prefix_for(str(out / "shard"), "valid", "text")
+    if damage == "truncated_bin":
+        with open(train + ".bin", "r+b") as f:
+            f.truncate(f.seek(0, 2) - 2)
+    elif damage.startswith("flipped_idx"):
+        data = bytearray(open(train + ".idx", "rb").read())
+        data[34 + 4 * 3 if damage == "flipped_idx_size" else 2] ^= 0x01  # sequence 3's length / the magic
+        open(train + ".idx", "wb").write(bytes(data))
+    elif damage == "id_beyond_vocab":
+        data = bytearray(open(train + ".bin", "rb").read())
+        data[100:102] = (320).to_bytes(2, "little")  # uint16 token 50 = V
+        open(train + ".bin", "wb").write(bytes(data))
+    else:
+        summary = json.loads((out / "shard_summary.json").read_text())
+        summary["documents"]["train"] += 1
+        (out / "shard_summary.json").write_text(json.dumps(summary))
+    rc, stdout, stderr = _verify(capsys, out, "--vocab-size", 320)
+    assert rc == 2
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and errors[0].startswith(f"error: {train}: "), stderr
+    expected = {"truncated_bin": "truncated", "flipped_idx_size": "the index is damaged",
+                "flipped_idx_header": "not a megatron-core index", "id_beyond_vocab": "id 320, outside the vocabulary",
+                "summary_count": "its summary says"}[damage]
+    assert expected in errors[0]
+    assert f"ok {valid}:" in stdout  # the good shard is still reported
