@@ -2,6 +2,7 @@
 that resume, the dataset verifier and the manifest the trainer reads."""
 
 import json
+import os
 
 import pytest
 
@@ -113,3 +114,98 @@ def test_verify_names_the_damaged_shard(indexed, capsys, damage):
                 "summary_count": "its summary says"}[damage]
     assert expected in errors[0]
     assert f"ok {valid}:" in stdout  # the good shard is still reported
+
+
+# --- per-shard, resumable indexing (megatron_fixedcode/data/shards.py) ----------------------------
+
+def _write_shards(directory, n=4, docs=60):
+    """JSONL, JSONL.gz and Parquet shards with ids (one shard without), plus the records."""
+    import gzip
+
+    import pyarrow
+    import pyarrow.parquet
+
+    directory.mkdir(parents=True, exist_ok=True)
+    paths = []
+    for s in range(n):
+        records = [{"id": f"s{s}d{i}", "text": " ".join(f"word{(i * j) % 13} t{s}" for j in range(i % 30 + 1))}
+                   for i in range(docs)]
+        if s == 1:
+            records = [{"text": r["text"]} for r in records]
+        if s % 3 == 0:
+            path = directory / f"part-{s:03d}.parquet"
+            pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), path)
+        else:
+            path = directory / f"part-{s:03d}.jsonl.gz"
+            with gzip.open(path, "wt") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+        paths.append(path)
+    return paths
+
+
+def _plan(tmp_path, inputs, tokenizer, **kw):
+    from megatron_fixedcode.data import shards
+
+    plan = shards.make_plan([str(i) for i in inputs], str(tmp_path / "out"), "HuggingFaceTokenizer", tokenizer,
+                            **{"append_eod": True, "id_key": "id", "valid_fraction": 0.1, **kw})
+    shards.write_plan(plan)
+    return plan
+
+
+def _output_bytes(directory):
+    return {p.name: p.read_bytes() for p in sorted(directory.iterdir()) if p.suffix in (".bin", ".idx")}
+
+
+def test_shard_tasks_match_one_process_per_shard_and_resume(tmp_path, small_tokenizer):
+    from megatron_fixedcode.data import shards
+
+    inputs = _write_shards(tmp_path / "in", n=5)
+    plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2)
+    assert plan["num_tasks"] == 3 and [len(shards.task_inputs(plan, i)) for i in range(3)] == [2, 2, 1]
+    reports = [shards.run_task(plan, i) for i in range(3)]
+    assert sorted(n for r in reports for n in r["done"]) == [f"part-{s:03d}" for s in range(5)]
+    # byte-identical to preprocess_data's library path, one process per shard
+    (tmp_path / "ref").mkdir()
+    for path in inputs:
+        run(tmp_path / "ref", [path], small_tokenizer, name=shards.shard_name(path), append_eod=True, id_key="id",
+            valid_fraction=0.1)
+    got, want = _output_bytes(tmp_path / "out"), _output_bytes(tmp_path / "ref")
+    assert len(got) == 5 * 2 * 2 and got == want
+    summary = json.loads((tmp_path / "out" / "part-001_summary.json").read_text())
+    assert summary["split_keys"] == {"id": 0, "text": 60} and summary["shard"]["input_bytes"] == inputs[1].stat().st_size
+    # a re-run skips every complete shard without touching it
+    mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    assert [shards.run_task(plan, i)["skipped"] for i in range(3)] == [["part-000", "part-001"], ["part-002", "part-003"], ["part-004"]]
+    assert mtimes == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
+    # an input changed since (mtime), a summary without its shard record (killed while finishing),
+    # a damaged .idx: each shard is redone, the others skipped
+    os.utime(inputs[0], ns=(inputs[0].stat().st_atime_ns, inputs[0].stat().st_mtime_ns + 10**9))
+    s2 = tmp_path / "out" / "part-002_summary.json"
+    record = json.loads(s2.read_text())
+    del record["shard"]
+    s2.write_text(json.dumps(record))
+    idx = tmp_path / "out" / "part-004_train_text_document.idx"
+    idx.write_bytes(idx.read_bytes()[:-8] + bytes(8))
+    fp = build_tokenizer("HuggingFaceTokenizer", small_tokenizer).fingerprint
+    status = shards.plan_status(plan, fp)
+    assert {n: s for n, (s, _) in status.items()} == {"part-000": "stale", "part-001": "done", "part-002": "stale",
+                                                      "part-003": "done", "part-004": "stale"}
+    reports = [shards.run_task(plan, i) for i in range(3)]
+    assert [r["done"] for r in reports] == [["part-000"], ["part-002"], ["part-004"]]
+    assert _output_bytes(tmp_path / "out") == want
+    assert all(s == "done" for s, _ in shards.plan_status(plan, fp).values())
+
+
+def test_bad_shard_is_recorded_by_name_and_the_task_goes_on(tmp_path, small_tokenizer):
+    from megatron_fixedcode.data import shards
+
+    inputs = _write_shards(tmp_path / "in", n=3)
+    bad = tmp_path / "in" / "part-001.jsonl.gz"
+    bad.write_bytes(bad.read_bytes()[:-20])  # truncated gzip
+    plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=3)
+    report = shards.run_task(plan, 0)
+    assert report["done"] == ["part-000", "part-002"] and list(report["failed"]) == ["part-001"]
+    assert str(bad) in report["failed"]["part-001"] and "gzip" in report["failed"]["part-001"]
+    fp = build_tokenizer("HuggingFaceTokenizer", small_tokenizer).fingerprint
+    assert shards.plan_status(plan, fp)["part-001"][0] == "failed"
+    assert not list((tmp_path / "out").glob("part-001*.idx")) and not list((tmp_path / "out").glob("*.tmp"))
