@@ -3,6 +3,9 @@ that resume, the dataset verifier and the manifest the trainer reads."""
 
 import json
 import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +212,94 @@ def test_bad_shard_is_recorded_by_name_and_the_task_goes_on(tmp_path, small_toke
     fp = build_tokenizer("HuggingFaceTokenizer", small_tokenizer).fingerprint
     assert shards.plan_status(plan, fp)["part-001"][0] == "failed"
     assert not list((tmp_path / "out").glob("part-001*.idx")) and not list((tmp_path / "out").glob("*.tmp"))
+
+
+# --- manifest.json and the trainer's --data-manifest / --data-args-path ---------------------------
+
+TINY = Path(__file__).resolve().parents[1] / "examples" / "recipes" / "tiny_cpu.yaml"
+
+
+def _write_manifest_cli(*argv):
+    from tools.write_manifest import main
+
+    return main([str(a) for a in argv])
+
+
+def _trainer_args(*argv):
+    from megatron_fixedcode.training.arguments import parse_pretrain_args
+
+    return parse_pretrain_args(["--config", str(TINY), "--dry-run", *map(str, argv)]).args
+
+
+def test_manifest_refuses_incomplete_lists_good_shards_and_feeds_the_trainer(tmp_path, small_tokenizer, capsys):
+    from megatron_fixedcode.data import shards
+
+    _write_shards(tmp_path / "in", n=4)
+    bad = tmp_path / "in" / "part-002.jsonl.gz"
+    bad.write_bytes(b"\x1f\x8b not gzip")
+    plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2)
+    out = tmp_path / "out"
+    shards.run_task(plan, 0)
+    assert _write_manifest_cli(out) == 2
+    err = capsys.readouterr().err
+    assert "2 of 4 shards are not complete: part-002 (missing), part-003 (missing)" in err
+    shards.run_task(plan, 1)
+    assert _write_manifest_cli(out) == 2 and "part-002" in capsys.readouterr().err  # failed: refused
+    assert not (out / "manifest.json").exists()
+    assert _write_manifest_cli(out, "--skip-failed") == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["name"] for s in manifest["shards"]] == ["part-000", "part-001", "part-003"]
+    assert [e["name"] for e in manifest["excluded"]] == ["part-002"]
+    fp = build_tokenizer("HuggingFaceTokenizer", small_tokenizer).fingerprint
+    assert manifest["tokenizer"]["fingerprint"] == fp
+    assert manifest["split"]["valid_fraction"] == 0.1 and manifest["split"]["id_key"] == "id"
+    for entry in manifest["shards"]:
+        summary = json.loads((out / f"{entry['name']}_summary.json").read_text())
+        for split in ("train", "valid"):
+            docs = read_documents(str(out / entry[split]["prefix"]))
+            assert entry[split]["documents"] == len(docs) == summary["documents"][split]
+            assert entry[split]["tokens"] == sum(map(len, docs))
+    # a damaged output after the fact: refused naming the shard
+    idx = out / "part-003_train_text_document.idx"
+    saved = idx.read_bytes()
+    idx.write_bytes(saved[:-4])
+    assert _write_manifest_cli(out, "--skip-failed", "--output", tmp_path / "m2.json") == 2
+    assert "part-003" in capsys.readouterr().err
+    idx.write_bytes(saved)
+
+    # the trainer: one manifest = its prefixes; --data-args-path = the same list from a file
+    direct = [str(out / s["train"]["prefix"]) for s in manifest["shards"]]
+    valid = [str(out / s["valid"]["prefix"]) for s in manifest["shards"] if s["valid"]["documents"]]
+    a = _trainer_args("--data-manifest", out / "manifest.json", "--tokenizer-model", small_tokenizer)
+    assert a.data_path == direct and a.valid_data_path == valid
+    (tmp_path / "data_args.txt").write_text(" ".join(direct) + "\n")
+    assert _trainer_args("--data-args-path", tmp_path / "data_args.txt", "--vocab-size", 320).data_path == direct
+    # a blend of two manifests, 0.8 / 0.2, each shard weighted by its share of its manifest's tokens
+    a = _trainer_args("--data-manifest", out / "manifest.json", out / "manifest.json",
+                      "--data-manifest-weights", 0.8, 0.2, "--tokenizer-model", small_tokenizer)
+    weights = [float(w) for w in a.data_path[0::2]]
+    tokens = [s["train"]["tokens"] for s in manifest["shards"]]
+    assert a.data_path[1::2] == direct * 2
+    assert weights == pytest.approx([0.8 * t / sum(tokens) for t in tokens] + [0.2 * t / sum(tokens) for t in tokens])
+
+
+def test_trainer_refuses_a_manifest_of_another_tokenizer(tmp_path, small_tokenizer):
+    from megatron_fixedcode.data import shards
+
+    _write_shards(tmp_path / "in", n=1)
+    shards.run_task(_plan(tmp_path, [tmp_path / "in"], small_tokenizer), 0)
+    assert _write_manifest_cli(tmp_path / "out") == 0
+    other = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "tokenizers" / "smollm2"
+    if not other.is_dir():
+        pytest.skip("shared SmolLM2 tokenizer not found")
+    manifest = tmp_path / "out" / "manifest.json"
+    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(TINY), "--dry-run",
+           "--data-manifest", str(manifest), "--tokenizer-model", str(other)]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2
+    error = out.stderr.strip().splitlines()[-1]
+    assert error.startswith("python -m megatron_fixedcode.pretrain: error: --data-manifest ") and "fingerprint" in error
+    assert "Traceback" not in out.stderr
+    for flags in (["--data-path", "x"], ["--data-manifest-weights", "1", "2"]):
+        out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 2 and "Traceback" not in out.stderr
