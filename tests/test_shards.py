@@ -303,3 +303,29 @@ def test_trainer_refuses_a_manifest_of_another_tokenizer(tmp_path, small_tokeniz
     for flags in (["--data-path", "x"], ["--data-manifest-weights", "1", "2"]):
         out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
         assert out.returncode == 2 and "Traceback" not in out.stderr
+
+
+def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tokenizer):
+    """DATA_MANIFEST (paper 2) and two manifests weighted 0.8 / 0.2 (paper 1, replacing the
+    recipe's blend) reach the trainer as one flag each; the resolved config holds the shards."""
+    from megatron_fixedcode.data import shards
+    from tests.test_launchers import launcher_env, run_dry
+
+    manifests = []
+    for corpus in ("fwe", "cosmo"):
+        _write_shards(tmp_path / corpus / "in", n=2)
+        plan = _plan(tmp_path / corpus, [tmp_path / corpus / "in"], small_tokenizer, shards_per_task=2)
+        shards.run_task(plan, 0)
+        assert _write_manifest_cli(tmp_path / corpus / "out") == 0
+        manifests.append(json.loads((tmp_path / corpus / "out" / "manifest.json").read_text()))
+    fwe, cosmo = (str(tmp_path / c / "out" / "manifest.json") for c in ("fwe", "cosmo"))
+    env = launcher_env(tmp_path, DATA_MANIFEST=fwe, TOKENIZER=small_tokenizer)
+    del env["DATA_PATH"], env["VALID_DATA_PATH"]
+    command, config, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], env)
+    assert command[command.index("--data-manifest") + 1] == fwe and "--data-path" not in command
+    assert config["data_path"] == [str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]]
+    env.update(DATA_MANIFEST=f"{fwe} {cosmo}", DATA_MANIFEST_WEIGHTS="0.8 0.2")
+    command, config, _ = run_dry("pretrain_paper1.sh", ["binary"], env)
+    weights = [float(w) for w in config["data_path"][0::2]]
+    assert sum(weights[:2]) == pytest.approx(0.8) and sum(weights[2:]) == pytest.approx(0.2)
+    assert all("cosmo" in p for p in config["data_path"][1::2][2:]) and "${" not in json.dumps(config)

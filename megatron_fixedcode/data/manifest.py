@@ -161,12 +161,22 @@ def read_data_args_file(path: str) -> list[str]:
     return words
 
 
-def resolve_data_sources(args) -> None:
+def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
     """Turn ``--data-args-path`` / ``--data-manifest`` into ``data_path`` / ``valid_data_path``
-    on the argparse namespace (the trainer's hook; raises ``ValueError`` naming the flag)."""
+    on the argparse namespace (the trainer's hook; raises ``ValueError`` naming the flag).
+
+    ``recipe`` holds the recipe's ``data_path`` / ``valid_data_path``: a data source given for
+    this run replaces them (as any flag overrides the recipe), e.g. paper 1's recipe blend by
+    two manifests.
+    """
     manifests = getattr(args, "data_manifest", None)
     if isinstance(manifests, str):
         manifests = manifests.split()
+    recipe = recipe or {}
+    replaced = ("data_path", "valid_data_path") if manifests else ("data_path",) if args.data_args_path else ()
+    for key in replaced:
+        if recipe.get(key) is not None and getattr(args, key) == recipe[key]:
+            setattr(args, key, None)
     sources = [flag for flag, value in (("--data-path", args.data_path), ("--data-args-path", args.data_args_path),
                                         ("--data-manifest", manifests)) if value]
     if len(sources) > 1:

@@ -317,7 +317,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     try:
         from megatron_fixedcode.data.manifest import resolve_data_sources
 
-        resolve_data_sources(a)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
+        recipe_data = {k: parser.get_default(k) for k in ("data_path", "valid_data_path")}
+        resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
     except ValueError as e:
         parser.error(str(e))
     _validate(a, parser)
