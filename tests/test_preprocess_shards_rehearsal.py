@@ -233,3 +233,21 @@ def _same_samples(tmp_path, manifest: Path, prefixes: list[str]) -> None:
             samples.append([[r.token_ids for r in describe_samples(ds, global_batch_indices(step, 8))]
                             for ds, step in ((train_ds, 0), (train_ds, 5), (valid_ds, 1))])
     assert samples[0] == samples[1] and len(samples[0][0]) == 8
+
+    # and a tiny training run (2 steps, validation at step 2) trains on them identically (both at once)
+    runs = {}
+    for name, flags in (("manifest", ["--data-manifest", str(manifest)]),
+                        ("prefixes", ["--data-path", *train, "--valid-data-path", *valid])):
+        cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", *tiny[:2], "--tokenizer-model", str(TOKENIZER),
+               "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "1", "--log-interval", "1",
+               "--data-cache-path", str(tmp_path / f"cache-{name}"), "--metrics-file", str(tmp_path / f"{name}.jsonl"),
+               *flags]
+        env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
+        runs[name] = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    losses = []
+    for name, proc in runs.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 0, stderr[-4000:]
+        records = [json.loads(line) for line in (tmp_path / f"{name}.jsonl").read_text().splitlines()]
+        losses.append([(r.get("step"), r.get("loss"), r.get("val_loss")) for r in records])
+    assert losses[0] == losses[1] and any(v is not None for _, _, v in losses[0]) and len(losses[0]) >= 2
