@@ -329,3 +329,23 @@ def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tok
     weights = [float(w) for w in config["data_path"][0::2]]
     assert sum(weights[:2]) == pytest.approx(0.8) and sum(weights[2:]) == pytest.approx(0.2)
     assert all("cosmo" in p for p in config["data_path"][1::2][2:]) and "${" not in json.dumps(config)
+
+
+def test_verify_checks_the_recorded_idx_hash_of_shard_outputs(tmp_path, small_tokenizer, capsys):
+    """A flipped byte that keeps the index self-consistent (a document boundary moved by one)
+    is still caught for shards written by the shard path: their summary records the .idx sha256."""
+    from megatron_fixedcode.data import shards
+
+    _write_shards(tmp_path / "in", n=1)
+    shards.run_task(_plan(tmp_path, [tmp_path / "in"], small_tokenizer, valid_fraction=0.0), 0)
+    out = tmp_path / "out"
+    rc, stdout, _ = _verify(capsys, out, "--vocab-size", 320, "--seq-length", 10)
+    assert rc == 0 and "ok " in stdout
+    prefix = str(out / "part-000_train_text_document")
+    data = bytearray(open(prefix + ".idx", "rb").read())
+    n_seq = int.from_bytes(data[18:26], "little")
+    doc5 = 34 + n_seq * 12 + 5 * 8  # document bound 5 (between 4 and 6): +1 keeps them non-decreasing
+    data[doc5] += 1
+    open(prefix + ".idx", "wb").write(bytes(data))
+    rc, _, stderr = _verify(capsys, out, "--vocab-size", 320)
+    assert rc == 2 and f"error: {prefix}: " in stderr and "sha256" in stderr

@@ -77,10 +77,8 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
             raise ShardError(f"{prefix}: {prefix}.idx differs from the one its summary recorded (sha256); "
                              "the index was changed or damaged after indexing")
     _scan_tokens(prefix, dtype, tokens, vocab_size)
-    doc_tokens = (numpy.add.reduceat(sizes.astype(numpy.int64), documents[:-1]) if len(documents) > 1 and len(sizes)
-                  else numpy.zeros(0, numpy.int64))
-    if len(documents) > 1:  # reduceat returns sizes[i] for an empty document: zero those
-        doc_tokens = numpy.where(documents[1:] > documents[:-1], doc_tokens, 0)
+    bounds = numpy.concatenate([[0], numpy.cumsum(sizes, dtype=numpy.int64)])  # token offset of each sequence
+    doc_tokens = bounds[documents[1:]] - bounds[documents[:-1]] if len(documents) > 1 else numpy.zeros(0, numpy.int64)
     result = {"prefix": prefix, "dtype": dtype.name, "tokens": tokens, "documents": int(max(len(documents) - 1, 0)),
               "sequences": int(len(sizes))}
     if seq_length is not None:
