@@ -50,6 +50,8 @@ export PYTHONPATH=$MFC_ROOT${PYTHONPATH:+:$PYTHONPATH}
 case ${1:-} in
     --task)
         echo "[$(date '+%F %T')] array job ${SLURM_ARRAY_JOB_ID:-?} task ${SLURM_ARRAY_TASK_ID:-?} on $(hostname)" >&2
+        # the tokenizer's threads: this task's CPUs (not every core of a shared node)
+        export RAYON_NUM_THREADS=${RAYON_NUM_THREADS:-${SLURM_CPUS_PER_TASK:-1}}
         exec srun --ntasks 1 --nodes 1 --cpus-per-task "${SLURM_CPUS_PER_TASK:-1}" \
             "$PYTHON" "$MFC_ROOT/tools/preprocess_shards.py" task --output-dir "$2" ;;
     --manifest)

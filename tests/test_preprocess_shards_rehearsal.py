@@ -123,6 +123,7 @@ def _wait_job(shim: Path, job: int, timeout: float = 150) -> dict[int, int]:
     raise AssertionError(f"job {job} did not finish in {timeout} s")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not TOKENIZER.is_dir(), reason="shared data not found (set MFC_SHARED_DATA)")
 def test_array_job_killed_task_resubmitted_matches_one_process_indexing(tmp_path):
     from megatron_fixedcode.data import shards as shard_plan

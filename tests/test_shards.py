@@ -349,3 +349,20 @@ def test_verify_checks_the_recorded_idx_hash_of_shard_outputs(tmp_path, small_to
     open(prefix + ".idx", "wb").write(bytes(data))
     rc, _, stderr = _verify(capsys, out, "--vocab-size", 320)
     assert rc == 2 and f"error: {prefix}: " in stderr and "sha256" in stderr
+
+
+@pytest.mark.slow
+def test_shard_benchmark_reports_both_paths_on_the_same_tokens(tmp_path):
+    corpus = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
+    if not (corpus / "corpus" / "state_union").is_dir():
+        pytest.skip("shared corpus not found")
+    from benchmarks.preprocess_shards import main
+
+    out = tmp_path / "bench.json"
+    assert main(["--corpus-dir", str(corpus / "corpus" / "state_union"), "--shards", "4", "--tasks", "2",
+                 "--repeat", "1", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["tokens"] > 100_000 and result["array_tasks"] == 2
+    for path in ("one_process", "array"):
+        r = result[path]
+        assert r["tokens_per_s_per_core"] == pytest.approx(result["tokens"] / r["seconds"] / result["cores"], rel=1e-3)
