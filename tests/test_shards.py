@@ -366,3 +366,17 @@ def test_shard_benchmark_reports_both_paths_on_the_same_tokens(tmp_path):
     for path in ("one_process", "array"):
         r = result[path]
         assert r["tokens_per_s_per_core"] == pytest.approx(result["tokens"] / r["seconds"] / result["cores"], rel=1e-3)
+
+
+def test_shard_locked_by_another_task_is_left_to_it_not_failed(tmp_path, small_tokenizer):
+    from megatron_fixedcode.data import shards
+    from megatron_fixedcode.locks import lock_output_prefix
+
+    _write_shards(tmp_path / "in", n=2)
+    plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2)
+    (tmp_path / "out").mkdir(exist_ok=True)
+    with lock_output_prefix(str(tmp_path / "out" / "part-000")):
+        report = shards.run_task(plan, 0)
+    assert report["busy"] == ["part-000"] and report["done"] == ["part-001"] and not report["failed"]
+    assert not (tmp_path / "out" / "part-000_failed.json").exists()
+    assert shards.run_task(plan, 0)["done"] == ["part-000"]

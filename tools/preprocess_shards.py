@@ -78,7 +78,7 @@ def main(argv=None) -> int:
                 p.error("give --task-id (or run as a Slurm array task)")
             report = shards.run_task(plan, int(task_id))
             print(f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
-                  f"{len(report['failed'])} failed")
+                  f"{len(report['failed'])} failed" + (f", {len(report['busy'])} busy in another task" if report["busy"] else ""))
             for name, error in report["failed"].items():
                 print(f"error: shard {name}: {error}", file=sys.stderr)
             return 1 if report["failed"] else 0

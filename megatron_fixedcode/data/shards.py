@@ -26,6 +26,7 @@ from typing import Optional, Sequence
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, expand_inputs, output_prefix_for, preprocess
 from megatron_fixedcode.data.preprocess.inputs import SUFFIXES
+from megatron_fixedcode.locks import LockHeld
 
 logger = logging.getLogger(__name__)
 
@@ -152,6 +153,8 @@ def index_shard(plan: dict, input_path: str, tokenizer_fingerprint: str) -> dict
     record = {**_input_record(input_path), "tokenizer_fingerprint": tokenizer_fingerprint}
     try:
         summary = preprocess(cfg)
+    except LockHeld:
+        raise  # another task is writing this shard right now: nothing is wrong with the input
     except ValueError as e:
         _write_json(failed_path, {**record, "error": str(e)})
         raise
@@ -168,13 +171,14 @@ def run_task(plan: dict, task_id: int) -> dict:
     """Index this task's shards that are not done (a failed one is tried again: the failure
     may have been transient); a bad input is recorded and the task goes on.
 
-    Returns ``{"done": [...], "skipped": [...], "failed": {name: error}}``.
+    Returns ``{"done": [...], "skipped": [...], "busy": [...], "failed": {name: error}}``; a
+    shard another live task holds the lock of (an overlapping re-submission) is ``busy``.
     """
     from megatron_fixedcode.tokenizers import build_tokenizer
 
     s = plan["settings"]
     fingerprint = build_tokenizer(s["tokenizer_type"], s["tokenizer_model"], s["eod_token"]).fingerprint
-    report = {"done": [], "skipped": [], "failed": {}}
+    report = {"done": [], "skipped": [], "busy": [], "failed": {}}
     for path in task_inputs(plan, task_id):
         name = shard_name(path)
         status, detail = shard_status(plan, path, fingerprint)
@@ -185,6 +189,10 @@ def run_task(plan: dict, task_id: int) -> dict:
         logger.info("shard %s: indexing (%s)", name, detail)
         try:
             index_shard(plan, path, fingerprint)
+        except LockHeld as e:
+            logger.warning("shard %s: being written by another task, left to it (%s)", name, e)
+            report["busy"].append(name)
+            continue
         except ValueError as e:
             logger.error("shard %s failed: %s", name, e)
             report["failed"][name] = str(e)
