@@ -11,6 +11,10 @@
 #                     (paper 2: the shard prefixes; required there, paper 1 expands its recipe's
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form
+#   DATA_MANIFEST     trainer --data-manifest: manifest.json of examples/preprocess_shards.sh (instead of
+#                     DATA_PATH/VALID_DATA_PATH: train shards -> --data-path, valid -> --valid-data-path;
+#                     replaces a recipe's data paths); several, space-separated, for a blend with
+#   DATA_MANIFEST_WEIGHTS  trainer --data-manifest-weights, one per manifest (paper 1: "0.8 0.2")
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
 #   CKPT_DIR          --save and --load (default $MFC_ROOT/runs/$RUN_NAME/checkpoints): a requeued
 #                     job resumes from the latest checkpoint there
@@ -140,6 +144,10 @@ mfc_launch() {
     if [[ -n ${DATA_PATH:-} ]]; then read -r -a items <<<"$DATA_PATH"; trainer+=(--data-path "${items[@]}"); fi
     if [[ -n ${VALID_DATA_PATH:-} ]]; then
         read -r -a items <<<"$VALID_DATA_PATH"; trainer+=(--valid-data-path "${items[@]}")
+    fi
+    if [[ -n ${DATA_MANIFEST:-} ]]; then read -r -a items <<<"$DATA_MANIFEST"; trainer+=(--data-manifest "${items[@]}"); fi
+    if [[ -n ${DATA_MANIFEST_WEIGHTS:-} ]]; then
+        read -r -a items <<<"$DATA_MANIFEST_WEIGHTS"; trainer+=(--data-manifest-weights "${items[@]}")
     fi
     [[ -n ${TOKENIZER:-} ]] && trainer+=(--tokenizer-model "$TOKENIZER")
     [[ -n ${SEED:-} ]] && trainer+=(--seed "$SEED")

@@ -22,7 +22,7 @@ def parse_args(argv=None) -> PreprocessConfig:
     p.add_argument("--tokenizer-model", required=True, help="tokenizer.json (or its directory) or .model")
     p.add_argument("--eod-token", default=None, help="end-of-document token, when the tokenizer names none")
     p.add_argument("--json-keys", nargs="+", default=["text"])
-    p.add_argument("--id-key", default=None, help="document id field for the split hash (default: text)")
+    p.add_argument("--id-key", default=None, help="document id field for the split hash (records without one: their text)")
     p.add_argument("--append-eod", action="store_true")
     p.add_argument("--split-sentences", action="store_true")
     p.add_argument("--workers", type=int, default=1)

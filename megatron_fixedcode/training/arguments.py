@@ -128,6 +128,11 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
     g.add_argument("--data-path", nargs="+", default=None, help="prefixes, or weight prefix pairs")
     g.add_argument("--valid-data-path", nargs="+", default=None)
+    g.add_argument("--data-args-path", default=None, help="file holding the --data-path string (Megatron-LM)")
+    g.add_argument("--data-manifest", nargs="+", default=None,
+                   help="manifest.json of tools/write_manifest.py: train shards -> --data-path, valid -> --valid-data-path")
+    g.add_argument("--data-manifest-weights", nargs="+", type=float, default=None,
+                   help="one weight per --data-manifest (a blend, e.g. 0.8 0.2)")
     g.add_argument("--dataset-type", choices=["gpt", "document_windows"], default="gpt")
     g.add_argument("--split", default="99,1,0")
     g.add_argument("--data-cache-path", default=None)
@@ -309,6 +314,13 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     if pre.config:
         parser.set_defaults(**load_recipe(pre.config, parser))
     a = parser.parse_args(argv)
+    try:
+        from megatron_fixedcode.data.manifest import resolve_data_sources
+
+        recipe_data = {k: parser.get_default(k) for k in ("data_path", "valid_data_path")}
+        resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
+    except ValueError as e:
+        parser.error(str(e))
     _validate(a, parser)
     try:
         layout = ParallelLayout(

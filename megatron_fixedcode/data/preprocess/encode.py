@@ -94,20 +94,27 @@ def _parse(chunk: Chunk, index: int, cfg: PreprocessConfig):
                 "split the document into several records or raise the limit"
             )
         texts[key] = value
+    return split_key(record, texts, cfg), texts
+
+
+def split_key(record: dict, texts: dict, cfg: PreprocessConfig) -> tuple[str, bytes]:
+    """The paper's split key, decided per document: ``("id", id)`` when the record holds a
+    non-empty ``--id-key`` value, else ``("text", text of the first json key)`` (hashed by
+    :func:`is_validation_document`), so a corpus where only some records carry ids still
+    splits every document deterministically."""
     if cfg.id_key is not None:
-        if record.get(cfg.id_key) is None:
-            raise ValueError(f"missing id key {cfg.id_key!r}")
-        doc_key = str(record[cfg.id_key]).encode("utf-8")
-    else:
-        doc_key = "".join(texts[cfg.json_keys[0]]).encode("utf-8")
-    return doc_key, texts
+        value = record.get(cfg.id_key)
+        if value is not None and str(value) != "":
+            return "id", str(value).encode("utf-8")
+    return "text", "".join(texts[cfg.json_keys[0]]).encode("utf-8")
 
 
 def encode_chunk(chunk: Chunk) -> dict:
     """Parse and encode a chunk; bad records are reported, not raised, so order decides."""
     cfg, tok, dtype = _WORKER["cfg"], _WORKER["tok"], _WORKER["dtype"]
     where = lambda i: f"{chunk.path}:{'row ' if chunk.is_parquet else ''}{chunk.first_line + i}"
-    result = {"errors": [], "empty": 0, "records": 0, "parts": {}, "bytes_done": chunk.bytes_done}
+    result = {"errors": [], "empty": 0, "records": 0, "parts": {}, "bytes_done": chunk.bytes_done,
+              "split_keys": {"id": 0, "text": 0}}
     if chunk.error:
         result["errors"].append((where(0) if chunk.first_line else chunk.path, chunk.error))
         return result
@@ -121,7 +128,8 @@ def encode_chunk(chunk: Chunk) -> dict:
         if parsed is None:
             continue
         result["records"] += 1
-        doc_key, texts = parsed
+        (key_kind, doc_key), texts = parsed
+        result["split_keys"][key_kind] += 1
         valid = cfg.valid_fraction > 0 and is_validation_document(doc_key, cfg.split_seed, cfg.valid_fraction)
         for key, sentences in texts.items():
             if _WORKER["splitter"] is not None:

@@ -51,6 +51,7 @@ class _Progress:
         self.cfg, self.start = cfg, time.monotonic()
         self.total_bytes = sum(f.stat().st_size for f in files) or 1
         self.bytes_done = self.records = self.empty = self.next_log = 0
+        self.split_keys = {"id": 0, "text": 0}
         self.docs = {s: 0 for s in cfg.splits}
         self.tokens = {s: 0 for s in cfg.splits}
         self.long_docs = {s: 0 for s in cfg.splits}
@@ -143,6 +144,8 @@ def _consume(results, progress: _Progress, outputs: AtomicIndexedOutputs) -> Non
             progress.add_docs(split, key, outputs.add_documents((split, key), *part))
         progress.records += result["records"]
         progress.empty += result["empty"]
+        for kind, n in result.get("split_keys", {}).items():
+            progress.split_keys[kind] += n
         progress.bytes_done = max(progress.bytes_done, result.get("bytes_done", 0))
         progress.log()
 
@@ -157,6 +160,7 @@ def _summary(cfg, files, tokenizer, dtype, progress: _Progress, outputs: AtomicI
         "documents": progress.docs,
         "tokens": progress.tokens,
         "records_read": progress.records,
+        "split_keys": progress.split_keys,
         "empty_documents": progress.empty,
         "skipped": {"count": progress.num_skipped, "by_reason": dict(progress.skip_reasons),
                     "listed": progress.skipped},
