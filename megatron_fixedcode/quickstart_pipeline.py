@@ -29,6 +29,8 @@ import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from megatron_fixedcode.cli.parser import ArgumentParser
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -246,7 +248,7 @@ def format_results(results: dict[str, dict], work: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
+    p = ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", default="runs/quickstart")
     p.add_argument("--input", nargs="+", default=None,
