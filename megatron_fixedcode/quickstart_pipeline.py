@@ -34,7 +34,7 @@ from megatron_fixedcode.cli.parser import ArgumentParser
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = REPO_ROOT / "examples" / "recipes" / "tiny_cpu.yaml"
+TINY_RECIPE = Path(__file__).resolve().parent / "recipes" / "tiny_cpu.yaml"  # examples/recipes, package data
 SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 INDEXED_SUFFIXES = JSON_SUFFIXES + (".parquet",)
