@@ -6,7 +6,6 @@ The llama block becomes LlamaForCausalLM (a fixed code as a frozen embed_tokens 
 transformers loads); the gpt_gelu block becomes GPTNeoXForCausalLM. See docs/export.md.
 """
 import argparse
-import os
 import sys
 import warnings
 
