@@ -7,6 +7,11 @@
 * ours: ``megatron_fixedcode.data.preprocess.preprocess`` with the same worker count;
 * ceiling: one ``encode_batch_fast`` call (ids included) over all texts already in memory.
 
+Throughput is timed in this process (imports already paid). Then each is timed as a whole process
+from the command line, start-up included (``--whole-process``): ``tools/preprocess_data.py``
+against the baseline run as its own ``python`` process (which imports megatron-core, as
+Megatron-LM's tool does), with start-up (``-h``, and ``python -c pass``) reported separately.
+
 Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the checkout).
 """
 
@@ -17,6 +22,7 @@ import os
 import re
 import resource
 import shutil
+import subprocess
 import sys
 import tempfile
 import time
@@ -31,7 +37,8 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, output_prefix_for, preprocess  # noqa: E402
 
-SHARED = Path(__file__).resolve().parents[2] / "shared" / "data"
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data"
 
 
 def build_documents(corpus_dir: Path, doc_bytes: int) -> list[str]:
@@ -84,16 +91,42 @@ def _cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
-def timed(fn, *args) -> tuple[float, float]:
+def timed(fn, *args, **kwargs) -> tuple[float, float]:
     """(wall seconds, CPU seconds): CPU time shows the work done even when other jobs share the cores."""
     wall, cpu = time.perf_counter(), _cpu_seconds()
-    fn(*args)
+    fn(*args, **kwargs)
     return time.perf_counter() - wall, _cpu_seconds() - cpu
 
 
 def run_ceiling(texts: list[str], model: str) -> tuple[float, float]:
     tok = HFTokenizer.from_file(model)
     return timed(lambda: [e.ids for e in tok.encode_batch_fast(texts, add_special_tokens=False)])
+
+
+def _run_process(cmd: list[str]) -> tuple[float, float]:
+    """(wall, CPU seconds of the process and its children): CPU time is the steadier figure under load."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    return timed(subprocess.run, cmd, check=True, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
+
+def whole_process(jsonl: Path, model: str, work: Path, workers: int, vocab_size: int, repeat: int) -> dict:
+    """Best-of-N wall seconds of whole command-line processes (start-up included)."""
+    ours = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(jsonl),
+            "--output-prefix", str(work / "cli_ours"), "--tokenizer-type", "HuggingFaceTokenizer",
+            "--tokenizer-model", model, "--workers", str(workers), "--append-eod", "--valid-fraction", "0",
+            "--log-interval", str(10**9)]
+    base = [sys.executable, "-c", "import sys; sys.path.insert(0, sys.argv[1]); import preprocess as b; "
+            "b.run_baseline(sys.argv[2], sys.argv[3], sys.argv[4], int(sys.argv[5]), int(sys.argv[6]))",
+            str(Path(__file__).parent), str(jsonl), model, str(work / "cli_base"), str(workers), str(vocab_size)]
+    times = {"python -c pass": [], "preprocess_data.py -h": [], "ours": [], "baseline": []}
+    for _ in range(repeat):
+        times["python -c pass"].append(_run_process([sys.executable, "-c", "pass"]))
+        times["preprocess_data.py -h"].append(_run_process(ours[:2] + ["-h"]))
+        times["baseline"].append(_run_process(base))
+        times["ours"].append(_run_process(ours))
+    prefix = output_prefix_for(str(work / "cli_ours"), "train", "text")
+    identical = all(Path(str(work / "cli_base") + s).read_bytes() == Path(prefix + s).read_bytes() for s in (".bin", ".idx"))
+    return {**{k: min(v) for k, v in times.items()}, "identical": identical}  # best by wall time
 
 
 def main(argv=None) -> int:
@@ -103,6 +136,8 @@ def main(argv=None) -> int:
     p.add_argument("--doc-bytes", type=int, default=4000, help="approximate document size")
     p.add_argument("--workers", type=int, nargs="+", default=[1, 2])
     p.add_argument("--repeat", type=int, default=3, help="best of N runs of each measurement")
+    p.add_argument("--no-whole-process", dest="whole_process", action="store_false",
+                   help="skip the command-line (start-up included) comparison")
     args = p.parse_args(argv)
     corpus = Path(args.corpus_dir)
     if not corpus.is_dir():
@@ -144,6 +179,8 @@ def main(argv=None) -> int:
             )
             rows.append((workers, best[("baseline", workers)], best[("ours", workers)], identical))
         num_tokens = int(np.fromfile(ours_prefix + ".bin", dtype=DType.optimal_dtype(vocab_size)).size)
+        whole = {w: whole_process(jsonl, args.tokenizer_model, work, w, vocab_size, args.repeat)
+                 for w in (args.workers if args.whole_process else [])}
     finally:
         shutil.rmtree(work)
     print(f"load average after {os.getloadavg()[0]:.2f}, best of {args.repeat} interleaved runs")
@@ -159,7 +196,13 @@ def main(argv=None) -> int:
         print(f"workers={workers} ours/baseline {base[0] / ours[0]:.2f}x wall, {base[1] / ours[1]:.2f}x CPU; "
               f"ours/ceiling {ceiling_s / ours[0]:.0%} wall, {ceiling_cpu / ours[1]:.0%} CPU; "
               f"identical .bin/.idx: {identical}")
-    return 0 if all(r[3] for r in rows) else 1
+    for workers, w in whole.items():
+        (pw, _), (hw, _), (bw, bc), (ow, oc) = (w[k] for k in ("python -c pass", "preprocess_data.py -h", "baseline", "ours"))
+        print(f"workers={workers} start-up: python -c pass {pw:.2f}s, preprocess_data.py -h {hw:.2f}s")
+        print(f"workers={workers} whole process (start-up included, best of {args.repeat}): baseline {bw:.2f}s "
+              f"({bc:.2f} CPU-s), ours {ow:.2f}s ({oc:.2f} CPU-s): {bw / ow:.2f}x wall, {bc / oc:.2f}x CPU; "
+              f"identical .bin/.idx: {w['identical']}")
+    return 0 if all(r[3] for r in rows) and all(w["identical"] for w in whole.values()) else 1
 
 
 if __name__ == "__main__":

@@ -171,7 +171,8 @@ mfc_launch() {
     mfc_activate_venv
     cd "$MFC_ROOT"
     local config
-    config=$(python -m megatron_fixedcode.pretrain "${trainer[@]}" --dry-run) || exit 2
+    # stdout: the resolved config (JSON); stderr: TE warning, layout and memory per GPU for this world size
+    config=$(WORLD_SIZE=$((num_nodes * gpus_per_node)) python -m megatron_fixedcode.pretrain "${trainer[@]}" --dry-run) || exit 2
     if ((dry_run)); then
         echo "# nodes=$num_nodes gpus_per_node=$gpus_per_node cpus_per_task=$cpus_per_task job=$job_id recipe=$RECIPE"
         echo "# env: CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS" \

@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 import warnings
 
@@ -15,10 +16,27 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", categ
 from megatron_fixedcode.training.arguments import parse_pretrain_args
 
 
+def _print_plan(a) -> None:
+    """On stderr (stdout is the config JSON that launchers read): TE warning, layout, memory per GPU
+    for ``WORLD_SIZE`` GPUs (1 when unset; the Slurm launchers set it for their dry runs)."""
+    from megatron_fixedcode.training.plan import format_plan, plan, te_warning
+
+    warning = te_warning(a)
+    if warning:
+        print(warning, file=sys.stderr)
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    try:
+        lines = format_plan(plan(a, world_size))
+    except ValueError as e:
+        lines = [f"dry run: no plan for WORLD_SIZE={world_size}: {e}"]
+    print("\n".join(lines), file=sys.stderr)
+
+
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_pretrain_args(argv)
     if cfg.args.dry_run:
         print(json.dumps(cfg.as_dict(), sort_keys=True))
+        _print_plan(cfg.args)
         return 0
     from megatron_fixedcode.training.loop import run_pretraining
 

@@ -29,10 +29,12 @@ import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
+from megatron_fixedcode.cli.parser import ArgumentParser
+
 logger = logging.getLogger(__name__)
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-TINY_RECIPE = REPO_ROOT / "examples" / "recipes" / "tiny_cpu.yaml"
+TINY_RECIPE = Path(__file__).resolve().parent / "recipes" / "tiny_cpu.yaml"  # examples/recipes, package data
 SKIPPED_DIRS = {"site-packages", "dist-packages", "test", "tests", "idle_test", "__pycache__"}
 JSON_SUFFIXES = (".jsonl", ".jsonl.gz", ".json", ".json.gz")
 INDEXED_SUFFIXES = JSON_SUFFIXES + (".parquet",)
@@ -246,7 +248,7 @@ def format_results(results: dict[str, dict], work: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
+    p = ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--work-dir", default="runs/quickstart")
     p.add_argument("--input", nargs="+", default=None,

@@ -8,6 +8,7 @@ import torch
 
 _FAULTS_PER_64MIB_STEP = """
 import json, resource, sys, torch
+import megatron_fixedcode.compat.distributed  # noqa: F401  the trainer's process: megatron-core imported
 from megatron_fixedcode.compat.cpu import keep_freed_memory_for_reuse
 applied = keep_freed_memory_for_reuse() if sys.argv[1] == "reuse" else False
 def step():  # what an activation does each step: allocate, write, free

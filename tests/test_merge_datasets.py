@@ -10,6 +10,7 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, merge_datasets, output_prefix_for, preprocess
+from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter
 from megatron_fixedcode.tokenizers import train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[1]
@@ -74,7 +75,7 @@ def test_missing_input_and_failed_merge_keep_previous_output(shards, tmp_path, m
     def fail(self, path_prefix):
         raise RuntimeError("disk full")
 
-    monkeypatch.setattr(IndexedDatasetBuilder, "add_index", fail)
+    monkeypatch.setattr(IndexedWriter, "add_index", fail)
     with pytest.raises(RuntimeError):
         merge_datasets([str(shards)], str(tmp_path / "merged"))
     assert {s: (tmp_path / f"merged{s}").read_bytes() for s in (".bin", ".idx")} == before

@@ -72,6 +72,8 @@ def test_batch_equals_single_and_roundtrip(smollm2, shared_data):
 
 
 def test_megatron_core_compatible(smollm2):
+    """A virtual subclass once the data pipeline (which hands it to megatron-core) is imported."""
+    import megatron_fixedcode.data.gpt_blend  # noqa: F401
     from megatron.core.tokenizers import MegatronTokenizerBase
 
     assert isinstance(smollm2, MegatronTokenizerBase)

@@ -8,31 +8,9 @@
 Written at TP=1/PP=1; it loads at any TP/PP (weights only: use --finetune). Our own exports
 are recognized by config.json["fixed_code"] and verified against the code. See docs/export.md.
 """
-import argparse
 import sys
-import warnings
 
-warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
-
-from megatron_fixedcode.export.from_hf import convert_hf_to_megatron
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hf-dir", required=True, help="directory with config.json and safetensors")
-    p.add_argument("--save", required=True, help="checkpoint root to create")
-    p.add_argument("--seq-length", type=int, default=None, help="default: max_position_embeddings")
-    p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    a = p.parse_args(argv)
-    try:
-        out = convert_hf_to_megatron(a.hf_dir, a.save, seq_length=a.seq_length,
-                                     make_vocab_size_divisible_by=a.make_vocab_size_divisible_by)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(out)
-    return 0
-
+from megatron_fixedcode.cli.convert_hf_to_megatron import main
 
 if __name__ == "__main__":
     sys.exit(main())

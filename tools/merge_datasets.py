@@ -1,30 +1,8 @@
+#!/usr/bin/env python
 """Merge megatron-core .bin/.idx shards into one dataset (like Megatron-LM's merge_datasets.py)."""
-
-import argparse
-import logging
 import sys
-import warnings
 
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
-
-from megatron_fixedcode.data.preprocess import merge_datasets
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__)
-    p.add_argument("--input", nargs="+", required=True, help="directories or dataset prefixes, merged in order")
-    p.add_argument("--output-prefix", required=True)
-    p.add_argument("--pattern", default="*", help="glob for prefixes inside --input directories")
-    args = p.parse_args(argv)
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    try:
-        result = merge_datasets(args.input, args.output_prefix, args.pattern)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    print(f"{result['documents']} documents, {result['tokens']} tokens -> {result['output_prefix']}")
-    return 0
-
+from megatron_fixedcode.cli.merge_datasets import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,58 +1,8 @@
-"""Verify indexed-dataset shards completely before training on them.
-
-    python tools/verify_dataset.py /data/shards --tokenizer-model tokenizer.json --seq-length 2048
-
-PATHS are output directories (every *_summary.json in them: each output is checked against its
-summary), summary files, or dataset prefixes. Per shard: .idx header and arrays consistent with
-the .bin, dtype able to hold the vocabulary, every token id < V, document (and token) counts equal
-to the summary. Prints tokens, documents and documents with >= seq_length + 1 tokens per shard;
-exits 2 naming every bad shard. See docs/data.md.
-"""
-
-import argparse
-import json
+#!/usr/bin/env python
+"""Verify indexed-dataset shards completely before training on them."""
 import sys
-import warnings
 
-warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
-
-from megatron_fixedcode.data.verify import verify_paths
-
-
-def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", help="output directories, *_summary.json files or dataset prefixes")
-    p.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
-    p.add_argument("--tokenizer-model", default=None, help="gives V (the vocabulary size)")
-    p.add_argument("--vocab-size", type=int, default=None, help="V without a tokenizer")
-    p.add_argument("--seq-length", type=int, default=2048, help="eligible documents have >= seq_length + 1 tokens")
-    p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
-    args = p.parse_args(argv)
-    vocab_size = args.vocab_size
-    try:
-        if vocab_size is None and args.tokenizer_model:
-            from megatron_fixedcode.tokenizers import build_tokenizer
-
-            vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
-        if vocab_size is None:
-            p.error("give --tokenizer-model or --vocab-size (token ids are checked against V)")
-        results, errors = verify_paths(args.paths, vocab_size, args.seq_length)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
-    for r in results:
-        if args.json:
-            print(json.dumps(r))
-        else:
-            print(f"ok {r['prefix']}: {r['tokens']} tokens, {r['documents']} documents, "
-                  f"{r['eligible_documents']} with >= {args.seq_length + 1} tokens")
-    total = {k: sum(r[k] for r in results) for k in ("tokens", "documents", "eligible_documents")}
-    print(f"{len(results)} shards ok, {len(errors)} bad: {total['tokens']} tokens, {total['documents']} documents, "
-          f"{total['eligible_documents']} eligible", file=sys.stderr)
-    for e in errors:
-        print(f"error: {e}", file=sys.stderr)
-    return 2 if errors else 0
-
+from megatron_fixedcode.cli.verify_dataset import main
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,9 +1,20 @@
 """Analysis of trained models on CPU: activation statistics by token across depth, layer ablation,
 activation patching and linear probes (``tools/analyze_model.py``; docs/analysis.md)."""
-from megatron_fixedcode.analysis.hooks import hidden_states, next_token_nll, patch_site, skip_block
-from megatron_fixedcode.analysis.interventions import activation_patching, layer_ablation
-from megatron_fixedcode.analysis.probes import probe_accuracy, ridge_fit
-from megatron_fixedcode.analysis.stats import activation_stats
+
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "hidden_states": "hooks",
+    "next_token_nll": "hooks",
+    "patch_site": "hooks",
+    "skip_block": "hooks",
+    "activation_patching": "interventions",
+    "layer_ablation": "interventions",
+    "probe_accuracy": "probes",
+    "ridge_fit": "probes",
+    "activation_stats": "stats",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "activation_patching",

@@ -1,13 +1,18 @@
 """Compatibility layer: CPU/gloo runtime and the only access to megatron's parallel_state."""
-from megatron_fixedcode.compat.cpu import apply_cpu_patches, cpu_transformer_config_overrides
-from megatron_fixedcode.compat.distributed import (
-    ParallelLayout,
-    describe_runtime,
-    destroy_distributed,
-    initialize_distributed,
-    parallel_ranks,
-    runtime_device,
-)
+
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "apply_cpu_patches": "cpu",
+    "cpu_transformer_config_overrides": "cpu",
+    "ParallelLayout": "layout",
+    "describe_runtime": "distributed",
+    "destroy_distributed": "distributed",
+    "initialize_distributed": "distributed",
+    "parallel_ranks": "distributed",
+    "runtime_device": "distributed",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "ParallelLayout",

@@ -1,18 +1,26 @@
 """Training data: megatron GPTDataset blends and paper-2 document windows."""
 
-from megatron_fixedcode.data.build import build_datasets, build_document_window_datasets
-from megatron_fixedcode.data.config import DataConfig, parse_blend, samples_per_shard_visit
-from megatron_fixedcode.data.document_window import DocumentWindowDataset, WindowLocation
-from megatron_fixedcode.data.gpt_blend import build_gpt_datasets, locate_gpt_sample
-from megatron_fixedcode.data.sampler import (
-    RankMicrobatchSampler,
-    collate_samples,
-    count_prediction_targets,
-    fetch_microbatch,
-    global_batch_indices,
-    num_microbatches,
-    rank_microbatch_indices,
-)
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "build_datasets": "build",
+    "build_document_window_datasets": "build",
+    "DataConfig": "config",
+    "parse_blend": "config",
+    "samples_per_shard_visit": "config",
+    "DocumentWindowDataset": "document_window",
+    "WindowLocation": "document_window",
+    "build_gpt_datasets": "gpt_blend",
+    "locate_gpt_sample": "gpt_blend",
+    "RankMicrobatchSampler": "sampler",
+    "collate_samples": "sampler",
+    "count_prediction_targets": "sampler",
+    "fetch_microbatch": "sampler",
+    "global_batch_indices": "sampler",
+    "num_microbatches": "sampler",
+    "rank_microbatch_indices": "sampler",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "DataConfig",

@@ -20,6 +20,9 @@ from megatron.core.datasets.utils import Split
 
 from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.validate import check_token_ids
+from megatron_fixedcode.tokenizers.base import register_with_megatron
+
+register_with_megatron()  # our tokenizers go into GPTDatasetConfig.tokenizer
 
 logger = logging.getLogger(__name__)
 

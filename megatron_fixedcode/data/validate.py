@@ -20,7 +20,7 @@ from typing import Iterable, Optional
 
 import numpy
 
-from megatron.core.datasets.indexed_dataset import DType
+from megatron_fixedcode.data.preprocess.indexed_format import CODE_DTYPES
 
 _INDEX_HEADER = b"MMIDIDX\x00\x00"
 _HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # header, version, dtype code, #sequences, #documents
@@ -52,8 +52,8 @@ def check_shard(prefix: str, vocab_size: Optional[int] = None, field: str = "dat
     if version != 1:
         raise ValueError(f"{where}: {idx_path} has index version {version}, expected 1")
     try:
-        dtype = numpy.dtype(DType.dtype_from_code(code))
-    except (KeyError, ValueError):
+        dtype = CODE_DTYPES[code]  # megatron-core's DType codes
+    except KeyError:
         raise ValueError(f"{where}: {idx_path} has an unknown token dtype code {code}") from None
     expected_idx = _HEADER_BYTES + num_sequences * (4 + 8) + num_documents * 8
     if idx_size not in (expected_idx, expected_idx + num_sequences):  # + int8 modes (multimodal)

@@ -1,7 +1,18 @@
 """Evaluation: validation loss/perplexity of checkpoints and exports, the LM Evaluation Harness,
 and per-model / across-seed reports."""
-from megatron_fixedcode.eval.perplexity import document_nll, indexed_documents, text_documents
-from megatron_fixedcode.eval.report import compare, comparison_markdown, model_markdown, seed_summary
+
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "document_nll": "perplexity",
+    "indexed_documents": "perplexity",
+    "text_documents": "perplexity",
+    "compare": "report",
+    "comparison_markdown": "report",
+    "model_markdown": "report",
+    "seed_summary": "report",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = ["compare", "comparison_markdown", "document_nll", "indexed_documents", "model_markdown",
            "seed_summary", "text_documents"]

@@ -14,8 +14,7 @@ from typing import Any
 
 from megatron_fixedcode.export import hf_io
 
-REPO = Path(__file__).resolve().parents[2]
-LOCAL_TASKS_DIR = REPO / "examples" / "eval"
+LOCAL_TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # examples/eval, shipped as package data
 # (group or task, num_fewshot): SPEC §2, paper 2's table. MMLU runs 0- and 5-shot.
 PAPER_SUITE = [("fixedcode_paper_suite", 0), ("mmlu", 5)]
 LOCAL_SUITE = [("fixedcode_local", 0)]

@@ -1,9 +1,18 @@
 """Models: the fixed-code input interface inside megatron-core's GPTModel."""
-from megatron_fixedcode.models.builder import build_gpt_model, build_transformer_config
-from megatron_fixedcode.models.config import INPUT_EMBEDDINGS, ModelConfig
-from megatron_fixedcode.models.fixed_code_embedding import FixedCodeEmbedding
-from megatron_fixedcode.models.gpt import InputInterfaceGPTModel
-from megatron_fixedcode.models.report import format_parameter_report, parameter_report
+
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "build_gpt_model": "builder",
+    "build_transformer_config": "builder",
+    "INPUT_EMBEDDINGS": "config",
+    "ModelConfig": "config",
+    "FixedCodeEmbedding": "fixed_code_embedding",
+    "InputInterfaceGPTModel": "gpt",
+    "format_parameter_report": "report",
+    "parameter_report": "report",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "INPUT_EMBEDDINGS",

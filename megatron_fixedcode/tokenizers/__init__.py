@@ -1,30 +1,17 @@
 """Tokenizers behind one interface: ``build_tokenizer(type, model)``."""
 
-from pathlib import Path
-from typing import Optional
+from megatron_fixedcode._lazy import lazy_exports
 
-from megatron_fixedcode.tokenizers.base import Tokenizer, file_fingerprint
-from megatron_fixedcode.tokenizers.huggingface_tokenizer import HuggingFaceTokenizer
-from megatron_fixedcode.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer
-from megatron_fixedcode.tokenizers.train import train_bpe_tokenizer
-
-TOKENIZER_TYPES = {
-    "HuggingFaceTokenizer": HuggingFaceTokenizer,
-    "SentencePieceTokenizer": SentencePieceTokenizer,
+_EXPORTS = {
+    "Tokenizer": "base",
+    "file_fingerprint": "base",
+    "HuggingFaceTokenizer": "huggingface_tokenizer",
+    "SentencePieceTokenizer": "sentencepiece_tokenizer",
+    "TOKENIZER_TYPES": "registry",
+    "build_tokenizer": "registry",
+    "train_bpe_tokenizer": "train",
 }
-
-
-def build_tokenizer(
-    tokenizer_type: str, tokenizer_model: str, eod_token: Optional[str] = None
-) -> Tokenizer:
-    """Load a local tokenizer by Megatron-LM's ``--tokenizer-type`` name."""
-    if tokenizer_type not in TOKENIZER_TYPES:
-        raise ValueError(
-            f"--tokenizer-type {tokenizer_type!r} is not supported; "
-            f"choose one of {', '.join(TOKENIZER_TYPES)}"
-        )
-    return TOKENIZER_TYPES[tokenizer_type](Path(tokenizer_model), eod_token)
-
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "Tokenizer",

@@ -1,17 +1,24 @@
 """The one tokenizer interface used by preprocessing and by megatron-core datasets.
 
-It subclasses megatron-core's ``MegatronTokenizerBase`` so a tokenizer can be put in a
-``GPTDatasetConfig`` as it is (``GPTDataset`` reads ``vocab_size`` and ``eod``).
+It has the members of megatron-core's ``MegatronTokenizerBase`` so a tokenizer can be put in a
+``GPTDatasetConfig`` as it is (``GPTDataset`` reads ``vocab_size`` and ``eod``); it is registered as
+a virtual subclass of it (``register_with_megatron``) rather than derived from it, so that
+tokenizing a corpus does not import megatron-core and torch (seconds of start-up).
 """
 
 import hashlib
 import json
-from abc import abstractmethod
+from abc import ABC, abstractmethod
 from collections import OrderedDict
 from pathlib import Path
 from typing import Optional, Sequence
 
-from megatron.core.tokenizers import MegatronTokenizerBase
+def register_with_megatron() -> None:
+    """Make ``isinstance(tok, MegatronTokenizerBase)`` hold; called where tokenizers meet megatron-core."""
+    from megatron.core.tokenizers import MegatronTokenizerBase
+
+    MegatronTokenizerBase.register(Tokenizer)
+
 
 # Tried in this order when the tokenizer file does not name its end-of-document token.
 KNOWN_EOD_TOKENS = ("<|endoftext|>", "</s>", "<|end_of_text|>", "<eos>")
@@ -24,7 +31,7 @@ def file_fingerprint(path: Path, num_hex: int = 16) -> str:
     return hashlib.sha256(Path(path).read_bytes()).hexdigest()[:num_hex]
 
 
-class Tokenizer(MegatronTokenizerBase):
+class Tokenizer(ABC):
     """Text <-> ids with the special ids a pretraining pipeline needs.
 
     Subclasses set ``self.fingerprint`` and implement the abstract members. ``bos`` and
@@ -34,7 +41,7 @@ class Tokenizer(MegatronTokenizerBase):
     tokenizer_type: str = "Tokenizer"
 
     def __init__(self, path: Path, eod_token: Optional[str] = None) -> None:
-        super().__init__(str(path), config={})
+        self.path = str(path)  # MegatronTokenizerBase.__init__(path, config={})
         self.model_path = Path(path)
         self.eod_token = eod_token
         self.fingerprint = file_fingerprint(self.model_path)

@@ -14,8 +14,9 @@ from typing import Any
 
 import yaml
 
+from megatron_fixedcode.cli.parser import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
-from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.compat.layout import ParallelLayout
 from megatron_fixedcode.models.config import (
     BLOCKS,
     CODE_KERNELS,
@@ -167,7 +168,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=__doc__,
+    p = ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=__doc__,
                                 usage="%(prog)s [--config RECIPE.yaml] [--dry-run] [flags]  (see --help)",
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--config", default=None, help="YAML recipe; command-line flags override it")

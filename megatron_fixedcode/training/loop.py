@@ -450,7 +450,7 @@ class Trainer:
         out_root.mkdir(parents=True, exist_ok=True)
         out = out_root / f"iter_{self.step:07d}"
         self._export_log = out_root / f"iter_{self.step:07d}.log"
-        cmd = [sys.executable, str(Path(__file__).resolve().parents[2] / "tools" / "convert_checkpoint_to_hf.py"),
+        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.convert_checkpoint_to_hf",
                "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.

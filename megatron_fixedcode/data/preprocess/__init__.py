@@ -1,14 +1,19 @@
 """Corpus indexing: JSONL/Parquet -> megatron-core ``.bin/.idx`` with a document-level split."""
 
-from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_prefix_for
-from megatron_fixedcode.data.preprocess.encode import is_validation_document
-from megatron_fixedcode.data.preprocess.inputs import SUFFIXES, expand_inputs
-from megatron_fixedcode.data.preprocess.outputs import (
-    AtomicIndexedOutputs,
-    find_dataset_prefixes,
-    merge_datasets,
-)
-from megatron_fixedcode.data.preprocess.pipeline import preprocess
+from megatron_fixedcode._lazy import lazy_exports
+
+_EXPORTS = {
+    "PreprocessConfig": "config",
+    "output_prefix_for": "config",
+    "is_validation_document": "encode",
+    "SUFFIXES": "inputs",
+    "expand_inputs": "inputs",
+    "AtomicIndexedOutputs": "outputs",
+    "find_dataset_prefixes": "outputs",
+    "merge_datasets": "outputs",
+    "preprocess": "pipeline",
+}
+__getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
 __all__ = [
     "SUFFIXES",

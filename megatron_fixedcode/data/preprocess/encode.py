@@ -12,10 +12,10 @@ import os
 from typing import Optional
 
 import numpy as np
-from megatron.core.datasets.indexed_dataset import DType
 
 from megatron_fixedcode.compat.process import die_with_parent
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
+from megatron_fixedcode.data.preprocess.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.inputs import Chunk
 from megatron_fixedcode.tokenizers import Tokenizer, build_tokenizer
 
@@ -56,7 +56,7 @@ def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Option
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["cfg"] = cfg
     _WORKER["tok"] = tokenizer or build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
-    _WORKER["dtype"] = DType.optimal_dtype(_WORKER["tok"].vocab_size)
+    _WORKER["dtype"] = optimal_dtype(_WORKER["tok"].vocab_size)
     _WORKER["splitter"] = sentence_splitter()[0] if cfg.split_sentences else None
 
 

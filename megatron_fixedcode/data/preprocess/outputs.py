@@ -12,36 +12,32 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder, _IndexReader
 
+from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter, IndexFile
 from megatron_fixedcode.locks import lock_output_prefix
 
 logger = logging.getLogger(__name__)
 
 
 class AtomicIndexedOutputs:
-    """One megatron-core ``IndexedDatasetBuilder`` per name, published all together."""
+    """One ``.bin/.idx`` writer (megatron-core's format, see ``indexed_format``) per name, published all together."""
 
     def __init__(self, prefixes: dict, dtype) -> None:
         self.prefixes = dict(prefixes)
         self.builders = {}
         for name, prefix in self.prefixes.items():
             Path(prefix).parent.mkdir(parents=True, exist_ok=True)
-            self.builders[name] = IndexedDatasetBuilder(prefix + ".bin.tmp", dtype=dtype)
+            self.builders[name] = IndexedWriter(prefix + ".bin.tmp", dtype)
 
     def add_documents(self, name, ids: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> np.ndarray:
         """Append documents given flat ids, sequence lengths and sequences per document.
 
         Returns the documents' token counts.
         """
-        builder = self.builders[name]
+        counts = np.asarray(counts, dtype=np.int64)
+        self.builders[name].add_documents(ids, lengths, counts)
         seq_bounds = np.r_[0, np.cumsum(counts)]
-        tok_bounds = np.r_[0, np.cumsum(lengths)][seq_bounds]
-        seq_bounds, tok_bounds = seq_bounds.tolist(), tok_bounds.tolist()
-        for d in range(len(counts)):
-            s0, s1, t0, t1 = seq_bounds[d], seq_bounds[d + 1], tok_bounds[d], tok_bounds[d + 1]
-            builder.add_document(ids[t0:t1], lengths[s0:s1].tolist())
-        return np.diff(tok_bounds)
+        return np.diff(np.r_[0, np.cumsum(lengths, dtype=np.int64)][seq_bounds])
 
     def add_index(self, name, path_prefix: str) -> None:
         self.builders[name].add_index(path_prefix)
@@ -95,7 +91,7 @@ def _merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str) -> 
     prefixes = find_dataset_prefixes(inputs, pattern)
     if output_prefix in prefixes:
         raise ValueError(f"--output-prefix {output_prefix} is also an input")
-    dtypes = {p: _IndexReader(p + ".idx", multimodal=False).dtype for p in prefixes}
+    dtypes = {p: IndexFile(p + ".idx").dtype for p in prefixes}
     if len(set(dtypes.values())) > 1:
         listing = ", ".join(f"{p}: {np.dtype(d).name}" for p, d in dtypes.items())
         raise ValueError(f"--input datasets have different token dtypes ({listing}); re-index them alike")
@@ -106,7 +102,7 @@ def _merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str) -> 
             logger.info("adding %s", prefix)
             outputs.add_index("merged", prefix)
         builder = outputs.builders["merged"]
-        documents, tokens = len(builder.document_indices) - 1, int(sum(builder.sequence_lengths))
+        documents, tokens = builder.num_documents, builder.num_tokens
         outputs.publish()
     except BaseException:
         outputs.discard()

@@ -17,10 +17,10 @@ from pathlib import Path
 from typing import Sequence
 
 import numpy as np
-from megatron.core.datasets.indexed_dataset import DType
 
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_prefix_for
 from megatron_fixedcode.data.preprocess.encode import encode_chunk, init_worker, sentence_splitter
+from megatron_fixedcode.data.preprocess.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.inputs import expand_inputs, iter_chunks
 from megatron_fixedcode.data.preprocess.outputs import AtomicIndexedOutputs
 from megatron_fixedcode.locks import lock_output_prefix
@@ -105,7 +105,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
 def _preprocess(cfg: PreprocessConfig) -> dict:
     files = expand_inputs(cfg.input)
     tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
-    dtype = DType.optimal_dtype(tokenizer.vocab_size)
+    dtype = optimal_dtype(tokenizer.vocab_size)
     if cfg.split_sentences and not sentence_splitter()[1]:
         logger.warning("nltk punkt data not installed: splitting sentences with untrained punkt")
     logger.info("%d input files, %s tokens, outputs %s_*", len(files), np.dtype(dtype).name, cfg.output_prefix)

@@ -1,0 +1,42 @@
+"""Convert a megatron-fixedcode checkpoint (saved under any TP/PP) to a Hugging Face directory.
+
+    python tools/convert_checkpoint_to_hf.py --load CKPT_DIR --output HF_DIR [--table-free]
+
+The llama block becomes LlamaForCausalLM (a fixed code as a frozen embed_tokens table that plain
+transformers loads); the gpt_gelu block becomes GPTNeoXForCausalLM. See docs/export.md.
+"""
+import argparse
+import sys
+import warnings
+
+from megatron_fixedcode.cli.parser import ArgumentParser
+
+warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--load", required=True, help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir")
+    p.add_argument("--output", required=True, help="Hugging Face directory to write")
+    p.add_argument("--ckpt-step", type=int, default=None, help="iteration to convert (default: the latest)")
+    p.add_argument("--dtype", default="float32", choices=["float32", "bfloat16", "float16"])
+    p.add_argument("--table-free", action="store_true",
+                   help="store no input table; write modeling_fixedcode.py (load with trust_remote_code=True)")
+    p.add_argument("--max-shard-size", default="5GB")
+    p.add_argument("--tokenizer-model", default=None, help="override the tokenizer path recorded in the checkpoint")
+    p.add_argument("--overwrite", action="store_true")
+    a = p.parse_args(argv)
+    from megatron_fixedcode.export.to_hf import convert_checkpoint_to_hf
+    try:
+        out = convert_checkpoint_to_hf(a.load, a.output, step=a.ckpt_step, dtype=a.dtype, table_free=a.table_free,
+                                       max_shard_size=a.max_shard_size, tokenizer_model=a.tokenizer_model,
+                                       overwrite=a.overwrite)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

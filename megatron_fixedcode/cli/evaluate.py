@@ -1,0 +1,84 @@
+"""Evaluate checkpoints and exports.
+
+    python tools/evaluate.py --load CKPT --text-files F [F ...] --json      # megatron checkpoint, any TP/PP
+    python tools/evaluate.py --hf-model HF_DIR --text-files F --json         # the same protocol in transformers
+    python tools/evaluate.py --hf-model HF_DIR --tasks local --output r.json # LM Evaluation Harness
+    python tools/evaluate.py --compare a.json b.json ... --markdown cmp.md   # across models and seeds
+
+See docs/evaluation.md for the protocol (document windows, EOD context, acc vs acc_norm).
+"""
+import argparse
+import json
+import sys
+import warnings
+from pathlib import Path
+
+warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
+
+from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.eval import report
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--load", help="megatron checkpoint root or iter_* dir (loaded at TP=1/PP=1)")
+    src.add_argument("--hf-model", help="Hugging Face directory (an export)")
+    src.add_argument("--compare", nargs="+", help="result JSONs to aggregate (label/seed/reference keys)")
+    p.add_argument("--ckpt-step", type=int, default=None)
+    p.add_argument("--text-files", nargs="+", default=None, help="one document per file")
+    p.add_argument("--data-path", nargs="+", default=None, help="indexed dataset prefixes (e.g. the validation split)")
+    p.add_argument("--seq-length", type=int, default=None, help="window length (default: the model's)")
+    p.add_argument("--max-tokens", type=int, default=None, help="stop after about this many targets")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--tokenizer-model", default=None, help="override the checkpoint's tokenizer path")
+    p.add_argument("--tasks", default=None, help="lm-eval: 'paper', 'local' or task[:shots],...")
+    p.add_argument("--limit", type=float, default=None, help="lm-eval: examples per task (for smoke runs)")
+    p.add_argument("--trust-remote-code", action="store_true", help="for --table-free exports")
+    p.add_argument("--label", default=None, help="name of this model in reports (e.g. binary)")
+    p.add_argument("--seed", type=int, default=None, help="training seed, for across-seed reports")
+    p.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    p.add_argument("--output", default=None, help="write the JSON result here")
+    p.add_argument("--markdown", default=None, help="write a markdown table here")
+    return p
+
+
+def _run(a) -> dict:
+    from megatron_fixedcode.eval import run
+
+    common = dict(text_files=a.text_files, data_path=a.data_path, seq_length=a.seq_length,
+                  batch_size=a.batch_size, max_tokens=a.max_tokens)
+    if a.load:
+        return run.checkpoint_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, **common)
+    if a.tasks:
+        from megatron_fixedcode.eval.harness import run_harness
+
+        limit = int(a.limit) if a.limit and a.limit >= 1 else a.limit
+        return run_harness(a.hf_model, a.tasks, limit=limit, batch_size=a.batch_size, trust_remote_code=a.trust_remote_code)
+    return run.hf_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **common)
+
+
+def main(argv=None) -> int:
+    a = _parser().parse_args(argv)
+    try:
+        if a.compare:
+            results = [json.loads(Path(f).read_text()) for f in a.compare]
+            out = report.compare(results)
+            md = report.comparison_markdown(out)
+        else:
+            out = _run(a)
+            out.update({k: v for k, v in (("label", a.label), ("seed", a.seed)) if v is not None})
+            md = report.model_markdown(out)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    if a.output:
+        Path(a.output).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
+    if a.markdown:
+        Path(a.markdown).write_text(md)
+    print(json.dumps(out, sort_keys=True) if a.json else md)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

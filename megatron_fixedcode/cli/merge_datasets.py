@@ -1,0 +1,30 @@
+"""Merge megatron-core .bin/.idx shards into one dataset (like Megatron-LM's merge_datasets.py)."""
+
+import logging
+import sys
+import warnings
+
+from megatron_fixedcode.cli.parser import ArgumentParser
+
+warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+
+
+def main(argv=None) -> int:
+    p = ArgumentParser(description=__doc__)
+    p.add_argument("--input", nargs="+", required=True, help="directories or dataset prefixes, merged in order")
+    p.add_argument("--output-prefix", required=True)
+    p.add_argument("--pattern", default="*", help="glob for prefixes inside --input directories")
+    args = p.parse_args(argv)
+    from megatron_fixedcode.data.preprocess import merge_datasets
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
+    try:
+        result = merge_datasets(args.input, args.output_prefix, args.pattern)
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"{result['documents']} documents, {result['tokens']} tokens -> {result['output_prefix']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,92 @@
+"""megatron-core's ``.bin/.idx`` format (``MMIDIDX``, version 1) written and read with numpy alone.
+
+Writing it needs no torch: importing megatron-core for ``IndexedDatasetBuilder`` costs seconds of
+start-up per preprocessing run. The bytes are identical to the builder's
+(tests/test_preprocess_format.py compares them); training reads the files with megatron-core.
+"""
+from __future__ import annotations
+
+import shutil
+import struct
+from typing import Optional
+
+import numpy as np
+
+HEADER = b"MMIDIDX\x00\x00"
+VERSION = 1
+# megatron.core.datasets.indexed_dataset.DType
+DTYPE_CODES = {"uint8": 1, "int8": 2, "int16": 3, "int32": 4, "int64": 5, "float64": 6, "float32": 7, "uint16": 8}
+CODE_DTYPES = {code: np.dtype(name) for name, code in DTYPE_CODES.items()}
+
+
+def optimal_dtype(vocab_size: Optional[int]) -> type:
+    """Token dtype for a vocabulary (``DType.optimal_dtype``): uint16 below 65500, else int32."""
+    return np.uint16 if vocab_size is not None and vocab_size < 65500 else np.int32
+
+
+class IndexFile:
+    """The arrays of one ``.idx`` (``_IndexReader`` without multimodal modes)."""
+
+    def __init__(self, idx_path: str) -> None:
+        with open(idx_path, "rb") as f:
+            header, version, code = f.read(9), *struct.unpack("<QB", f.read(9))
+            if header != HEADER or version != VERSION:
+                raise ValueError(f"{idx_path}: not a megatron-core MMIDIDX v1 index")
+            if code not in CODE_DTYPES:
+                raise ValueError(f"{idx_path}: unknown token dtype code {code}")
+            self.dtype = CODE_DTYPES[code]
+            sequences, documents = struct.unpack("<QQ", f.read(16))
+            self.sequence_lengths = np.fromfile(f, dtype=np.int32, count=sequences)
+            f.seek(8 * sequences, 1)  # sequence pointers: derived from the lengths
+            self.document_indices = np.fromfile(f, dtype=np.int64, count=documents)
+
+
+class IndexedWriter:
+    """``IndexedDatasetBuilder`` (non-multimodal) with whole batches of documents per call."""
+
+    def __init__(self, bin_path: str, dtype) -> None:
+        self.dtype = np.dtype(dtype)
+        self.data_file = open(bin_path, "wb")
+        self._lengths: list[np.ndarray] = []
+        self._doc_ends: list[np.ndarray] = []  # sequence count at the end of each document
+        self.num_sequences = 0
+        self.num_tokens = 0
+
+    @property
+    def num_documents(self) -> int:
+        return sum(len(d) for d in self._doc_ends)
+
+    def add_documents(self, ids: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> None:
+        """Documents as flat token ids, their sequences' lengths and sequences per document."""
+        ids = np.asarray(ids)
+        self.data_file.write(ids.astype(self.dtype, copy=False).tobytes(order="C"))
+        self._lengths.append(np.asarray(lengths, dtype=np.int32))
+        self._doc_ends.append(self.num_sequences + np.cumsum(counts, dtype=np.int64))
+        self.num_sequences += int(np.sum(counts))
+        self.num_tokens += int(ids.size)
+
+    def add_index(self, path_prefix: str) -> None:
+        """Append a whole dataset (``IndexedDatasetBuilder.add_index``)."""
+        index = IndexFile(path_prefix + ".idx")
+        if index.dtype != self.dtype:
+            raise ValueError(f"{path_prefix}: token dtype {index.dtype.name}, expected {self.dtype.name}")
+        self._lengths.append(index.sequence_lengths)
+        self._doc_ends.append(self.num_sequences + index.document_indices[1:])
+        self.num_sequences += len(index.sequence_lengths)
+        self.num_tokens += int(index.sequence_lengths.sum(dtype=np.int64))
+        with open(path_prefix + ".bin", "rb") as f:
+            shutil.copyfileobj(f, self.data_file)
+
+    def finalize(self, idx_path: str) -> None:
+        self.data_file.close()
+        lengths = np.concatenate([np.zeros(0, np.int32), *self._lengths])
+        pointers = np.zeros(len(lengths), dtype=np.int64)
+        np.cumsum(lengths[:-1], dtype=np.int64, out=pointers[1:])
+        pointers *= self.dtype.itemsize
+        doc_indices = np.concatenate([np.zeros(1, np.int64), *self._doc_ends])
+        with open(idx_path, "wb") as f:
+            f.write(HEADER + struct.pack("<QB", VERSION, DTYPE_CODES[self.dtype.name]))
+            f.write(struct.pack("<QQ", len(lengths), len(doc_indices)))
+            f.write(lengths.tobytes(order="C"))
+            f.write(pointers.tobytes(order="C"))
+            f.write(doc_indices.tobytes(order="C"))

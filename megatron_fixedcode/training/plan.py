@@ -1,0 +1,119 @@
+"""What a dry run tells a login node: the parallel layout, microbatches and a per-GPU memory
+estimate (the arithmetic of docs/SCALING.md), and whether the recipe needs Transformer Engine.
+
+Pure arithmetic on the parsed flags: no torch, so it runs where the cluster's Python has none.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+from pathlib import Path
+
+GB = 1e9
+RUNTIME_BYTES = 3 * GB  # CUDA context, cuBLAS/NCCL workspaces (docs/SCALING.md)
+
+
+def vocab_size_of(a: argparse.Namespace) -> tuple[int, str]:
+    """(vocabulary size, where it came from): --vocab-size, a tokenizer.json, or an assumption."""
+    if a.vocab_size:
+        return a.vocab_size, "--vocab-size"
+    path = Path(a.tokenizer_model) if a.tokenizer_model else None
+    if path is not None and path.is_dir():
+        path = path / "tokenizer.json"
+    if path is not None and path.suffix == ".json" and path.is_file():
+        try:
+            data = json.loads(path.read_text())
+            ids = list(data["model"]["vocab"].values()) + [t["id"] for t in data.get("added_tokens", [])]
+            return max(ids) + 1, str(path)
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+    return 65536, "assumed (give --vocab-size or a tokenizer.json)"
+
+
+def uses_transformer_engine(a: argparse.Namespace) -> bool:
+    return a.transformer_impl == "transformer_engine" or bool(a.fp8_format) or bool(a.tp_comm_overlap)
+
+
+def te_warning(a: argparse.Namespace) -> str | None:
+    """A warning (not an error: login nodes often lack GPUs and TE) when the recipe needs TE here absent."""
+    if not uses_transformer_engine(a) or importlib.util.find_spec("transformer_engine") is not None:
+        return None
+    wants = [f"--transformer-impl {a.transformer_impl}" if a.transformer_impl == "transformer_engine" else None,
+             f"--fp8-format {a.fp8_format}" if a.fp8_format else None,
+             "--tp-comm-overlap" if a.tp_comm_overlap else None]
+    return (f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
+            "installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)")
+
+
+def plan(a: argparse.Namespace, world_size: int) -> dict:
+    """Layout, microbatches and the per-GPU memory estimate (bytes) of the run on ``world_size`` GPUs."""
+    tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
+    model_parallel = tp * pp * cp
+    if world_size % model_parallel:
+        raise ValueError(f"{world_size} GPUs are not a multiple of TP x PP x CP = {model_parallel}")
+    dp = world_size // model_parallel
+    mbs, gbs = a.micro_batch_size, a.global_batch_size or a.micro_batch_size * dp
+    if gbs % (mbs * dp):
+        raise ValueError(f"global batch {gbs} is not divisible by micro batch {mbs} x data-parallel size {dp}")
+    microbatches = gbs // (mbs * dp)
+
+    h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
+    groups = a.num_query_groups or heads
+    gated = a.block == "llama"
+    vocab, vocab_from = vocab_size_of(a)
+    multiple = a.make_vocab_size_divisible_by * tp
+    padded = math.ceil(vocab / multiple) * multiple
+    block = 2 * h * h + 2 * h * h * groups // heads + (3 if gated else 2) * h * a.ffn_hidden_size + 2 * h
+    head = padded * h
+    table = padded * h if a.input_embedding == "learned" else 0
+    total = layers * block + head + table + h
+    # The fullest stage: its share of the blocks, plus the output head and input table when PP = 1
+    # (with PP > 1 the first stage holds the table, the last the head).
+    on_gpu = (layers // pp * block + (head + table if pp == 1 else max(head, table))) / tp
+
+    if a.bf16:  # bf16 weight, fp32 grad, fp32 master, Adam m and v
+        replicated, shardable = 2 + 4, 4 + 8
+    else:       # fp32 weight and grad, Adam m and v
+        replicated, shardable = 4 + 4, 8
+    per_param = replicated + shardable / (dp if a.use_distributed_optimizer else 1)
+    states = on_gpu * per_param
+
+    te = a.transformer_impl != "local"  # auto picks TE where it is installed (the GPU nodes)
+    sbh = (s / cp) * mbs * h
+    units = 40 if gated else 32  # per s·b·h, 16-bit activations, dropout 0 (docs/SCALING.md)
+    if not te and a.recompute_granularity != "selective":
+        units += 5 * heads * (s / cp) / h  # unfused attention keeps the s x s scores
+    act_bytes = 2 if a.bf16 else 4
+    per_block = units * sbh * act_bytes / 2 / tp
+    blocks_here = layers // pp
+    if a.recompute_granularity == "full":
+        activations = blocks_here * 2 * sbh * act_bytes / 2 / tp + per_block
+    else:
+        activations = blocks_here * per_block
+    activations *= min(pp, microbatches)  # 1F1B: the first stage holds up to PP microbatches
+    logits = (s / cp) * mbs * padded / tp * (act_bytes + 4 + 4)  # logits, fp32 loss, its softmax/grad
+    total_bytes = states + activations + logits + RUNTIME_BYTES
+    return {
+        "world_size": world_size, "tp": tp, "pp": pp, "cp": cp, "dp": dp,
+        "micro_batch_size": mbs, "global_batch_size": gbs, "microbatches": microbatches,
+        "vocab_size": vocab, "vocab_from": vocab_from, "padded_vocab_size": padded,
+        "parameters": total, "parameters_per_gpu": on_gpu,
+        "bytes": {"weights_grads_optimizer": states, "activations": activations, "logits": logits,
+                  "runtime": RUNTIME_BYTES, "total": total_bytes},
+    }
+
+
+def format_plan(p: dict) -> list[str]:
+    b = p["bytes"]
+    return [
+        f"dry run: {p['world_size']} GPU{'s' if p['world_size'] != 1 else ''} = TP {p['tp']} x PP {p['pp']} x CP {p['cp']} x DP {p['dp']}; "
+        f"global batch {p['global_batch_size']} = micro batch {p['micro_batch_size']} x {p['microbatches']} "
+        f"microbatches x DP {p['dp']}",
+        f"dry run: {p['parameters'] / 1e6:,.1f}M parameters ({p['parameters_per_gpu'] / 1e6:,.1f}M on the fullest GPU), "
+        f"vocabulary {p['vocab_size']:,} ({p['vocab_from']}), padded {p['padded_vocab_size']:,}",
+        f"dry run: memory per GPU (computed, docs/SCALING.md): weights+grads+optimizer "
+        f"{b['weights_grads_optimizer'] / GB:.1f} GB, activations {b['activations'] / GB:.1f} GB, "
+        f"logits+loss {b['logits'] / GB:.1f} GB, runtime ~{b['runtime'] / GB:.0f} GB: ~{b['total'] / GB:.1f} GB",
+    ]

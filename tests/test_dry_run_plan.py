@@ -1,0 +1,64 @@
+"""A dry run on a login node: TE is a warning, and the layout, microbatches and per-GPU memory
+come out with the arithmetic of docs/SCALING.md (whose paper-2 table these figures reproduce)."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from megatron_fixedcode.training.arguments import parse_pretrain_args
+from megatron_fixedcode.training.plan import GB, plan
+from tests.helpers import REPO
+
+HAS_TE = importlib.util.find_spec("transformer_engine") is not None
+
+
+def _args(recipe: str, *flags: str):
+    return parse_pretrain_args(["--config", str(REPO / "examples" / "recipes" / recipe), "--dry-run",
+                                "--vocab-size", "49152", *flags]).args
+
+
+@pytest.mark.parametrize("recipe, world, total_gb, state_gb", [
+    ("paper2_1p7b_binary.yaml", 16, 54.8, 11.6), ("paper2_1p7b_binary.yaml", 8, 56.1, 12.8),
+    ("paper2_1p7b_learned.yaml", 16, 55.5, 12.2), ("paper2_1p7b_learned.yaml", 8, 56.9, 13.6),
+])
+def test_paper2_memory_matches_scaling_doc(recipe, world, total_gb, state_gb):
+    p = plan(_args(recipe), world)
+    assert (p["dp"], p["microbatches"]) == (world, 128 // (8 * world))
+    assert round(p["bytes"]["total"] / GB, 1) == total_gb
+    assert round(p["bytes"]["weights_grads_optimizer"] / GB, 1) == state_gb
+
+
+def test_full_recompute_and_no_distributed_optimizer():
+    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full"), 16)["bytes"]["total"] / GB, 1) == 25.6
+    a = _args("paper2_1p7b_binary.yaml")
+    a.use_distributed_optimizer = False
+    assert round(plan(a, 16)["bytes"]["total"] / GB, 1) == 74.1
+
+
+def test_layout_that_does_not_divide_is_refused():
+    with pytest.raises(ValueError, match="not a multiple of TP x PP x CP = 2"):
+        plan(_args("paper2_1p7b_binary.yaml", "--tensor-model-parallel-size", "2"), 15)
+    with pytest.raises(ValueError, match="global batch 128 is not divisible by micro batch 8 x data-parallel size 32"):
+        plan(_args("paper2_1p7b_binary.yaml"), 32)
+
+
+def test_dry_run_prints_plan_and_te_warning():
+    env = {**os.environ, "WORLD_SIZE": "16",
+           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
+    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config",
+                           "examples/recipes/paper2_1p7b_binary.yaml", "--vocab-size", "49152", "--fp8-format", "hybrid",
+                           "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["fp8_format"] == "hybrid"  # stdout stays the config alone
+    err = proc.stderr.splitlines()
+    warned = [line for line in err if line.startswith("warning:")]
+    assert warned == ([] if HAS_TE else [
+        "warning: this run asks for Transformer Engine (--transformer-impl transformer_engine, --fp8-format hybrid), "
+        "which is not installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)"])
+    assert "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16" in err
+    assert any(line.startswith("dry run: memory per GPU") and line.endswith("~54.8 GB") for line in err), err
