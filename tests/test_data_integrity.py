@@ -236,6 +236,54 @@ def test_token_id_beyond_vocabulary_is_a_named_error(tmp_path, dataset_type):
             train[i]
 
 
+def _trainer_refused_on_two_ranks(proc, *needles) -> str:
+    """A data error under torchrun: exactly one error line (rank 0's) naming ``needles``, every
+    rank exits 2 (torchrun's own failure report says so; torchrun itself exits 1), and no rank
+    prints a traceback (torchrun's own report is the only one)."""
+    import re
+
+    out = proc.stdout + proc.stderr
+    assert proc.returncode != 0, out[-3000:]
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert len(errors) == 1, (errors, out[-3000:])
+    for needle in needles:
+        assert needle in errors[0], errors[0]
+    codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
+    assert codes and set(codes) <= {"2", "-15"} and "2" in codes, (codes, out[-3000:])  # -15: torchrun ended it first
+    frames = [line for line in out.splitlines() if line.lstrip().startswith('File "') and "torch/distributed" not in line
+              and "<frozen runpy>" not in line]
+    assert not frames, frames
+    return errors[0]
+
+
+@pytest.mark.slow
+def test_damaged_shard_stops_two_rank_training_with_one_line(tmp_path):
+    """A .bin 2 bytes short, found when the trainer builds its datasets (after the process group
+    exists): one line on rank 0 naming the shard, exit code 2, no traceback per rank."""
+    from tests.pretrain_helpers import data_args, pretrain, write_corpus
+
+    train, valid = write_corpus(tmp_path)
+    os.truncate(train + ".bin", os.path.getsize(train + ".bin") - 2)
+    proc = pretrain("--train-iters", "2", *data_args((train, valid), "document_windows"), nproc=2, check=False)
+    _trainer_refused_on_two_ranks(proc, f"data_path {train}:", "truncated")
+
+
+@pytest.mark.slow
+def test_token_id_beyond_vocabulary_stops_two_rank_training_with_one_line(tmp_path):
+    """One document holds an id >= V: whichever rank reads it, every rank stops at that step
+    (they agree before the forward pass) and rank 0 names shard and document; exit code 2."""
+    from tests.data_helpers import write_indexed_dataset
+    from tests.pretrain_helpers import data_args, pretrain
+
+    rng = np.random.default_rng(0)
+    docs = [rng.integers(1, 100, size=60) for _ in range(12)]
+    docs[5][30] = 2000  # TINY has --vocab-size 1024
+    train = write_indexed_dataset(tmp_path / "train", docs, dtype=np.uint16)
+    valid = write_indexed_dataset(tmp_path / "valid", docs[:4], dtype=np.uint16)
+    proc = pretrain("--train-iters", "8", *data_args((train, valid), "document_windows"), nproc=2, check=False)
+    _trainer_refused_on_two_ranks(proc, f"{train} (document 5", "token id 2000 is outside the vocabulary [0, 1024)")
+
+
 # --------------------------------------------------------------------------- 12: helpers die with parent
 
 def _alive(pid: int) -> bool:

@@ -35,6 +35,7 @@ from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_strea
 from megatron_fixedcode.data import DataConfig, build_datasets
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
@@ -112,6 +113,22 @@ def _check_runtime(cfg: PretrainConfig) -> None:
 
 class NonFiniteTraining(RuntimeError):
     """A non-finite loss or gradient norm (``--check-for-nan-in-loss-and-grad``)."""
+
+
+class DataError(ValueError):
+    """Data that cannot be trained on as given (a damaged shard, a ``.bin``/``.idx`` mismatch, a
+    token id outside the vocabulary): a user error, one line on rank 0 and exit code 2."""
+
+
+def _raise_if_any_rank_failed(error: str | None, device: torch.device) -> None:
+    """Ranks read different samples, so one may find bad data alone; the others would wait in the
+    next collective. Every rank learns it here (one all-reduce per call) and raises
+    :class:`DataError` with the lowest failing rank's message, which rank 0 reports."""
+    if not _any_rank(error is not None, device):
+        return
+    messages: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, error)
+    raise DataError(next(m for m in messages if m))
 
 
 def _resolve_data_paths(paths: list[str] | None) -> list[str] | None:
@@ -350,14 +367,17 @@ class Trainer:
             use_checkpoint_opt_param_scheduler=not cfg.checkpoint.override_opt_param_scheduler,
             override_opt_param_scheduler=cfg.checkpoint.override_opt_param_scheduler,
         )
-        self.train_ds, self.valid_ds = build_datasets(
-            DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
-                       samples_per_shard_visit=a.samples_per_shard_visit),
-            self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
-            num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
-            seed=a.seed,
-        )
+        try:  # the shard checks run alike on every rank, before megatron's rank-0-first build
+            self.train_ds, self.valid_ds = build_datasets(
+                DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
+                           seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
+                           samples_per_shard_visit=a.samples_per_shard_visit),
+                self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
+                num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
+                seed=a.seed,
+            )
+        except ValueError as e:
+            raise DataError(str(e)) from None
         self.step, self.tokens = 0, 0
         if plan.load_step is not None:
             state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler,
@@ -383,10 +403,15 @@ class Trainer:
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
         a = self.cfg.args
-        batches = [fetch_microbatch(dataset, rank_microbatch_indices(
-                       step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
-                       dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
-                   for m in range(self.num_microbatches)]
+        error = None
+        try:
+            batches = [fetch_microbatch(dataset, rank_microbatch_indices(
+                           step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
+                           dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
+                       for m in range(self.num_microbatches)]
+        except TokenIdOutOfRange as e:  # names shard, document and sample
+            error = str(e)
+        _raise_if_any_rank_failed(error, self.device)
         # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
         return [pin(b) for b in batches] if self.device.type == "cuda" else batches
 
@@ -546,13 +571,18 @@ def run_pretraining(cfg: PretrainConfig) -> int:
 
 
 def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
-    trainer = Trainer(cfg, plan)
-    if trainer.ranks["rank"] != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
+        trainer = Trainer(cfg, plan)
+        if not rank0:
+            logging.getLogger().setLevel(logging.WARNING)
         return trainer.train()
+    except DataError as e:  # every rank raises it alike (see _raise_if_any_rank_failed)
+        if rank0:
+            logger.error("%s", e)
+        return 2
     except NonFiniteTraining as e:
-        if trainer.ranks["rank"] == 0:
+        if rank0:
             logger.error("%s", e)
         return 3
     finally:
