@@ -339,14 +339,12 @@ def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
     """The trainer's own path (training/checkpointing._fork_results_queue)."""
-    alive = _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
+    assert not _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
         from megatron_fixedcode.training import checkpointing
         from megatron.core.dist_checkpointing.strategies import filesystem_async
         checkpointing._fork_results_queue()
         queue = filesystem_async._results_queue
     """).replace("\n", "\n        "))
-    if alive:
-        pytest.xfail("training/checkpointing._fork_results_queue must use compat.process.helper_queue()")
 
 
 # --------------------------------------------------------------------------- 7: --save pre-flight

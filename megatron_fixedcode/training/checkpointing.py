@@ -188,11 +188,15 @@ def verified_step(root: str | Path, step: int | None = None, hash_files: bool = 
 def _fork_results_queue() -> None:
     """megatron's async writer collects results through a Manager started with *spawn*, which
     re-imports ``__main__`` (seconds per process, and it needs a main guard); a forked Manager
-    serves the same queue without re-importing anything."""
+    serves the same queue without re-importing anything. Its server process dies with this rank,
+    even when the rank is SIGKILLed (``compat.process.helper_queue``), instead of living on with
+    the rank's files and log open."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    from megatron_fixedcode.compat.process import helper_queue
+
     if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = torch.multiprocessing.get_context("fork").Manager().Queue()
+        filesystem_async._results_queue = helper_queue("fork")
 
 
 def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
