@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -54,6 +55,13 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.metrics import MetricsSink, require_logging_backends
+from megatron_fixedcode.training.save_checks import (
+    check_save_dir_writable,
+    checkpoint_write_error,
+    estimate_checkpoint_bytes,
+    free_space_warning,
+    is_write_failure,
+)
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 
 logger = logging.getLogger(__name__)
@@ -118,6 +126,11 @@ class NonFiniteTraining(RuntimeError):
 class DataError(ValueError):
     """Data that cannot be trained on as given (a damaged shard, a ``.bin``/``.idx`` mismatch, a
     token id outside the vocabulary): a user error, one line on rank 0 and exit code 2."""
+
+
+class SaveFailed(ValueError):
+    """A checkpoint could not be written (no space left on device, an OS error); the last
+    complete checkpoint is kept. One line on rank 0, exit code 2."""
 
 
 def _raise_if_any_rank_failed(error: str | None, device: torch.device) -> None:
@@ -487,9 +500,21 @@ class Trainer:
         ck = self.cfg.checkpoint
         self._wait_for_export()
         t0 = time.perf_counter()
-        with params_synced(self.chunks):
-            path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                 self.trainer_state(), ck.keep_last)
+        target, error = checkpointing.checkpoint_dir(ck.save, self.step), None
+        try:
+            with params_synced(self.chunks):
+                path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                                     self.trainer_state(), ck.keep_last)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            if not is_write_failure(e):
+                raise
+            error = checkpoint_write_error(target, e)  # before the partial directory frees its space
+        if error is not None:  # raised outside the handler: nothing keeps the writer's failure alive
+            # torch's checkpoint writer gathers every rank's failures, so every rank gets here;
+            # `latest` has not moved, and the partial directory goes (it is not a checkpoint).
+            if self.ranks["rank"] == 0:
+                shutil.rmtree(target, ignore_errors=True)
+            raise SaveFailed(str(error))
         logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
         self._export_to_hf(final)
 
@@ -508,6 +533,8 @@ class Trainer:
                         self.max_steps, self.step)
             sch = self.scheduler  # after loading: the values actually in force
             logger.info("%s", describe_schedule({k: getattr(sch, k) for k in self.plan.schedule}, self.plan.schedule_source))
+            if ck.save and not a.skip_train:  # a warning, logged: room for fewer than two checkpoints
+                free_space_warning(ck.save, estimate_checkpoint_bytes(self.report["total_params"], bf16=a.bf16))
         flops_per_token = model_flops_per_token(self.report, a.num_layers, a.hidden_size, a.seq_length)
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
@@ -555,6 +582,8 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     save_lock = None
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
+        if cfg.checkpoint.save and not cfg.args.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
+            _check_save_dir(cfg.checkpoint.save, rank0)  # a read-only filesystem or a path under a file: now, not at the first save
         if rank0 and cfg.checkpoint.save:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
             # the kernel drops the lock of a killed run, so the next run takes it over.
@@ -570,6 +599,17 @@ def run_pretraining(cfg: PretrainConfig) -> int:
             save_lock.release()
 
 
+def _check_save_dir(save: str, rank0: bool) -> None:
+    """The first rank of every node proves it can write to ``--save`` (each node writes its
+    ranks' shards there); rank 0 reports for its node, another node's first rank for its own."""
+    try:
+        check_save_dir_writable(save)
+    except ValueError as e:
+        if not rank0:
+            logger.error("node %s: %s", os.environ.get("GROUP_RANK", "?"), e)
+        raise
+
+
 def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
@@ -577,7 +617,7 @@ def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
         return trainer.train()
-    except DataError as e:  # every rank raises it alike (see _raise_if_any_rank_failed)
+    except (DataError, SaveFailed) as e:  # every rank raises them alike (see where they are raised)
         if rank0:
             logger.error("%s", e)
         return 2
