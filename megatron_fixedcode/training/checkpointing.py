@@ -77,25 +77,6 @@ def _model_parallel_rng_object(ranks: dict, data: Any = None) -> ShardedObject:
                          (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
 
 
-def capture_rng_state() -> dict[str, Any]:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()},
-    }
-
-
-def restore_rng_state(state: dict[str, Any]) -> None:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
-
-
 def _fsync_write(path: Path, text: str) -> None:
     tmp = path.with_suffix(".tmp")
     with open(tmp, "w") as f:
@@ -212,6 +193,8 @@ def _fork_results_queue() -> None:
 
 def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
+    from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
+
     rank, world = dist.get_rank(), dist.get_world_size()
     target = checkpoint_dir(root, step)
     if rank == 0:
@@ -276,6 +259,8 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     * another TP or PP size: weights resharded; optimizer state and RNG start fresh (logged).
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
+    from megatron_fixedcode.compat.rng import restore_rng_state
+
     step = resolve_step(root, step)
     if step is None:
         return None
