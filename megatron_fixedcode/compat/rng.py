@@ -5,7 +5,8 @@ the parallel layout.
   does (torch's CPU and CUDA generators, and the tracker's data-parallel, tensor-parallel and
   expert streams, the tensor-parallel one offset by the TP rank).
 * :func:`seeded_streams` runs a block on freshly seeded streams and then restores every stream,
-  so what the block draws does not shift what comes after it.
+  so what the block draws does not shift what comes after it; it and the checkpoints share one
+  snapshot of the streams (:func:`capture_rng_state` / :func:`restore_rng_state`).
 * :func:`layer_init_seed` names the seed of one global transformer layer: building each layer
   inside ``seeded_streams(layer_init_seed(seed, n))`` gives global layer ``n`` the same initial
   weights whatever pipeline stage builds it (PP 1, 2, 4 or interleaved), and with
@@ -38,22 +39,40 @@ def layer_init_seed(seed: int, global_layer_number: int) -> int:
     return seed + _LAYER_SEED_STRIDE * global_layer_number
 
 
+def capture_rng_state(all_devices: bool = False) -> dict:
+    """A snapshot of every stream: torch's CPU generator, the CUDA generator of the current device
+    (of every device with ``all_devices``) and megatron's tracked streams. Checkpoints save it
+    (per rank), :func:`seeded_streams` takes one around its body; :func:`restore_rng_state`
+    puts it back."""
+    cuda = None
+    if torch.cuda.is_available():
+        cuda = torch.cuda.get_rng_state_all() if all_devices else torch.cuda.get_rng_state()
+    return {"torch": torch.get_rng_state(), "cuda": cuda,
+            "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()}}
+
+
+def restore_rng_state(state: dict) -> None:
+    torch.set_rng_state(state["torch"])
+    if state["cuda"] is not None and torch.cuda.is_available():
+        if isinstance(state["cuda"], (list, tuple)):
+            torch.cuda.set_rng_state_all(state["cuda"])
+        else:
+            torch.cuda.set_rng_state(state["cuda"])
+    get_cuda_rng_tracker().set_states(state["tracker"])
+
+
 @contextlib.contextmanager
 def seeded_streams(seed: int):
-    """Run the body on every stream seeded from ``seed``, then restore every stream as it was."""
+    """Run the body on every stream seeded from ``seed``, then restore every stream as it was
+    (``seed_streams`` seeds every CUDA device, so every device's generator is restored)."""
     tracker = get_cuda_rng_tracker()
-    cpu_state = torch.get_rng_state()
-    cuda_states = torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
-    tracker_states = {k: v.clone() for k, v in tracker.get_states().items()}
+    saved = capture_rng_state(all_devices=True)
     tracker_seeds = copy.copy(tracker.seeds_)
     try:
         seed_streams(seed)
         yield
     finally:
-        torch.set_rng_state(cpu_state)
-        if cuda_states is not None:
-            torch.cuda.set_rng_state_all(cuda_states)
-        tracker.set_states(tracker_states)
+        restore_rng_state(saved)
         tracker.seeds_ = tracker_seeds
 
 

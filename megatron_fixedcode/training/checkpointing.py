@@ -3,7 +3,8 @@
 Layout: ``SAVE/iter_0000100/`` per checkpoint, ``SAVE/latest_checkpointed_iteration.txt`` naming
 the newest *complete* one — written (atomically) only after every rank finished saving, so a
 crash while saving leaves the previous checkpoint as the one that loads. Model weights reshard
-to any TP/PP layout on load; the optimizer is restored when the layout is unchanged.
+to any TP/PP layout on load; optimizer state and RNG are kept when only the data-parallel size
+changed (see :func:`load_checkpoint`).
 
 Integrity: after every rank finished writing, rank 0 records the size and SHA-256 of every file
 of the checkpoint in ``iter_N/checksums.json`` — the last file written before the ``latest``
@@ -66,23 +67,14 @@ def _rng_object(world_size: int, rank: int, data: Any = None) -> ShardedObject:
     return ShardedObject(f"rng_state_world{world_size}", data, (world_size,), (rank,), replica_id=0)
 
 
-def capture_rng_state() -> dict[str, Any]:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-    return {
-        "torch": torch.get_rng_state(),
-        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-        "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()},
-    }
+RNG_BY_MODEL_PARALLEL_RANK = "rng_by_model_parallel_rank"  # trainer-state flag: the checkpoint has it
 
 
-def restore_rng_state(state: dict[str, Any]) -> None:
-    from megatron.core.tensor_parallel import get_cuda_rng_tracker
-
-    torch.set_rng_state(state["torch"])
-    if state["cuda"] is not None and torch.cuda.is_available():
-        torch.cuda.set_rng_state(state["cuda"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
+def _model_parallel_rng_object(ranks: dict, data: Any = None) -> ShardedObject:
+    """The RNG states of data-parallel rank 0 per (pipeline, tensor) rank — Megatron-LM's
+    ``rng_state`` object (``replica_id`` = DP rank): what a resume on another DP size restores."""
+    return ShardedObject("rng_state_tp_pp", data, (ranks["pp_size"], ranks["tp_size"]),
+                         (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
 
 
 def _fsync_write(path: Path, text: str) -> None:
@@ -188,15 +180,21 @@ def verified_step(root: str | Path, step: int | None = None, hash_files: bool = 
 def _fork_results_queue() -> None:
     """megatron's async writer collects results through a Manager started with *spawn*, which
     re-imports ``__main__`` (seconds per process, and it needs a main guard); a forked Manager
-    serves the same queue without re-importing anything."""
+    serves the same queue without re-importing anything. Its server process dies with this rank,
+    even when the rank is SIGKILLed (``compat.process.helper_queue``), instead of living on with
+    the rank's files and log open."""
     from megatron.core.dist_checkpointing.strategies import filesystem_async
 
+    from megatron_fixedcode.compat.process import helper_queue
+
     if filesystem_async._results_queue is None:
-        filesystem_async._results_queue = torch.multiprocessing.get_context("fork").Manager().Queue()
+        filesystem_async._results_queue = helper_queue("fork")
 
 
 def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
+    from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
+
     rank, world = dist.get_rank(), dist.get_world_size()
     target = checkpoint_dir(root, step)
     if rank == 0:
@@ -208,8 +206,9 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         **model_state,
         "optimizer": optimizer.sharded_state_dict(model_state),
         "opt_param_scheduler": scheduler.state_dict(),
-        "trainer": trainer_state,
+        "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True},
         "rng": _rng_object(world, rank, capture_rng_state()),
+        "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
     _fork_results_queue()
     dist_checkpointing.save(state, str(target))
@@ -251,36 +250,60 @@ def read_common_state(root: str, step: int) -> dict:
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
                     weights_only: bool = False) -> dict | None:
-    """Restore model (any layout), and optimizer, scheduler and RNG (same layout, unless
-    ``weights_only``). Returns the trainer state, or None when ``root`` has no complete checkpoint."""
+    """Restore model (any layout), and unless ``weights_only`` scheduler, optimizer and RNG:
+
+    * same layout: everything, each rank its own RNG states (a bit-identical resume);
+    * another data-parallel size, same TP and PP: the optimizer state (megatron-core's sharded
+      optimizer state is keyed by model parameter, so it reshards across DP) and, as Megatron-LM
+      does, the RNG states of data-parallel rank 0 of each (PP, TP) rank on every DP rank;
+    * another TP or PP size: weights resharded; optimizer state and RNG start fresh (logged).
+
+    Returns the trainer state, or None when ``root`` has no complete checkpoint."""
+    from megatron_fixedcode.compat.rng import restore_rng_state
+
     step = resolve_step(root, step)
     if step is None:
         return None
     target = checkpoint_dir(root, step)
     trainer_state = read_trainer_state(root, step)
-    same_layout = trainer_state["layout"] == _current_layout(trainer_state) and not weights_only
+    saved, now = trainer_state["layout"], _current_layout(trainer_state)
+    same_layout = saved == now and not weights_only
+    same_model_parallel = all(saved[k] == now[k] for k in ("tp_size", "pp_size")) and not weights_only
+    rng_by_mp = same_model_parallel and not same_layout and trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False)
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
-    if same_layout:
+    if same_model_parallel:
         template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
+    if same_layout:
         template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
+    elif rng_by_mp:
+        template["rng_tp_pp"] = _model_parallel_rng_object({**_ranks(), "dp_rank": 0})
     loaded = dist_checkpointing.load(template, str(target))
     for i, chunk in enumerate(chunks):
         _unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
-    if same_layout:
+    if same_model_parallel:
         optimizer.load_state_dict(loaded["optimizer"])
+    if same_layout:
         restore_rng_state(loaded["rng"])
-    elif not weights_only:
-        logger.warning("checkpoint layout %s differs from this run's: weights resharded, optimizer state "
-                       "and RNG start fresh", trainer_state["layout"])
+    elif rng_by_mp:
+        restore_rng_state(loaded["rng_tp_pp"])
+    if not same_layout and not weights_only:
+        kept = ("optimizer state and the RNG states of data-parallel rank 0 kept" if rng_by_mp
+                else "optimizer state kept, RNG starts fresh (checkpoint saved without per-model-parallel-rank RNG)"
+                if same_model_parallel else "optimizer state and RNG start fresh (TP/PP changed)")
+        logger.warning("checkpoint layout %s differs from this run's %s: weights resharded, %s", saved, now, kept)
     if not weights_only:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
 
 
-def _current_layout(saved: dict) -> dict:
+def _ranks() -> dict:
     from megatron_fixedcode.compat import parallel_ranks
 
-    ranks = parallel_ranks()
+    return parallel_ranks()
+
+
+def _current_layout(saved: dict) -> dict:
+    ranks = _ranks()
     return {k: ranks[k] for k in saved["layout"]}

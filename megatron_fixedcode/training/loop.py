@@ -12,6 +12,7 @@ import json
 import logging
 import math
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -35,6 +36,7 @@ from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_strea
 from megatron_fixedcode.data import DataConfig, build_datasets
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.models import build_transformer_config, format_parameter_report, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
@@ -53,6 +55,13 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.metrics import MetricsSink, require_logging_backends
+from megatron_fixedcode.training.save_checks import (
+    check_save_dir_writable,
+    checkpoint_write_error,
+    estimate_checkpoint_bytes,
+    free_space_warning,
+    is_write_failure,
+)
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 
 logger = logging.getLogger(__name__)
@@ -112,6 +121,27 @@ def _check_runtime(cfg: PretrainConfig) -> None:
 
 class NonFiniteTraining(RuntimeError):
     """A non-finite loss or gradient norm (``--check-for-nan-in-loss-and-grad``)."""
+
+
+class DataError(ValueError):
+    """Data that cannot be trained on as given (a damaged shard, a ``.bin``/``.idx`` mismatch, a
+    token id outside the vocabulary): a user error, one line on rank 0 and exit code 2."""
+
+
+class SaveFailed(ValueError):
+    """A checkpoint could not be written (no space left on device, an OS error); the last
+    complete checkpoint is kept. One line on rank 0, exit code 2."""
+
+
+def _raise_if_any_rank_failed(error: str | None, device: torch.device) -> None:
+    """Ranks read different samples, so one may find bad data alone; the others would wait in the
+    next collective. Every rank learns it here (one all-reduce per call) and raises
+    :class:`DataError` with the lowest failing rank's message, which rank 0 reports."""
+    if not _any_rank(error is not None, device):
+        return
+    messages: list[str | None] = [None] * dist.get_world_size()
+    dist.all_gather_object(messages, error)
+    raise DataError(next(m for m in messages if m))
 
 
 def _resolve_data_paths(paths: list[str] | None) -> list[str] | None:
@@ -350,14 +380,17 @@ class Trainer:
             use_checkpoint_opt_param_scheduler=not cfg.checkpoint.override_opt_param_scheduler,
             override_opt_param_scheduler=cfg.checkpoint.override_opt_param_scheduler,
         )
-        self.train_ds, self.valid_ds = build_datasets(
-            DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
-                       samples_per_shard_visit=a.samples_per_shard_visit),
-            self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
-            num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
-            seed=a.seed,
-        )
+        try:  # the shard checks run alike on every rank, before megatron's rank-0-first build
+            self.train_ds, self.valid_ds = build_datasets(
+                DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
+                           seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
+                           samples_per_shard_visit=a.samples_per_shard_visit),
+                self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
+                num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
+                seed=a.seed,
+            )
+        except ValueError as e:
+            raise DataError(str(e)) from None
         self.step, self.tokens = 0, 0
         if plan.load_step is not None:
             state = checkpointing.load_checkpoint(cfg.checkpoint.load, self.chunks, self.optimizer, self.scheduler,
@@ -383,10 +416,15 @@ class Trainer:
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
         a = self.cfg.args
-        batches = [fetch_microbatch(dataset, rank_microbatch_indices(
-                       step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
-                       dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
-                   for m in range(self.num_microbatches)]
+        error = None
+        try:
+            batches = [fetch_microbatch(dataset, rank_microbatch_indices(
+                           step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
+                           dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
+                       for m in range(self.num_microbatches)]
+        except TokenIdOutOfRange as e:  # names shard, document and sample
+            error = str(e)
+        _raise_if_any_rank_failed(error, self.device)
         # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
         return [pin(b) for b in batches] if self.device.type == "cuda" else batches
 
@@ -462,9 +500,21 @@ class Trainer:
         ck = self.cfg.checkpoint
         self._wait_for_export()
         t0 = time.perf_counter()
-        with params_synced(self.chunks):
-            path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                 self.trainer_state(), ck.keep_last)
+        target, error = checkpointing.checkpoint_dir(ck.save, self.step), None
+        try:
+            with params_synced(self.chunks):
+                path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                                     self.trainer_state(), ck.keep_last)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            if not is_write_failure(e):
+                raise
+            error = checkpoint_write_error(target, e)  # before the partial directory frees its space
+        if error is not None:  # raised outside the handler: nothing keeps the writer's failure alive
+            # torch's checkpoint writer gathers every rank's failures, so every rank gets here;
+            # `latest` has not moved, and the partial directory goes (it is not a checkpoint).
+            if self.ranks["rank"] == 0:
+                shutil.rmtree(target, ignore_errors=True)
+            raise SaveFailed(str(error))
         logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
         self._export_to_hf(final)
 
@@ -483,6 +533,8 @@ class Trainer:
                         self.max_steps, self.step)
             sch = self.scheduler  # after loading: the values actually in force
             logger.info("%s", describe_schedule({k: getattr(sch, k) for k in self.plan.schedule}, self.plan.schedule_source))
+            if ck.save and not a.skip_train:  # a warning, logged: room for fewer than two checkpoints
+                free_space_warning(ck.save, estimate_checkpoint_bytes(self.report["total_params"], bf16=a.bf16))
         flops_per_token = model_flops_per_token(self.report, a.num_layers, a.hidden_size, a.seq_length)
         sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=self.max_steps, flops_per_token=flops_per_token,
                            num_gpus=self.ranks["world_size"] if torch.cuda.is_available() else 1,
@@ -530,6 +582,8 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     save_lock = None
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
+        if cfg.checkpoint.save and not cfg.args.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
+            _check_save_dir(cfg.checkpoint.save, rank0)  # a read-only filesystem or a path under a file: now, not at the first save
         if rank0 and cfg.checkpoint.save:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
             # the kernel drops the lock of a killed run, so the next run takes it over.
@@ -545,14 +599,30 @@ def run_pretraining(cfg: PretrainConfig) -> int:
             save_lock.release()
 
 
-def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
-    trainer = Trainer(cfg, plan)
-    if trainer.ranks["rank"] != 0:
-        logging.getLogger().setLevel(logging.WARNING)
+def _check_save_dir(save: str, rank0: bool) -> None:
+    """The first rank of every node proves it can write to ``--save`` (each node writes its
+    ranks' shards there); rank 0 reports for its node, another node's first rank for its own."""
     try:
+        check_save_dir_writable(save)
+    except ValueError as e:
+        if not rank0:
+            logger.error("node %s: %s", os.environ.get("GROUP_RANK", "?"), e)
+        raise
+
+
+def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    try:
+        trainer = Trainer(cfg, plan)
+        if not rank0:
+            logging.getLogger().setLevel(logging.WARNING)
         return trainer.train()
+    except (DataError, SaveFailed) as e:  # every rank raises them alike (see where they are raised)
+        if rank0:
+            logger.error("%s", e)
+        return 2
     except NonFiniteTraining as e:
-        if trainer.ranks["rank"] == 0:
+        if rank0:
             logger.error("%s", e)
         return 3
     finally:

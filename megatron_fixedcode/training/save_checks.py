@@ -20,6 +20,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import uuid
 from pathlib import Path
@@ -78,13 +79,55 @@ def free_space_warning(save_dir: str | os.PathLike, checkpoint_bytes: int, copie
 
 
 def _find_os_error(exc: BaseException) -> Optional[OSError]:
-    seen = set()
-    while exc is not None and id(exc) not in seen:
+    """The OSError behind ``exc``: along its cause/context chain and, for torch's
+    ``CheckpointException``, in the failures it gathered from the writer ranks."""
+    todo, seen = [exc], set()
+    while todo:
+        exc = todo.pop(0)
+        if exc is None or id(exc) in seen:
+            continue
         seen.add(id(exc))
         if isinstance(exc, OSError) and exc.errno:
             return exc
-        exc = exc.__cause__ or exc.__context__
+        # A writer process's OSError reaches rank 0 pickled inside megatron's "Worker failure"
+        # RuntimeError (its cause is lost on the way): read it back from the text.
+        found = _ERRNO_TEXT.search(str(exc)) if not isinstance(exc, _CHECKPOINT_EXCEPTIONS) else None
+        if found:
+            return OSError(int(found["errno"]), found["strerror"], found["filename"])
+        todo += [exc.__cause__, exc.__context__]
+        for failure in (getattr(exc, "failures", None) or {}).values():  # {rank: (exception, traceback)}
+            todo.append(failure[0] if isinstance(failure, tuple) else failure)
     return None
+
+
+_ERRNO_TEXT = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<strerror>[^:\n']+)(?:: '(?P<filename>[^'\n]+)')?")
+
+
+def _checkpoint_exceptions() -> tuple[type, ...]:
+    try:  # torch's distributed-checkpoint failure, raised on every rank when a writer failed
+        from torch.distributed.checkpoint.api import CheckpointException
+    except ImportError:
+        return ()
+    return (CheckpointException,)
+
+
+_CHECKPOINT_EXCEPTIONS = _checkpoint_exceptions()
+
+
+def _short_write(exc: BaseException) -> bool:
+    return "unexpected pos" in str(exc) or "PytorchStreamWriter failed" in str(exc)
+
+
+def is_write_failure(exc: BaseException) -> bool:
+    """Whether an exception raised while saving is the filesystem's (an OS error, torch's
+    short-write report, a distributed-checkpoint write failure) rather than a bug, which keeps
+    its traceback."""
+    return isinstance(exc, _CHECKPOINT_EXCEPTIONS) or _find_os_error(exc) is not None or _short_write(exc)
+
+
+def _last_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    return lines[-1] if lines else type(exc).__name__
 
 
 def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> ValueError:
@@ -93,14 +136,17 @@ def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> Value
     if os_error is not None:
         reason = _os_reason(os_error)
         name = os_error.filename or path
-    elif "unexpected pos" in str(exc) or "PytorchStreamWriter failed" in str(exc):
+    elif _short_write(exc) or "OSError" in str(exc):  # megatron-core 0.19 passes on only the class
         # torch's zip writer reports a short write without errno; a full disk is the usual cause
         try:
             free = shutil.disk_usage(Path(path) if Path(path).exists() else Path(path).parent).free
         except OSError:
             free = -1
         reason = (os.strerror(errno.ENOSPC).lower() if 0 <= free < (64 << 20)
-                  else f"short write ({str(exc).splitlines()[0][:200]})")
+                  else f"short write or OS error ({_last_line(exc)[:200]})")
+        name = path
+    elif isinstance(exc, _CHECKPOINT_EXCEPTIONS) and not exc.failures:
+        reason = "another rank failed to write its part (rank 0 names the file)"
         name = path
     else:
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
