@@ -81,3 +81,23 @@ def test_grad_buffer_stream_is_a_no_op_on_cpu(single_rank):
     stream.wait_event(object())
     stream.wait_stream(stream)
     assert param_and_grad_buffer.torch.zeros(1, device="cuda").device.type == "cpu"
+
+
+def test_kernel_load_survives_a_lock_left_by_a_killed_process(tmp_path):
+    """torch's extension loader waits forever on a build-directory ``lock`` file that a process
+    killed mid-load left behind; our loader takes that lock over (it would hang on old code)."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    probe = ("import sys; from megatron_fixedcode.kernels import fixed_code_cpu_kernel, _build_directory_guard;"
+             "import torch; name = 'megatron_fixedcode_fixed_code_cpu_' + "
+             "('avx2' if torch.backends.cpu.get_cpu_capability() in ('AVX2', 'AVX512') else 'generic');"
+             "d = _build_directory_guard(name).directory; d.mkdir(parents=True); (d / 'lock').write_text('');"
+             "print(fixed_code_cpu_kernel() is not None, (d / 'lock').exists())")
+    env = {**__import__("os").environ, "TORCH_EXTENSIONS_DIR": str(tmp_path)}
+    proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, env=env, capture_output=True, text=True,
+                          timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr[-2000:]

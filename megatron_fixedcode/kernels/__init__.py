@@ -3,8 +3,11 @@
 cannot be built (no C++ compiler or ninja) the caller falls back to its torch implementation."""
 from __future__ import annotations
 
+import fcntl
 import functools
 import logging
+import os
+import sys
 from pathlib import Path
 from types import ModuleType
 
@@ -23,10 +26,37 @@ def fixed_code_cpu_kernel() -> ModuleType | None:
     avx2 = torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512")
     source = Path(__file__).with_name("fixed_code_cpu.cpp")
     logger.info("loading the fused CPU fixed-code kernel (compiled once per machine, ~30 s)")
+    name = f"megatron_fixedcode_fixed_code_cpu_{'avx2' if avx2 else 'generic'}"
     try:
-        return load(name=f"megatron_fixedcode_fixed_code_cpu_{'avx2' if avx2 else 'generic'}", sources=[str(source)],
-                    extra_cflags=["-O3", "-fopenmp", *(["-mavx2", "-mfma"] if avx2 else [])], verbose=False)
+        with _build_directory_guard(name) as build_directory:
+            return load(name=name, sources=[str(source)], build_directory=build_directory,
+                        extra_cflags=["-O3", "-fopenmp", *(["-mavx2", "-mfma"] if avx2 else [])], verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
         logger.warning("fused CPU fixed-code kernel unavailable (%s: %s); using the torch path",
                        type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
         return None
+
+
+class _build_directory_guard:
+    """torch's loader takes a ``lock`` file in the build directory on every load (build or not) and
+    waits forever for one a killed process left behind. We serialise loads with an ``flock`` (the
+    kernel releases it when its holder dies), so whoever holds ours knows any ``lock`` file is stale."""
+
+    def __init__(self, name: str):
+        from torch.utils.cpp_extension import get_default_build_root
+
+        root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
+        self.directory = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / name
+
+    def __enter__(self) -> str:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self._flock = open(self.directory.parent / f"{self.directory.name}.flock", "w")
+        fcntl.flock(self._flock, fcntl.LOCK_EX)
+        stale = self.directory / "lock"
+        if stale.exists():
+            logger.warning("removing %s, left by a process killed while loading the kernel", stale)
+            stale.unlink()
+        return str(self.directory)
+
+    def __exit__(self, *exc) -> None:
+        self._flock.close()  # releases the flock
