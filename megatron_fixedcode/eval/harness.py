@@ -16,7 +16,7 @@ from megatron_fixedcode.export import hf_io
 
 REPO = Path(__file__).resolve().parents[2]
 LOCAL_TASKS_DIR = REPO / "examples" / "eval"
-# (group or task, num_fewshot): SPEC §2, paper 2's table. MMLU runs 0- and 5-shot.
+# (group or task, num_fewshot): paper 2's evaluation table. MMLU runs 0- and 5-shot.
 PAPER_SUITE = [("fixedcode_paper_suite", 0), ("mmlu", 5)]
 LOCAL_SUITE = [("fixedcode_local", 0)]
 SUITES = {"paper": PAPER_SUITE, "local": LOCAL_SUITE}

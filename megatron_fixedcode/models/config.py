@@ -10,7 +10,8 @@ CODE_KERNELS = ("auto", "fused", "torch")  # FixedCodeEmbedding's forward on CPU
 BLOCKS = {
     # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
     "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
-    # Paper 1 (0.4B): GELU MLP, RoPE; we use LayerNorm without biases (the paper names no norm).
+    # Paper 1 (0.4B): GELU MLP, RoPE, LayerNorm with a bias (megatron's LayerNorm has weight and bias;
+    # the linear layers have none, add_bias_linear=False).
     "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
