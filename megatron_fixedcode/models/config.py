@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from megatron_fixedcode.codes import CODE_FAMILIES, CODE_IMPLEMENTATIONS, CODE_KINDS, PAPER_CODE_SEED, CodeSpec
 
 INPUT_EMBEDDINGS = ("learned", *CODE_KINDS)
@@ -37,6 +39,9 @@ class ModelConfig:
     attention_dropout: float = 0.0
     input_embedding: str = "binary"
     code_seed: int = PAPER_CODE_SEED
+    # gf2: an explicit A (K rows of K 0/1 ints, `--code-matrix FILE`) instead of the one drawn for
+    # code_seed; stored in checkpoints so export and evaluation rebuild exactly this map.
+    code_matrix: tuple[tuple[int, ...], ...] | None = None
     code_offset: int = 0
     code_impl: str = "table_free"
     code_kernel: str = "auto"  # bit codes on CPU: "auto" | "fused" (compiled one-pass kernel) | "torch"
@@ -91,6 +96,11 @@ class ModelConfig:
             raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
         if self.fp8_param and not self.fp8:
             raise ValueError("fp8_param needs fp8")
+        if self.code_matrix is not None:
+            self.code_matrix = tuple(tuple(int(v) for v in row) for row in self.code_matrix)  # JSON gives lists
+            if self.input_embedding != "gf2":
+                raise ValueError(f"code_matrix is the GF(2) recoding matrix: it needs input_embedding gf2, "
+                                 f"not {self.input_embedding!r}")
         self.code_spec()  # validates V vs K, d >= K, seeds
 
     def code_spec(self) -> CodeSpec | None:
@@ -117,6 +127,7 @@ class ModelConfig:
             hidden_size=self.hidden_size,
             code_bits=self.code_bits if family.bits else self.code_width,
             seed=self.code_seed,
+            matrix=None if self.code_matrix is None else np.asarray(self.code_matrix, dtype=np.uint8),
             min_weight=self.code_min_weight,
             offset=self.code_offset,
             implementation=self.code_impl,

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -16,6 +17,7 @@ import yaml
 
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat import ParallelLayout
+from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
 from megatron_fixedcode.models.config import (
     BLOCKS,
     CODE_KERNELS,
@@ -45,6 +47,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input interface")
     g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary")
     g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED)
+    g.add_argument("--code-matrix", default=None, metavar="FILE",
+                   help="gf2: the K x K recoding matrix A from a file (.npy, .json, or text rows of 0/1; "
+                        "optionally with its offset) instead of the one drawn for --code-seed; see docs/codes.md")
     g.add_argument("--code-offset", type=int, default=0, help="offset b as a K-bit integer mask")
     g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free")
     g.add_argument("--code-kernel", choices=CODE_KERNELS, default="auto",
@@ -214,8 +219,17 @@ class PretrainConfig:
     schedule: ScheduleConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
+    code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
 
     def model_config(self, vocab_size: int) -> ModelConfig:
+        try:
+            return self._model_config(vocab_size)
+        except ValueError as e:
+            if self.code_matrix is not None and "code_matrix" in str(e):
+                raise ValueError(f"--code-matrix {self.code_matrix.path}: {e}") from None
+            raise
+
+    def _model_config(self, vocab_size: int) -> ModelConfig:
         a = self.args
         return ModelConfig(
             num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
@@ -223,7 +237,8 @@ class PretrainConfig:
             vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.norm_epsilon,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
-            code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
+            code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
+            code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
             code_scale=a.code_scale,
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
             code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
@@ -303,6 +318,24 @@ def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) 
         p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
 
 
+def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
+    """Load --code-matrix once; its offset (if any) becomes --code-offset. Reported on rank 0."""
+    if a.code_matrix is None:
+        return None
+    if a.input_embedding != "gf2":
+        raise ValueError(f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding gf2, "
+                         f"not {a.input_embedding}")
+    loaded = load_code_matrix(a.code_matrix)
+    if loaded.offset is not None:
+        if a.code_offset not in (0, loaded.offset):
+            raise ValueError(f"--code-matrix {a.code_matrix} gives offset {loaded.offset}, --code-offset "
+                             f"{a.code_offset}: give one of them")
+        a.code_offset = loaded.offset
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(loaded.report()), file=sys.stderr)
+    return loaded
+
+
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     parser = build_parser()
     pre, _ = parser.parse_known_args(argv)
@@ -321,6 +354,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
         cfg = PretrainConfig(
             args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
             checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
+            code_matrix=_read_code_matrix(a),
         )
         if a.vocab_size or a.dry_run:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
