@@ -214,7 +214,7 @@ def test_recipes_hold_the_spec_numbers():
     expected2 = dict(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192, seq_length=2048,
                      block="llama", lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
                      lr_decay_iters=382_500, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, weight_decay=0.01,
-                     clip_grad=1.0, bf16=True, recompute_granularity=None, transformer_impl="transformer_engine",
+                     clip_grad=1.0, precision="fp32-autocast-bf16", recompute_granularity=None, transformer_impl="transformer_engine",
                      micro_batch_size=8,
                      global_batch_size=128, train_tokens=100_000_000_000, dataset_type="document_windows",
                      samples_per_shard_visit=1024 * 8 * 2, tokenizer_type="HuggingFaceTokenizer", vocab_size=49152)

@@ -53,7 +53,10 @@ class ModelConfig:
     code_norm_match: bool = False  # scale the code so its input RMS equals init_method_std (the learned table's)
     code_base: float | None = None  # sinusoidal: ω_i = base^(-2i/K′), default 10000
     transformer_impl: str = "auto"
-    bf16: bool = False
+    bf16: bool = False  # megatron's BF16 mode: BF16 weights and activations, FP32 master weights in the optimizer
+    # paper 2's mode (--precision fp32-autocast-bf16): FP32 parameters, residual stream and norms,
+    # matmuls under torch.autocast(bfloat16)
+    autocast_bf16: bool = False
     recompute_granularity: str | None = None
     # FP8 GEMMs in the TE layers (megatron TransformerConfig fields of the same names). The input
     # interface is unaffected: it emits the activation dtype (bf16) and TE quantizes what it consumes.
@@ -94,6 +97,8 @@ class ModelConfig:
             raise ValueError(f"fp8_amax_compute_algo must be most_recent or max, got {self.fp8_amax_compute_algo!r}")
         if self.fp8 and (not self.bf16 or self.transformer_impl == "local"):
             raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
+        if self.bf16 and self.autocast_bf16:
+            raise ValueError("bf16 (BF16 weights) and autocast_bf16 (FP32 weights under BF16 autocast) exclude each other")
         if self.fp8_param and not self.fp8:
             raise ValueError("fp8_param needs fp8")
         if self.code_matrix is not None:
@@ -133,7 +138,8 @@ class ModelConfig:
             implementation=self.code_impl,
             centered=self.code_centered,
             base=self.code_base,
-            dtype="bfloat16" if self.bf16 else "float32",
+            # under autocast the first matmul reads the code rounded to BF16: check injectivity there
+            dtype="bfloat16" if self.bf16 or self.autocast_bf16 else "float32",
         )
         if self.code_norm_match:
             scale = self.init_method_std / CodeSpec.create(**fields, scale=1.0).input_rms()

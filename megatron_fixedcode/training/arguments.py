@@ -65,6 +65,11 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
 
 
+PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
+# recipe keys of Megatron-LM's precision flags -> --precision
+_PRECISION_ALIASES = {"bf16": "bf16", "fp16": "fp16"}
+
+
 def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism and precision")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -73,7 +78,14 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; bf16 (megatron's BF16 mode: BF16 weights, FP32 master weights in the optimizer); "
+                        "fp32-autocast-bf16 (paper 2: FP32 parameters, residual stream and norms, matmuls under "
+                        "torch.autocast(bf16)). docs/training.md, 'Precision modes'")
+    # Megatron-LM's flags, aliases of --precision (the last one given wins, the command line over the recipe)
+    g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="= --precision bf16")
+    g.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
+                   help="refused: FP16 (with loss scaling) is not supported; use --precision bf16 or fp32-autocast-bf16")
     g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default="auto")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     g = p.add_argument_group("transformer engine, FP8, communication overlap (CUDA GPUs)")
@@ -196,6 +208,14 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         parser.error(f"--config {path}: {e}")
     if not isinstance(data, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
+    for alias, precision in _PRECISION_ALIASES.items():
+        if data.get(alias) is True:  # `bf16: true` in a recipe = `precision: bf16`
+            if data.get("precision", precision) != precision:
+                parser.error(f"--config {path}: both {alias}: true and precision: {data['precision']}; keep one")
+            del data[alias]
+            data["precision"] = precision
+        elif alias in data and data[alias] in (False, None):
+            del data[alias]
     known = {a.dest for a in parser._actions}
     for key in data:
         if key.replace("-", "_") not in known or key in ("config", "dry_run"):
@@ -243,7 +263,7 @@ class PretrainConfig:
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
             code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
             transformer_impl=a.transformer_impl,
-            bf16=a.bf16, recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
+            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
             fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
             fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
         )
@@ -305,7 +325,7 @@ def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) 
     if a.fp8_format and a.transformer_impl == "local":
         p.error("--fp8-format needs Transformer Engine layers: drop --transformer-impl local")
     if a.fp8_format and not a.bf16:
-        p.error("--fp8-format needs --bf16 (FP8 GEMMs, BF16 elsewhere)")
+        p.error("--fp8-format needs --bf16 / --precision bf16 (FP8 GEMMs, BF16 elsewhere)")
     if a.fp8_param_gather and not a.fp8_format:
         p.error("--fp8-param-gather needs --fp8-format")
     if a.fp8_param_gather and not a.use_distributed_optimizer:
@@ -342,6 +362,10 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     if pre.config:
         parser.set_defaults(**load_recipe(pre.config, parser))
     a = parser.parse_args(argv)
+    if a.precision == "fp16":
+        parser.error("--fp16: FP16 training (loss scaling) is not supported; use --precision bf16 (megatron's BF16 "
+                     "mode) or --precision fp32-autocast-bf16 (paper 2's)")
+    a.bf16 = a.precision == "bf16"  # what the rest of the trainer reads for megatron's BF16 mode
     _validate(a, parser)
     try:
         layout = ParallelLayout(
