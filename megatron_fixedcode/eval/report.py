@@ -13,11 +13,16 @@ from typing import Any
 from megatron_fixedcode.eval.audit import differing_request_sets
 
 
+def _section(result: dict[str, Any]) -> str:
+    """Perplexity results: held-out documents, or SQuAD gold answers (``--squad``)."""
+    return "squad_gold_answer" if "squad" in result else "validation"
+
+
 def metric_rows(result: dict[str, Any]) -> dict[str, float]:
     """``{"task@Nshot/metric": value}`` (stderr and sample counts dropped); perplexity results
     become ``validation/loss`` and ``validation/ppl``."""
     if "results" not in result:
-        return {f"validation/{k}": float(result[k]) for k in ("loss", "ppl") if k in result}
+        return {f"{_section(result)}/{k}": float(result[k]) for k in ("loss", "ppl") if k in result}
     return {f"{task}/{metric}": value for task, metrics in result["results"].items()
             for metric, value in metrics.items() if not metric.endswith("_stderr") and metric != "sample_len"}
 
@@ -58,7 +63,7 @@ def model_markdown(result: dict[str, Any]) -> str:
     lines = [f"### {result.get('label') or result.get('model')}", "", "| task | metric | value | stderr |",
              "|---|---|---|---|"]
     if "results" not in result:
-        lines += [f"| validation | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
+        lines += [f"| {_section(result)} | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
     else:
         for task, metrics in sorted(result["results"].items()):
             for metric, value in sorted(metrics.items()):
