@@ -80,7 +80,7 @@ def test_cli_checkpoint_and_export_give_the_same_gold_answer_perplexity(tmp_path
     def evaluate(*args):
         out = subprocess.run([sys.executable, "tools/evaluate.py", *args, "--squad", str(tmp_path / "dev.json"), "--json"],
                              cwd=REPO, capture_output=True, text=True, timeout=300,
-                             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1"})
+                             env={**os.environ, "HF_HUB_OFFLINE": "1", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)})
         assert out.returncode == 0, out.stderr[-3000:]
         return json.loads(out.stdout)
 
