@@ -20,8 +20,11 @@ from megatron_fixedcode.codes import (
 from megatron_fixedcode.codes.analysis import analyze_code, pack_rows
 from tests.helpers import REPO
 
-# A for seed 12345, K = 16, min weight 4: row i as an integer, bit j = A[i, j]. Pinned so that a
-# numpy upgrade or a refactor can never silently change the paper's recoding.
+# A for seed 12345, K = 16, min weight 4: row i as an integer, bit j = A[i, j]. This is what this
+# project's generator (PCG64 raw stream, rejection sampling) draws for paper 2's seed and
+# constraints; the paper names no generator, so it is not provably the paper's matrix (a released
+# one is loaded with --code-matrix). Pinned so that a numpy upgrade or a refactor can never
+# silently change the matrix our gf2 runs use.
 GOLDEN_A_ROWS_SEED_12345 = [
     50133, 48000, 4831, 43728, 45643, 8560, 50273, 6284,
     10021, 17453, 26500, 28956, 16658, 4745, 22806, 58096,
@@ -48,7 +51,7 @@ def test_larger_k_allowed_smaller_refused():
         resolve_code_bits(49152, 15)
 
 
-def test_golden_gf2_matrix_for_paper_seed():
+def test_golden_gf2_matrix_for_the_paper_seed_from_our_generator():
     a = sample_recoding_matrix(16, 12345, min_weight=4)
     rows = [int(sum(int(b) << j for j, b in enumerate(row))) for row in a]
     assert rows == GOLDEN_A_ROWS_SEED_12345

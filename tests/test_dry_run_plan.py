@@ -22,20 +22,24 @@ def _args(recipe: str, *flags: str):
                                 "--vocab-size", "49152", *flags]).args
 
 
-@pytest.mark.parametrize("recipe, world, total_gb, state_gb", [
-    ("paper2_1p7b_binary.yaml", 16, 54.8, 11.6), ("paper2_1p7b_binary.yaml", 8, 56.1, 12.8),
-    ("paper2_1p7b_learned.yaml", 16, 55.5, 12.2), ("paper2_1p7b_learned.yaml", 8, 56.9, 13.6),
+@pytest.mark.parametrize("recipe, world, precision, total_gb, state_gb", [
+    ("paper2_1p7b_binary.yaml", 16, "bf16", 54.8, 11.6), ("paper2_1p7b_binary.yaml", 8, "bf16", 56.1, 12.8),
+    ("paper2_1p7b_learned.yaml", 16, "bf16", 55.5, 12.2), ("paper2_1p7b_learned.yaml", 8, "bf16", 56.9, 13.6),
+    # the recipes' own mode: fp32 weight + grad + the bf16 casts kept for backward, fp32 norm inputs
+    ("paper2_1p7b_binary.yaml", 16, "fp32-autocast-bf16", 64.5, 18.0),
+    ("paper2_1p7b_learned.yaml", 8, "fp32-autocast-bf16", 66.4, 19.9),
 ])
-def test_paper2_memory_matches_scaling_doc(recipe, world, total_gb, state_gb):
-    p = plan(_args(recipe), world)
+def test_paper2_memory_matches_scaling_doc(recipe, world, precision, total_gb, state_gb):
+    p = plan(_args(recipe, "--precision", precision), world)
     assert (p["dp"], p["microbatches"]) == (world, 128 // (8 * world))
     assert round(p["bytes"]["total"] / GB, 1) == total_gb
     assert round(p["bytes"]["weights_grads_optimizer"] / GB, 1) == state_gb
 
 
 def test_full_recompute_and_no_distributed_optimizer():
-    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full"), 16)["bytes"]["total"] / GB, 1) == 25.6
-    a = _args("paper2_1p7b_binary.yaml")
+    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full", "--bf16"), 16)["bytes"]["total"] / GB, 1) == 25.6
+    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full"), 16)["bytes"]["total"] / GB, 1) == 32.1
+    a = _args("paper2_1p7b_binary.yaml", "--bf16")
     a.use_distributed_optimizer = False
     assert round(plan(a, 16)["bytes"]["total"] / GB, 1) == 74.1
 
@@ -51,7 +55,7 @@ def test_dry_run_prints_plan_and_te_warning():
     env = {**os.environ, "WORLD_SIZE": "16",
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config",
-                           "examples/recipes/paper2_1p7b_binary.yaml", "--vocab-size", "49152", "--fp8-format", "hybrid",
+                           "examples/recipes/paper2_1p7b_binary.yaml", "--vocab-size", "49152", "--fp8-format", "hybrid", "--bf16",
                            "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fp8_format"] == "hybrid"  # stdout stays the config alone

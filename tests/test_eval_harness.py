@@ -53,3 +53,29 @@ def test_local_data_reads_original_formats():
     assert len(local.lambada()["test"]) == 5153
     pages = local.wikitext2_valid()["validation"]
     assert len(pages) == 60 and pages[0]["page"].startswith(" = ")
+
+
+def test_two_checkpoints_see_identical_request_sets_and_report_truncation(tmp_path, monkeypatch):
+    """Paper 2's audit: equal request hashes per task for two variants, and requests cut to a
+    64-token context counted (LAMBADA passages are longer than 64 tokens)."""
+    from megatron_fixedcode.eval import compare, comparison_markdown
+    from megatron_fixedcode.eval.harness import run_harness
+    from megatron_fixedcode.export import convert_checkpoint_to_hf
+
+    monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
+    outs = []
+    for variant in ("binary", "gf2"):
+        src = random_checkpoint(tmp_path / variant, input_embedding=variant, vocab_size=49152, hidden_size=32,
+                                num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=64,
+                                tokenizer_model=str(SMOLLM2_TOKENIZER))
+        out = run_harness(convert_checkpoint_to_hf(src, tmp_path / f"{variant}_hf"), "piqa_local,lambada_local",
+                          limit=4, batch_size=4)
+        outs.append({**out, "label": variant})
+    a, b = (o["requests"] for o in outs)
+    assert set(a) == set(b) == {"piqa_local@0shot", "lambada_local@0shot"}
+    assert a["piqa_local@0shot"]["requests"] == 8 and a["lambada_local@0shot"]["requests"] == 4  # 2 choices x 4
+    for task in a:
+        assert a[task] == b[task] and a[task]["max_length"] == 64
+    assert a["piqa_local@0shot"]["truncated"] == 0 and 0 < a["lambada_local@0shot"]["truncated"] <= 4
+    table = compare(outs)
+    assert table["differing_request_sets"] == {} and "Request sets differ" not in comparison_markdown(table)

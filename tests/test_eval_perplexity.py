@@ -30,7 +30,8 @@ def test_uniform_logits_give_log_vocab():
 
 def _evaluate(*args):
     proc = subprocess.run([sys.executable, "tools/evaluate.py", *args, "--json"], cwd=REPO, capture_output=True,
-                          text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1"}, timeout=300)
+                          text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+                          timeout=300)  # the code under test, not an installed copy
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 

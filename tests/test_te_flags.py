@@ -97,7 +97,7 @@ def test_model_without_te_refuses_te_and_fp8():
 
 
 def test_dry_run_shows_the_te_fields(capsys):
-    argv = ["--config", "examples/recipes/paper2_1p7b_binary.yaml", "--fp8-format", "hybrid", "--fp8-recipe",
+    argv = ["--config", "examples/recipes/paper2_1p7b_binary.yaml", "--bf16", "--fp8-format", "hybrid", "--fp8-recipe",
             "tensorwise", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max", "--fp8-param-gather",
             "--overlap-grad-reduce", "--overlap-param-gather", "--dry-run"]
     assert main(argv) == 0

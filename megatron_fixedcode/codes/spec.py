@@ -112,7 +112,8 @@ class CodeSpec:
             seed = None
         elif matrix is not None:
             a = check_recoding_matrix(matrix, num_bits)
-            seed = None
+            seed = None  # not drawn from a seed; min_weight records the matrix's own least weight
+            min_weight = int(min(a.sum(axis=0).min(), a.sum(axis=1).min()))
         else:
             if seed is None:
                 raise ValueError("kind='gf2' needs code_seed (or an explicit code_matrix)")
@@ -246,8 +247,9 @@ class CodeSpec:
     @property
     def fingerprint(self) -> str:
         """Hash of exactly what defines the token→vector map (not kind, seed or implementation:
-        equal maps reached differently get equal fingerprints). Bit codes hash A and b, so their
-        fingerprints are those of the papers' runs; float codes hash their definition (kind, seed,
+        equal maps reached differently get equal fingerprints). Bit codes hash A and b, so a
+        matrix loaded from a file (``--code-matrix``) and one drawn for a seed compare by content;
+        float codes hash their definition (kind, seed,
         base), not the float bytes, which may differ in the last ulp between math libraries."""
         payload: dict[str, Any] = {
             "vocab_size": self.vocab_size,

@@ -221,6 +221,10 @@ def apply_cpu_patches() -> bool:
     # The cross entropy's max(dim=-1) also computes an argmax it discards: amax gives the same
     # values ~5x faster on CPU (the logits are the biggest tensor of a small model's step).
     VocabParallelCrossEntropy.calculate_logits_max = staticmethod(_logits_max_without_argmax)
+    # --precision fp32-autocast-bf16 on CPU: the linear layers' backward replays the CPU autocast.
+    from megatron_fixedcode.compat.autocast import patch_linear_autocast_for_cpu
+
+    patch_linear_autocast_for_cpu()
     _APPLIED = True
     logger.debug("megatron-core CPU patches applied")
     return True

@@ -12,10 +12,11 @@ import json
 from pathlib import Path
 from typing import Any
 
+from megatron_fixedcode.eval.audit import RequestAudit
 from megatron_fixedcode.export import hf_io
 
 LOCAL_TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # examples/eval, shipped as package data
-# (group or task, num_fewshot): SPEC §2, paper 2's table. MMLU runs 0- and 5-shot.
+# (group or task, num_fewshot): paper 2's evaluation table. MMLU runs 0- and 5-shot.
 PAPER_SUITE = [("fixedcode_paper_suite", 0), ("mmlu", 5)]
 LOCAL_SUITE = [("fixedcode_local", 0)]
 SUITES = {"paper": PAPER_SUITE, "local": LOCAL_SUITE}
@@ -55,6 +56,7 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
     """Run every (task, shots) of ``tasks``; returns ``{"model", "results", "config"}``."""
     try:
         import lm_eval
+        from lm_eval.api.registry import get_model
         from lm_eval.tasks import TaskManager
     except ImportError as e:  # the eval extra
         raise ValueError("the LM Evaluation Harness is not installed: pip install 'megatron-fixedcode[eval]'") from e
@@ -66,17 +68,23 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
     if eod is not None:
         model_args["prefix_token_id"] = eod
     manager = TaskManager(include_path=str(include_path) if include_path else None)
+    runs = parse_tasks(tasks)
+    lm = get_model("hf").create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
+    audit = RequestAudit(lm)  # per task: hash of the request set, requests truncated to the context
     rows: dict[str, dict[str, float]] = {}
-    for task, shots in parse_tasks(tasks):
-        out = lm_eval.simple_evaluate(model="hf", model_args=model_args, tasks=[task], num_fewshot=shots,
-                                      limit=limit, batch_size=batch_size, device=device, task_manager=manager,
+    requests: dict[str, dict[str, Any]] = {}
+    for task, shots in runs:
+        audit.reset()
+        out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=shots,
+                                      limit=limit, task_manager=manager,
                                       apply_chat_template=False, random_seed=0, numpy_random_seed=0,
                                       torch_random_seed=0, fewshot_random_seed=1234, log_samples=False)
         rows.update(flatten_results(out["results"], shots))
+        requests.update({f"{name}@{shots}shot": summary for name, summary in audit.summary().items()})
     fixed = config.get("fixed_code")
     return {"model": str(model_dir), "input_embedding": fixed["input_embedding"] if fixed else "learned",
             "code_fingerprint": fixed["fingerprint"] if fixed else None,
-            "provenance": config.get("megatron_fixedcode"), "results": rows,
+            "provenance": config.get("megatron_fixedcode"), "results": rows, "requests": requests,
             "config": {"tasks": tasks, "limit": limit, "prefix_token_id": eod, "chat_template": False,
                        "bos": "none; empty contexts get the EOD token as prefix"}}
 

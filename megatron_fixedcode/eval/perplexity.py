@@ -3,7 +3,10 @@ checkpoints and Hugging Face exports.
 
 Protocol: every document is ``[EOD] + its tokens``; EOD (``<|endoftext|>``, id 0 for SmolLM2 —
 the zero vector of the canonical and zero-offset GF(2) codes) is the unscored context of the
-first token, exactly the separator the model saw in training. Each document is cut into
+first token. It is fed because the tokenizer has no BOS and every variant must score the same
+targets under the same conditioning. Packed-sample training (``gpt``) put EOD before every
+document; document-window training (paper 2) never feeds token 0 as an input, so there the first
+prediction of each document is out of training distribution, alike for every variant. Each document is cut into
 non-overlapping windows of ``seq_length`` predictions (the last one shorter); windows never cross
 documents. Every token of every document is a prediction target, counted once.
 

@@ -10,12 +10,19 @@ from __future__ import annotations
 
 from typing import Any
 
+from megatron_fixedcode.eval.audit import differing_request_sets
+
+
+def _section(result: dict[str, Any]) -> str:
+    """Perplexity results: held-out documents, or SQuAD gold answers (``--squad``)."""
+    return "squad_gold_answer" if "squad" in result else "validation"
+
 
 def metric_rows(result: dict[str, Any]) -> dict[str, float]:
     """``{"task@Nshot/metric": value}`` (stderr and sample counts dropped); perplexity results
     become ``validation/loss`` and ``validation/ppl``."""
     if "results" not in result:
-        return {f"validation/{k}": float(result[k]) for k in ("loss", "ppl") if k in result}
+        return {f"{_section(result)}/{k}": float(result[k]) for k in ("loss", "ppl") if k in result}
     return {f"{task}/{metric}": value for task, metrics in result["results"].items()
             for metric, value in metrics.items() if not metric.endswith("_stderr") and metric != "sample_len"}
 
@@ -28,7 +35,10 @@ def seed_summary(values: list[float]) -> dict[str, float]:
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
-    """``{"models": {label: {metric: seed_summary}}, "references": {label: {metric: value}}}``."""
+    """``{"models": {label: {metric: seed_summary}}, "references": {label: {metric: value}},
+    "differing_request_sets": {task: {run: sha256}}}`` — the last lists every task whose request
+    hash is not the same in all results that carry a request audit (the comparison is not like
+    for like there)."""
     by_label: dict[str, list[dict[str, float]]] = {}
     references: dict[str, dict[str, float]] = {}
     for r in results:
@@ -41,7 +51,7 @@ def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
     for label, runs in by_label.items():
         metrics = sorted(set().union(*runs))
         models[label] = {m: seed_summary([run[m] for run in runs if m in run]) for m in metrics}
-    return {"models": models, "references": references}
+    return {"models": models, "references": references, "differing_request_sets": differing_request_sets(results)}
 
 
 def _fmt(value: float) -> str:
@@ -53,7 +63,7 @@ def model_markdown(result: dict[str, Any]) -> str:
     lines = [f"### {result.get('label') or result.get('model')}", "", "| task | metric | value | stderr |",
              "|---|---|---|---|"]
     if "results" not in result:
-        lines += [f"| validation | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
+        lines += [f"| {_section(result)} | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
     else:
         for task, metrics in sorted(result["results"].items()):
             for metric, value in sorted(metrics.items()):
@@ -61,6 +71,11 @@ def model_markdown(result: dict[str, Any]) -> str:
                     continue
                 err = metrics.get(f"{metric}_stderr")
                 lines.append(f"| {task} | {metric} | {_fmt(value)} | {_fmt(err) if err is not None else ''} |")
+    if result.get("requests"):
+        lines += ["", "| task | requests | truncated to context | request set sha256 |", "|---|---|---|---|"]
+        for task, audit in sorted(result["requests"].items()):
+            lines.append(f"| {task} | {audit['requests']} | {audit['truncated']} (context {audit['max_length']}) | "
+                         f"{audit['sha256'][:16]} |")
     return "\n".join(lines) + "\n"
 
 
@@ -77,4 +92,9 @@ def comparison_markdown(table: dict[str, Any]) -> str:
             cells.append("" if s is None else f"{_fmt(s['mean'])} (range {100 * s['relative_range']:.1f}%, n={s['n']})")
         cells += [_fmt(r[metric]) if metric in r else "" for r in refs.values()]
         lines.append("| " + " | ".join(cells) + " |")
+    differing = table.get("differing_request_sets") or {}
+    if differing:
+        lines += ["", "**Request sets differ** (these rows do not compare like for like):"]
+        for task, hashes in sorted(differing.items()):
+            lines.append(f"* {task}: " + ", ".join(f"{run} {h[:16] if h else 'absent'}" for run, h in hashes.items()))
     return "\n".join(lines) + "\n"

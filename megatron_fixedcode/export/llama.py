@@ -189,6 +189,8 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
                        "code_offset": sum(b << j for j, b in enumerate(fixed["offset"])),
                        "code_impl": fixed.get("implementation", "table_free"), "code_scale": fixed["scale"],
                        "code_bits": fixed["num_bits"], "code_min_weight": fixed["min_weight"]}
+        if fixed["kind"] == "gf2" and fixed["seed"] is None:  # a matrix given as data (--code-matrix)
+            code_fields["code_matrix"] = fixed["matrix"]
     return ModelConfig(
         num_layers=config["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=config.get("num_key_value_heads", heads), ffn_hidden_size=config["intermediate_size"],

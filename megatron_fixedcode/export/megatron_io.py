@@ -40,7 +40,7 @@ def model_config_from_trainer_state(trainer_state: dict[str, Any]) -> ModelConfi
     fields = dict(trainer_state["model_config"])
     # Same weights, built with megatron's local layers: TE-spec checkpoints load into them (the
     # sharded keys are the TE names in both specs), and no GPU is needed.
-    fields.update(transformer_impl="local", bf16=False, recompute_granularity=None)
+    fields.update(transformer_impl="local", bf16=False, autocast_bf16=False, recompute_granularity=None)
     return ModelConfig(**fields)
 
 

@@ -15,6 +15,7 @@ from megatron.core.transformer.spec_utils import ModuleSpec
 from megatron.core.transformer.transformer_config import TransformerConfig
 
 from megatron_fixedcode.compat import ParallelLayout, cpu_transformer_config_overrides
+from megatron_fixedcode.compat.autocast import keep_residual_stream_fp32
 from megatron_fixedcode.models.code_embeddings import embedding_class
 from megatron_fixedcode.models.config import BLOCKS, ModelConfig
 from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedding
@@ -100,9 +101,19 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrid
     if cfg.fp8:
         fields.update(fp8=cfg.fp8, fp8_recipe=cfg.fp8_recipe, fp8_amax_history_len=cfg.fp8_amax_history_len,
                       fp8_amax_compute_algo=cfg.fp8_amax_compute_algo, fp8_param=cfg.fp8_param)
+    if cfg.autocast_bf16:
+        # FP32 parameters, the forward step under torch.autocast(bf16) (megatron's schedules and
+        # training/forward_backward.py read these two fields).
+        fields.update(enable_autocast=True, autocast_dtype=torch.bfloat16)
     if not torch.cuda.is_available():
         fields.update(cpu_transformer_config_overrides())
     fields.update(overrides)
+    if cfg.autocast_bf16 and fields.get("gradient_accumulation_fusion"):
+        # apex's fused weight-gradient GEMM takes input and output gradient of one dtype; under
+        # autocast megatron's linear layers save the FP32 input and get a BF16 gradient.
+        _warn_once("gradient_accumulation_fusion off under fp32-autocast-bf16 (the fused wgrad GEMM needs "
+                   "one input dtype)")
+        fields["gradient_accumulation_fusion"] = False
     return TransformerConfig(**fields)
 
 
@@ -129,7 +140,7 @@ def build_gpt_model(
     vp_stage: int | None = None,
 ) -> InputInterfaceGPTModel:
     """One model chunk (a pipeline stage) on this rank."""
-    return InputInterfaceGPTModel(
+    model = InputInterfaceGPTModel(
         embedding_factory=build_embedding_factory(cfg),
         config=config,
         transformer_layer_spec=build_layer_spec(cfg, config),
@@ -143,3 +154,6 @@ def build_gpt_model(
         pg_collection=pg_collection,
         vp_stage=vp_stage,
     )
+    if config.enable_autocast:
+        keep_residual_stream_fp32(model)  # paper 2's mode: the residual stream stays FP32 under autocast
+    return model

@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import dataclasses
 
+import numpy as np
+
 from megatron_fixedcode.codes import CODE_FAMILIES, CODE_IMPLEMENTATIONS, CODE_KINDS, PAPER_CODE_SEED, CodeSpec
 
 INPUT_EMBEDDINGS = ("learned", *CODE_KINDS)
@@ -10,7 +12,8 @@ CODE_KERNELS = ("auto", "fused", "torch")  # FixedCodeEmbedding's forward on CPU
 BLOCKS = {
     # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
     "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
-    # Paper 1 (0.4B): GELU MLP, RoPE; we use LayerNorm without biases (the paper names no norm).
+    # Paper 1 (0.4B): GELU MLP, RoPE, LayerNorm with a bias (megatron's LayerNorm has weight and bias;
+    # the linear layers have none, add_bias_linear=False).
     "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
@@ -36,6 +39,9 @@ class ModelConfig:
     attention_dropout: float = 0.0
     input_embedding: str = "binary"
     code_seed: int = PAPER_CODE_SEED
+    # gf2: an explicit A (K rows of K 0/1 ints, `--code-matrix FILE`) instead of the one drawn for
+    # code_seed; stored in checkpoints so export and evaluation rebuild exactly this map.
+    code_matrix: tuple[tuple[int, ...], ...] | None = None
     code_offset: int = 0
     code_impl: str = "table_free"
     code_kernel: str = "auto"  # bit codes on CPU: "auto" | "fused" (compiled one-pass kernel) | "torch"
@@ -47,7 +53,10 @@ class ModelConfig:
     code_norm_match: bool = False  # scale the code so its input RMS equals init_method_std (the learned table's)
     code_base: float | None = None  # sinusoidal: ω_i = base^(-2i/K′), default 10000
     transformer_impl: str = "auto"
-    bf16: bool = False
+    bf16: bool = False  # megatron's BF16 mode: BF16 weights and activations, FP32 master weights in the optimizer
+    # paper 2's mode (--precision fp32-autocast-bf16): FP32 parameters, residual stream and norms,
+    # matmuls under torch.autocast(bfloat16)
+    autocast_bf16: bool = False
     recompute_granularity: str | None = None
     # FP8 GEMMs in the TE layers (megatron TransformerConfig fields of the same names). The input
     # interface is unaffected: it emits the activation dtype (bf16) and TE quantizes what it consumes.
@@ -88,8 +97,15 @@ class ModelConfig:
             raise ValueError(f"fp8_amax_compute_algo must be most_recent or max, got {self.fp8_amax_compute_algo!r}")
         if self.fp8 and (not self.bf16 or self.transformer_impl == "local"):
             raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
+        if self.bf16 and self.autocast_bf16:
+            raise ValueError("bf16 (BF16 weights) and autocast_bf16 (FP32 weights under BF16 autocast) exclude each other")
         if self.fp8_param and not self.fp8:
             raise ValueError("fp8_param needs fp8")
+        if self.code_matrix is not None:
+            self.code_matrix = tuple(tuple(int(v) for v in row) for row in self.code_matrix)  # JSON gives lists
+            if self.input_embedding != "gf2":
+                raise ValueError(f"code_matrix is the GF(2) recoding matrix: it needs input_embedding gf2, "
+                                 f"not {self.input_embedding!r}")
         self.code_spec()  # validates V vs K, d >= K, seeds
 
     def code_spec(self) -> CodeSpec | None:
@@ -116,12 +132,14 @@ class ModelConfig:
             hidden_size=self.hidden_size,
             code_bits=self.code_bits if family.bits else self.code_width,
             seed=self.code_seed,
+            matrix=None if self.code_matrix is None else np.asarray(self.code_matrix, dtype=np.uint8),
             min_weight=self.code_min_weight,
             offset=self.code_offset,
             implementation=self.code_impl,
             centered=self.code_centered,
             base=self.code_base,
-            dtype="bfloat16" if self.bf16 else "float32",
+            # under autocast the first matmul reads the code rounded to BF16: check injectivity there
+            dtype="bfloat16" if self.bf16 or self.autocast_bf16 else "float32",
         )
         if self.code_norm_match:
             scale = self.init_method_std / CodeSpec.create(**fields, scale=1.0).input_rms()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -17,6 +18,7 @@ import yaml
 from megatron_fixedcode.cli.parser import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat.layout import ParallelLayout
+from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
 from megatron_fixedcode.models.config import (
     BLOCKS,
     CODE_KERNELS,
@@ -46,6 +48,9 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("input interface")
     g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary")
     g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED)
+    g.add_argument("--code-matrix", default=None, metavar="FILE",
+                   help="gf2: the K x K recoding matrix A from a file (.npy, .json, or text rows of 0/1; "
+                        "optionally with its offset) instead of the one drawn for --code-seed; see docs/codes.md")
     g.add_argument("--code-offset", type=int, default=0, help="offset b as a K-bit integer mask")
     g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free")
     g.add_argument("--code-kernel", choices=CODE_KERNELS, default="auto",
@@ -61,6 +66,11 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
 
 
+PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
+# recipe keys of Megatron-LM's precision flags -> --precision
+_PRECISION_ALIASES = {"bf16": "bf16", "fp16": "fp16"}
+
+
 def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism and precision")
     g.add_argument("--tensor-model-parallel-size", type=int, default=1)
@@ -69,7 +79,14 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
     g.add_argument("--use-distributed-optimizer", action="store_true")
-    g.add_argument("--bf16", action="store_true")
+    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
+                   help="fp32; bf16 (megatron's BF16 mode: BF16 weights, FP32 master weights in the optimizer); "
+                        "fp32-autocast-bf16 (paper 2: FP32 parameters, residual stream and norms, matmuls under "
+                        "torch.autocast(bf16)). docs/training.md, 'Precision modes'")
+    # Megatron-LM's flags, aliases of --precision (the last one given wins, the command line over the recipe)
+    g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="= --precision bf16")
+    g.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
+                   help="refused: FP16 (with loss scaling) is not supported; use --precision bf16 or fp32-autocast-bf16")
     g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default="auto")
     g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
     g = p.add_argument_group("transformer engine, FP8, communication overlap (CUDA GPUs)")
@@ -197,6 +214,14 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         parser.error(f"--config {path}: {e}")
     if not isinstance(data, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
+    for alias, precision in _PRECISION_ALIASES.items():
+        if data.get(alias) is True:  # `bf16: true` in a recipe = `precision: bf16`
+            if data.get("precision", precision) != precision:
+                parser.error(f"--config {path}: both {alias}: true and precision: {data['precision']}; keep one")
+            del data[alias]
+            data["precision"] = precision
+        elif alias in data and data[alias] in (False, None):
+            del data[alias]
     known = {a.dest for a in parser._actions}
     for key in data:
         if key.replace("-", "_") not in known or key in ("config", "dry_run"):
@@ -220,8 +245,17 @@ class PretrainConfig:
     schedule: ScheduleConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
+    code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
 
     def model_config(self, vocab_size: int) -> ModelConfig:
+        try:
+            return self._model_config(vocab_size)
+        except ValueError as e:
+            if self.code_matrix is not None and "code_matrix" in str(e):
+                raise ValueError(f"--code-matrix {self.code_matrix.path}: {e}") from None
+            raise
+
+    def _model_config(self, vocab_size: int) -> ModelConfig:
         a = self.args
         return ModelConfig(
             num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
@@ -229,12 +263,13 @@ class PretrainConfig:
             vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.norm_epsilon,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
-            code_seed=a.code_seed, code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
+            code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
+            code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
             code_scale=a.code_scale,
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
             code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
             transformer_impl=a.transformer_impl,
-            bf16=a.bf16, recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
+            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
             fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
             fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
         )
@@ -296,7 +331,7 @@ def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) 
     if a.fp8_format and a.transformer_impl == "local":
         p.error("--fp8-format needs Transformer Engine layers: drop --transformer-impl local")
     if a.fp8_format and not a.bf16:
-        p.error("--fp8-format needs --bf16 (FP8 GEMMs, BF16 elsewhere)")
+        p.error("--fp8-format needs --bf16 / --precision bf16 (FP8 GEMMs, BF16 elsewhere)")
     if a.fp8_param_gather and not a.fp8_format:
         p.error("--fp8-param-gather needs --fp8-format")
     if a.fp8_param_gather and not a.use_distributed_optimizer:
@@ -307,6 +342,24 @@ def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) 
         p.error("--tp-comm-overlap needs Transformer Engine layers: drop --transformer-impl local")
     if a.tp_comm_overlap and not a.sequence_parallel:
         p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
+
+
+def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
+    """Load --code-matrix once; its offset (if any) becomes --code-offset. Reported on rank 0."""
+    if a.code_matrix is None:
+        return None
+    if a.input_embedding != "gf2":
+        raise ValueError(f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding gf2, "
+                         f"not {a.input_embedding}")
+    loaded = load_code_matrix(a.code_matrix)
+    if loaded.offset is not None:
+        if a.code_offset not in (0, loaded.offset):
+            raise ValueError(f"--code-matrix {a.code_matrix} gives offset {loaded.offset}, --code-offset "
+                             f"{a.code_offset}: give one of them")
+        a.code_offset = loaded.offset
+    if int(os.environ.get("RANK", "0")) == 0:
+        print("\n".join(loaded.report()), file=sys.stderr)
+    return loaded
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
@@ -322,6 +375,10 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
         resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
     except ValueError as e:
         parser.error(str(e))
+    if a.precision == "fp16":
+        parser.error("--fp16: FP16 training (loss scaling) is not supported; use --precision bf16 (megatron's BF16 "
+                     "mode) or --precision fp32-autocast-bf16 (paper 2's)")
+    a.bf16 = a.precision == "bf16"  # what the rest of the trainer reads for megatron's BF16 mode
     _validate(a, parser)
     try:
         layout = ParallelLayout(
@@ -334,6 +391,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
         cfg = PretrainConfig(
             args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
             checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
+            code_matrix=_read_code_matrix(a),
         )
         if a.vocab_size or a.dry_run:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early

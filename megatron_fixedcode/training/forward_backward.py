@@ -12,8 +12,10 @@ from typing import Iterable
 
 import torch
 from megatron.core.pipeline_parallel import get_forward_backward_func
+from megatron.core.utils import get_model_config
 
 from megatron_fixedcode.compat import runtime_device
+from megatron_fixedcode.compat.autocast import forward_autocast
 from megatron_fixedcode.training.batches import split_for_context_parallel, to_device
 
 
@@ -31,7 +33,9 @@ def gpt_forward_step(data_iterator, model, *, device: torch.device | None = None
         tokens_BS = batch["tokens"]
         batch["position_ids"] = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
     batch = split_for_context_parallel(batch, cp_size, cp_rank)
-    output_BS = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
+    # --precision fp32-autocast-bf16: FP32 parameters, matmuls in BF16 (the loss is FP32 either way)
+    with forward_autocast(get_model_config(model), batch["tokens"].device):
+        output_BS = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output_BS, functools.partial(_loss_func, batch["loss_mask"].float())
 
 

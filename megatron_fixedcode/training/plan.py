@@ -73,8 +73,11 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     # (with PP > 1 the first stage holds the table, the last the head).
     on_gpu = (layers // pp * block + (head + table if pp == 1 else max(head, table))) / tp
 
+    autocast = getattr(a, "precision", None) == "fp32-autocast-bf16"
     if a.bf16:  # bf16 weight, fp32 grad, fp32 master, Adam m and v
         replicated, shardable = 2 + 4, 4 + 8
+    elif autocast:  # fp32 weight and grad, the bf16 weight casts autocast keeps for backward, Adam m and v
+        replicated, shardable = 4 + 4 + 2, 8
     else:       # fp32 weight and grad, Adam m and v
         replicated, shardable = 4 + 4, 8
     per_param = replicated + shardable / (dp if a.use_distributed_optimizer else 1)
@@ -85,7 +88,9 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     units = 40 if gated else 32  # per s·b·h, 16-bit activations, dropout 0 (docs/SCALING.md)
     if not te and a.recompute_granularity != "selective":
         units += 5 * heads * (s / cp) / h  # unfused attention keeps the s x s scores
-    act_bytes = 2 if a.bf16 else 4
+    act_bytes = 2 if a.bf16 or autocast else 4
+    if autocast:  # the two norm inputs (the residual stream) are kept in fp32: 2 more bytes each
+        units += 4
     per_block = units * sbh * act_bytes / 2 / tp
     blocks_here = layers // pp
     if a.recompute_granularity == "full":

@@ -58,7 +58,7 @@ def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: in
             "--vocab-size", str(VOCAB), "--seed", "1234",
             "--micro-batch-size", str(micro_batch), "--global-batch-size", str(global_batch),
             "--train-iters", str(num_steps), "--lr-warmup-iters", "1", "--lr-decay-iters", "1000",
-            "--log-interval", "1000", *extra]
+            "--log-interval", "1000", "--bf16", *extra]  # megatron's BF16 mode, as the recorded benchmarks ran
 
 
 def make_data(data_dir: Path, num_tokens: int = 2_000_000) -> str:
@@ -130,7 +130,7 @@ def run(a: argparse.Namespace) -> dict:
                  "--transformer-impl", "local"]
     cfg = parse_pretrain_args(argv)
     if a.cpu_smoke:
-        cfg.args.bf16 = False
+        cfg.args.bf16, cfg.args.precision = False, "fp32"
         cfg.optim = dataclasses.replace(cfg.optim, use_distributed_optimizer=False)
     _check_runtime(cfg)
     t0 = time.perf_counter()
