@@ -53,7 +53,7 @@ def model_markdown(result: dict[str, Any]) -> str:
     lines = [f"### {result.get('label') or result.get('model')}", "", "| task | metric | value | stderr |",
              "|---|---|---|---|"]
     if "results" not in result:
-        lines += [f"| validation | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
+        lines += [f"| {result.get('task', 'validation')} | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
     else:
         for task, metrics in sorted(result["results"].items()):
             for metric, value in sorted(metrics.items()):
