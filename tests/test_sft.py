@@ -225,3 +225,19 @@ def test_squad_file_errors_name_the_record(tmp_path):
     bad = write_jsonl(tmp_path / "s.jsonl", [{"context": "c", "question": "q", "answer": "a"}, {"context": "c", "answers": []}])
     with pytest.raises(ValueError, match=rf"{bad}:2: missing or empty field 'question'"):
         squad_examples(bad, char_tokenizer().tokenize)
+
+
+def test_recipe_matches_the_paper1_model_and_passes_the_dry_run(capsys):
+    import yaml
+
+    from megatron_fixedcode.pretrain import main
+
+    recipes = REPO / "examples" / "recipes"
+    sft, base = (yaml.safe_load((recipes / n).read_text()) for n in ("paper1_sft.yaml", "paper1_0p4b_binary.yaml"))
+    model_keys = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
+                  "seq_length", "block", "vocab_size", "make_vocab_size_divisible_by", "input_embedding",
+                  "code_impl", "code_scale", "tokenizer_model")
+    assert {k: sft[k] for k in model_keys} == {k: base[k] for k in model_keys}
+    assert sft["dataset_type"] == "sft" and "finetune" not in sft and "load" not in sft
+    assert main(["--config", str(recipes / "paper1_sft.yaml"), "--dry-run"]) == 0
+    assert json.loads(capsys.readouterr().out)["dataset_type"] == "sft"
