@@ -241,3 +241,36 @@ def test_recipe_matches_the_paper1_model_and_passes_the_dry_run(capsys):
     assert sft["dataset_type"] == "sft" and "finetune" not in sft and "load" not in sft
     assert main(["--config", str(recipes / "paper1_sft.yaml"), "--dry-run"]) == 0
     assert json.loads(capsys.readouterr().out)["dataset_type"] == "sft"
+
+
+@needs_tokenizer
+def test_squad_json_on_a_checkpoint_equals_jsonl_on_its_export(tmp_path):
+    """SQuAD's own JSON layout and JSONL rows give the same examples; megatron and transformers agree."""
+    pytest.importorskip("transformers")
+    from megatron_fixedcode.eval.run import checkpoint_target_perplexity, hf_target_perplexity
+    from megatron_fixedcode.export import convert_checkpoint_to_hf
+
+    src = random_checkpoint(tmp_path / "ckpt", input_embedding="gf2", vocab_size=49152, seq_length=64,
+                            tokenizer_model=str(SMOLLM2_TOKENIZER))
+    hf_dir = convert_checkpoint_to_hf(src, tmp_path / "hf")
+    qas = [("Bees make honey in hives.", "What do bees make?", "honey"),
+           ("The Nile flows north into the Mediterranean Sea.", "Where does the Nile flow?", "into the Mediterranean Sea")]
+    squad_json = tmp_path / "dev.json"
+    squad_json.write_text(json.dumps({"version": "1.1", "data": [{"title": "t", "paragraphs": [
+        {"context": c, "qas": [{"id": str(i), "question": q, "answers": [{"text": a, "answer_start": 0}]}]}
+        for i, (c, q, a) in enumerate(qas)]}]}))
+    squad_jsonl = write_jsonl(tmp_path / "dev.jsonl", [{"context": c, "question": q, "answers": {"text": [a]}}
+                                                       for c, q, a in qas])
+    a = checkpoint_target_perplexity(str(src), squad=str(squad_json))
+    b = hf_target_perplexity(str(hf_dir), squad=squad_jsonl)
+    assert a["examples"] == b["examples"] == 2 and a["tokens"] == b["tokens"] > 2
+    assert a["loss"] == pytest.approx(b["loss"], abs=1e-5)
+    assert a["code_fingerprint"] == b["code_fingerprint"]
+
+
+def test_sft_needs_a_tokenizer(capsys):
+    from megatron_fixedcode.training.arguments import parse_pretrain_args
+
+    with pytest.raises(SystemExit) as err:
+        parse_pretrain_args([*TINY, "--train-iters", "1", "--dataset-type", "sft", "--data-path", "x.jsonl"])
+    assert err.value.code == 2 and "--dataset-type sft tokenises text: give --tokenizer-model" in capsys.readouterr().err
