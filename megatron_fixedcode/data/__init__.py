@@ -1,9 +1,10 @@
-"""Training data: megatron GPTDataset blends and paper-2 document windows."""
+"""Training data: megatron GPTDataset blends, paper-2 document windows and SFT records."""
 
 from megatron_fixedcode.data.build import build_datasets, build_document_window_datasets
 from megatron_fixedcode.data.config import DataConfig, parse_blend, samples_per_shard_visit
 from megatron_fixedcode.data.document_window import DocumentWindowDataset, WindowLocation
 from megatron_fixedcode.data.gpt_blend import build_gpt_datasets, locate_gpt_sample
+from megatron_fixedcode.data.sft import SFTDataset, build_sft_datasets
 from megatron_fixedcode.data.sampler import (
     RankMicrobatchSampler,
     collate_samples,
@@ -18,10 +19,12 @@ __all__ = [
     "DataConfig",
     "DocumentWindowDataset",
     "RankMicrobatchSampler",
+    "SFTDataset",
     "WindowLocation",
     "build_datasets",
     "build_document_window_datasets",
     "build_gpt_datasets",
+    "build_sft_datasets",
     "collate_samples",
     "count_prediction_targets",
     "fetch_microbatch",

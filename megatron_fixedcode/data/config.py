@@ -1,4 +1,4 @@
-"""Data configuration shared by both dataset paths (GPT blend and document windows).
+"""Data configuration shared by the dataset paths (GPT blend, document windows, SFT records).
 
 Flag names follow Megatron-LM (`--data-path`, `--valid-data-path`, `--split`,
 `--data-cache-path`) so recipes read the same as ordinary Megatron runs.
