@@ -3,7 +3,8 @@
     python tools/evaluate.py --load CKPT --text-files F [F ...] --json      # megatron checkpoint, any TP/PP
     python tools/evaluate.py --hf-model HF_DIR --text-files F --json         # the same protocol in transformers
     python tools/evaluate.py --hf-model HF_DIR --tasks local --output r.json # LM Evaluation Harness
-    python tools/evaluate.py --load CKPT --squad dev-v1.1.json --json         # SQuAD gold-answer perplexity
+    python tools/evaluate.py --load CKPT --squad squad_dev.json --json       # SQuAD gold-answer perplexity
+    python tools/evaluate.py --load CKPT --sft-data valid.jsonl --json       # held-out SFT response perplexity
     python tools/evaluate.py --compare a.json b.json ... --markdown cmp.md   # across models and seeds
 
 See docs/evaluation.md for the protocol (document windows, EOD context, acc vs acc_norm).
@@ -34,7 +35,12 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--tokenizer-model", default=None, help="override the checkpoint's tokenizer path")
     p.add_argument("--squad", default=None,
-                   help="SQuAD JSON/JSONL: gold-answer perplexity (answer given context and question; docs/evaluation.md)")
+                   help="SQuAD gold-answer perplexity: SQuAD .json or JSONL {context, question, answers} (docs/sft.md)")
+    p.add_argument("--sft-data", nargs="+", default=None,
+                   help="held-out SFT JSONL: perplexity of the response tokens (+ EOD), encoded as in training")
+    p.add_argument("--sft-prompt-key", default="prompt")
+    p.add_argument("--sft-response-key", default="response")
+    p.add_argument("--sft-messages-key", default="messages")
     p.add_argument("--tasks", default=None, help="lm-eval: 'paper', 'local' or task[:shots],...")
     p.add_argument("--limit", type=float, default=None, help="lm-eval: examples per task (for smoke runs)")
     p.add_argument("--trust-remote-code", action="store_true", help="for --table-free exports")
@@ -51,12 +57,14 @@ def _run(a) -> dict:
 
     common = dict(text_files=a.text_files, data_path=a.data_path, seq_length=a.seq_length,
                   batch_size=a.batch_size, max_tokens=a.max_tokens)
-    if a.squad:
+    if a.squad or a.sft_data:
+        from megatron_fixedcode.data.sft import SFTFields
+
+        target = dict(squad=a.squad, sft_data=a.sft_data, seq_length=a.seq_length, batch_size=a.batch_size,
+                      sft_fields=SFTFields(a.sft_prompt_key, a.sft_response_key, a.sft_messages_key))
         if a.load:
-            return run.checkpoint_gold_answer(a.load, a.squad, step=a.ckpt_step, seq_length=a.seq_length,
-                                              batch_size=a.batch_size, tokenizer_model=a.tokenizer_model)
-        return run.hf_gold_answer(a.hf_model, a.squad, seq_length=a.seq_length, batch_size=a.batch_size,
-                                  trust_remote_code=a.trust_remote_code)
+            return run.checkpoint_target_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, **target)
+        return run.hf_target_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **target)
     if a.load:
         return run.checkpoint_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, **common)
     if a.tasks:

@@ -1,4 +1,4 @@
-"""Training data: megatron GPTDataset blends and paper-2 document windows."""
+"""Training data: megatron GPTDataset blends, paper-2 document windows and SFT records."""
 
 from megatron_fixedcode._lazy import lazy_exports
 
@@ -11,6 +11,8 @@ _EXPORTS = {
     "DocumentWindowDataset": "document_window",
     "WindowLocation": "document_window",
     "build_gpt_datasets": "gpt_blend",
+    "SFTDataset": "sft",
+    "build_sft_datasets": "sft",
     "locate_gpt_sample": "gpt_blend",
     "RankMicrobatchSampler": "sampler",
     "collate_samples": "sampler",
@@ -26,10 +28,12 @@ __all__ = [
     "DataConfig",
     "DocumentWindowDataset",
     "RankMicrobatchSampler",
+    "SFTDataset",
     "WindowLocation",
     "build_datasets",
     "build_document_window_datasets",
     "build_gpt_datasets",
+    "build_sft_datasets",
     "collate_samples",
     "count_prediction_targets",
     "fetch_microbatch",

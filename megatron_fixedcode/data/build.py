@@ -1,4 +1,4 @@
-"""One entry point for the trainer: (train, valid) datasets for either dataset type."""
+"""One entry point for the trainer: (train, valid) datasets for every dataset type."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ from typing import Any, Callable
 from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.document_window import DocumentWindowDataset
 from megatron_fixedcode.data.gpt_blend import build_gpt_datasets
+from megatron_fixedcode.data.sft import build_sft_datasets
 from megatron_fixedcode.data.validate import check_shards
 
 logger = logging.getLogger(__name__)
@@ -73,6 +74,9 @@ def build_datasets(
     `tokenizer` gives the GPT path its EOD/pad ids, and both its vocabulary size: every shard
     is checked first (``check_data_shards``), and every sample's ids as it is read.
     """
+    if cfg.dataset_type == "sft":  # JSONL files, tokenised here with the run's tokenizer
+        return build_sft_datasets(cfg, tokenizer, num_train_samples=num_train_samples,
+                                  num_valid_samples=num_valid_samples, seed=seed)
     vocab_size = getattr(tokenizer, "vocab_size", None)
     check_data_shards(cfg, None if vocab_size is None else int(vocab_size))
     if cfg.dataset_type == "gpt":

@@ -1,4 +1,4 @@
-"""Data configuration shared by both dataset paths (GPT blend and document windows).
+"""Data configuration shared by the dataset paths (GPT blend, document windows, SFT records).
 
 Flag names follow Megatron-LM (`--data-path`, `--valid-data-path`, `--split`,
 `--data-cache-path`) so recipes read the same as ordinary Megatron runs.
@@ -9,9 +9,19 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
+
 logger = logging.getLogger(__name__)
 
-DATASET_TYPES = ("gpt", "document_windows")
+DATASET_TYPES = ("gpt", "document_windows", "sft")
+
+
+@dataclass(frozen=True)
+class SFTFields:
+    """Field names of an SFT record (``--sft-prompt-key``, ``--sft-response-key``, ``--sft-messages-key``)."""
+
+    prompt: str = "prompt"
+    response: str = "response"
+    messages: str = "messages"
 
 # Paper 2: 1024 microbatches per rank per shard visit, 8 sequences per microbatch, 2 ranks.
 PAPER2_SAMPLES_PER_SHARD_VISIT = 1024 * 8 * 2
@@ -76,7 +86,8 @@ class DataConfig:
     """Separate validation blend. When None the GPT path splits `data_path` by `split`."""
 
     dataset_type: str = "gpt"
-    """'gpt' (megatron GPTDataset, packed across documents) or 'document_windows' (paper 2)."""
+    """'gpt' (megatron GPTDataset, packed across documents), 'document_windows' (paper 2) or 'sft'
+    (JSONL records, loss on responses; data/sft.py)."""
 
     seq_length: int = 2048
     """Model context; each sample reads seq_length + 1 tokens."""
@@ -91,6 +102,9 @@ class DataConfig:
     """Document windows: global samples drawn from one shard before moving to the next."""
 
     mmap_bin_files: bool = True
+    sft_fields: SFTFields = field(default_factory=SFTFields)
+    """SFT only: the record field names."""
+
     num_dataset_builder_threads: int = 1
 
     blend: tuple[list[str], list[float] | None] = field(init=False)
@@ -115,3 +129,7 @@ class DataConfig:
             if self.valid_data_path is None
             else parse_blend(self.valid_data_path, "valid_data_path")
         )
+        if self.dataset_type == "sft":
+            for name, blend in (("data_path", self.blend), ("valid_data_path", self.valid_blend)):
+                if blend is not None and blend[1] is not None:
+                    raise ValueError(f"{name}: --dataset-type sft reads JSONL files in order; blend weights are not supported")

@@ -1,15 +1,18 @@
-"""Gold-answer perplexity (paper 1, after SFT): the perplexity of a question's gold answer given
-its context and question, on SQuAD-format data.
+"""Perplexity of chosen target tokens given their context: paper 1's post-SFT measures.
 
-Prompt (ours; paper 1 names the metric, not a template): ``[EOD] + "{context}\\n\\nQuestion:
-{question}\\nAnswer:"``, continuation ``" " + answer`` (the first gold answer; unanswerable
-SQuAD 2.0 questions are skipped and counted). Prompt and continuation are tokenized separately,
-so the scored tokens are exactly the answer's. Only the answer tokens are targets; the loss is
-the mean NLL per answer token over all questions and ``ppl = exp(loss)``. A pair longer than the
-model's context keeps its last ``seq_length + 1`` tokens (the prompt is cut from the left) and is
-counted in ``truncated``.
+* **SQuAD gold-answer perplexity**: per question, the context is
+  ``tok("{context}\\n\\nQuestion: {question}\\nAnswer:")`` and the targets are
+  ``tok(" " + gold_answer)`` (the first listed answer; unanswerable SQuAD-2 questions are
+  skipped and counted). The answer carries no EOD: only the answer's own tokens are scored.
+* **Held-out SFT perplexity**: each record encoded exactly as in training (data/sft.py), targets
+  = its response tokens and their closing EOD, i.e. what ``val_loss`` of an SFT run averages.
 
-Shape legend: B questions in a batch, S positions, V vocabulary.
+Both report ``exp(sum NLL / number of target tokens)`` over the whole set (token-weighted, as the
+trainer's validation loss). Nothing is prefixed: the sequences start as the SFT samples do. A
+sequence longer than ``seq_length + 1`` loses context tokens from the left (SQuAD) or is cut at
+the right like in training (SFT); both are counted.
+
+Shape legend: B sequences in a batch, S positions, V vocabulary.
 """
 from __future__ import annotations
 
@@ -22,87 +25,102 @@ import torch
 
 from megatron_fixedcode.eval.perplexity import LogitsFn
 
-PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
+SQUAD_PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
 
 
-def _first_answer(answers) -> str | None:
-    if isinstance(answers, dict):  # Hugging Face datasets: {"text": [...], "answer_start": [...]}
-        answers = answers.get("text") or []
-    texts = [a["text"] if isinstance(a, dict) else a for a in answers or []]
-    texts = [t for t in texts if isinstance(t, str) and t.strip()]
-    return texts[0] if texts else None
+def squad_prompt(context: str, question: str) -> str:
+    return SQUAD_PROMPT.format(context=context, question=question)
 
 
-def read_squad(path: str | Path) -> tuple[list[tuple[str, str, str]], int]:
-    """(context, question, gold answer) triples and the number of questions without an answer.
+def _squad_rows(path: Path) -> Iterable[tuple[str, dict]]:
+    """(where, {context, question, answers}) of SQuAD's own JSON (``data/paragraphs/qas``) or of
+    JSONL rows in the Hugging Face layout (``answers: {"text": [...]}`` or a list, or ``answer``)."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".json":
+        data = json.loads(text)
+        for a, article in enumerate(data.get("data", [])):
+            for p, para in enumerate(article.get("paragraphs", [])):
+                for qa in para.get("qas", []):
+                    yield f"{path}: article {a} paragraph {p} question {qa.get('id', '?')}", {
+                        "context": para.get("context"), "question": qa.get("question"),
+                        "answers": [x.get("text") for x in qa.get("answers", [])]}
+        return
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if not line.strip():
+            continue
+        where = f"{path}:{lineno}"
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+        if not isinstance(row, dict):
+            raise ValueError(f"{where}: expected a JSON object")
+        answers = row.get("answers", [row["answer"]] if "answer" in row else None)
+        if isinstance(answers, dict):
+            answers = answers.get("text")
+        yield where, {"context": row.get("context"), "question": row.get("question"), "answers": answers}
 
-    Reads the official SQuAD JSON (``{"data": [{"paragraphs": [{"context", "qas": [...]}]}]}``) or
-    JSONL with ``context``, ``question`` and ``answers`` (strings, ``{"text": ...}`` items, or the
-    datasets library's ``{"text": [...]}``)."""
+
+def squad_examples(path: str | Path, tokenize: Callable[[str], list[int]]) -> tuple[list[tuple[list[int], list[int]]], int]:
+    """(ids, target mask) per answerable question, and the number of unanswerable ones skipped."""
     path = Path(path)
     if not path.is_file():
-        raise ValueError(f"--squad {path}: no such file")
-    text = path.read_text(encoding="utf-8")
-    items: list[tuple[str, str, object]] = []
-    try:
-        if path.suffix == ".json":
-            for article in json.loads(text)["data"]:
-                for paragraph in article["paragraphs"]:
-                    for qa in paragraph["qas"]:
-                        items.append((paragraph["context"], qa["question"], qa.get("answers")))
-        else:
-            for number, line in enumerate(text.splitlines(), 1):
-                if line.strip():
-                    record = json.loads(line)
-                    items.append((record["context"], record["question"], record.get("answers")))
-    except (json.JSONDecodeError, KeyError, TypeError) as e:
-        raise ValueError(f"--squad {path}: not SQuAD JSON or JSONL with context/question/answers ({e!r})") from None
-    triples, unanswerable = [], 0
-    for context, question, answers in items:
-        answer = _first_answer(answers)
-        if answer is None:
-            unanswerable += 1
-        else:
-            triples.append((context, question, answer))
-    if not triples:
-        raise ValueError(f"--squad {path}: no question with a gold answer")
-    return triples, unanswerable
+        raise ValueError(f"--squad: no such file {path}")
+    out, skipped = [], 0
+    for where, row in _squad_rows(path):
+        for key in ("context", "question"):
+            if not isinstance(row[key], str) or not row[key].strip():
+                raise ValueError(f"{where}: missing or empty field {key!r}")
+        if row["answers"] is None:
+            raise ValueError(f"{where}: missing field 'answers' (or 'answer')")
+        answers = [a for a in row["answers"] if isinstance(a, str) and a.strip()]
+        if not answers:
+            skipped += 1  # SQuAD 2.0's unanswerable questions have no gold answer to score
+            continue
+        ctx = tokenize(squad_prompt(row["context"], row["question"]))
+        ans = tokenize(" " + answers[0].strip())
+        out.append((ctx + ans, [0] * len(ctx) + [1] * len(ans)))
+    if not out:
+        raise ValueError(f"--squad {path}: no answerable question")
+    return out, skipped
 
 
-def encode(triples: Iterable[tuple[str, str, str]], tokenize: Callable[[str], list[int]], eod: int
-           ) -> list[tuple[list[int], list[int]]]:
-    return [([eod, *tokenize(PROMPT.format(context=c, question=q))], tokenize(" " + a)) for c, q, a in triples]
+def fit(ids: list[int], target: list[int], seq_length: int, *, keep: str) -> tuple[list[int], list[int], bool]:
+    """At most ``seq_length + 1`` tokens: drop from the left (``keep="right"``) or the right."""
+    width = seq_length + 1
+    if len(ids) <= width:
+        return ids, target, False
+    if keep == "right":
+        return ids[-width:], target[-width:], True
+    return ids[:width], target[:width], True
 
 
 @torch.no_grad()
-def gold_answer_nll(logits_fn: LogitsFn, pairs: list[tuple[list[int], list[int]]], *, seq_length: int, eod: int,
-                    batch_size: int = 8) -> dict:
-    """``{"loss", "ppl", "answers", "answer_tokens", "truncated"}`` over (prompt ids, answer ids) pairs."""
+def target_nll(logits_fn: LogitsFn, examples: list[tuple[list[int], list[int]]], *, seq_length: int,
+               pad_id: int, keep: str = "right", batch_size: int = 8) -> dict:
+    """``{"loss", "ppl", "tokens", "examples", "truncated"}`` over the target tokens (target mask 1);
+    token j is scored from positions < j; right padding is causal-safe."""
     total, count, truncated = 0.0, 0, 0
-    rows: list[tuple[list[int], list[int]]] = []
-    for prompt, answer in pairs:
-        if not answer:
-            raise ValueError("a gold answer tokenizes to no tokens")
-        seq = prompt + answer
-        if len(seq) > seq_length + 1:
-            truncated += 1
-            seq = seq[-(seq_length + 1):]
-        if len(answer) > len(seq) - 1:
-            raise ValueError(f"a gold answer of {len(answer)} tokens does not fit the context {seq_length}")
-        targets = [-100] * (len(seq) - 1 - len(answer)) + answer  # only the answer is scored
-        rows.append((seq[:-1], targets))
-    for start in range(0, len(rows), batch_size):
-        chunk = rows[start : start + batch_size]
-        width = max(len(x) for x, _ in chunk)
-        ids_BS = torch.full((len(chunk), width), eod, dtype=torch.long)
-        tgt_BS = torch.full((len(chunk), width), -100, dtype=torch.long)
-        for b, (x, y) in enumerate(chunk):
-            ids_BS[b, : len(x)] = torch.tensor(x)
-            tgt_BS[b, : len(y)] = torch.tensor(y)
+    fitted = []
+    for ids, target in examples:
+        ids, target, cut = fit(list(ids), list(target), seq_length, keep=keep)
+        truncated += cut
+        if any(target[1:]):
+            fitted.append((ids, target))
+    if not fitted:
+        raise ValueError("no target token within the window")
+    for start in range(0, len(fitted), batch_size):
+        batch = fitted[start : start + batch_size]
+        width = max(len(ids) for ids, _ in batch) - 1
+        ids_BS = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        tgt_BS = torch.full((len(batch), width), -100, dtype=torch.long)
+        for b, (ids, target) in enumerate(batch):
+            ids_BS[b, : len(ids) - 1] = torch.tensor(ids[:-1])
+            tgt_BS[b, : len(ids) - 1] = torch.tensor([t if m else -100 for t, m in zip(ids[1:], target[1:])])
         logits_BSV = logits_fn(ids_BS).double()
         total += float(torch.nn.functional.cross_entropy(logits_BSV.flatten(0, 1), tgt_BS.flatten(),
                                                          ignore_index=-100, reduction="sum"))
         count += int((tgt_BS != -100).sum())
     loss = total / count
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "answers": len(pairs), "answer_tokens": count,
-            "truncated": truncated, "seq_length": seq_length, "prompt": PROMPT}
+    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "examples": len(fitted),
+            "truncated": truncated, "seq_length": seq_length}

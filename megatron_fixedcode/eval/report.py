@@ -14,8 +14,8 @@ from megatron_fixedcode.eval.audit import differing_request_sets
 
 
 def _section(result: dict[str, Any]) -> str:
-    """Perplexity results: held-out documents, or SQuAD gold answers (``--squad``)."""
-    return "squad_gold_answer" if "squad" in result else "validation"
+    """Perplexity results: held-out documents, SQuAD gold answers (``--squad``) or SFT responses (``--sft-data``)."""
+    return result.get("task", "validation")
 
 
 def metric_rows(result: dict[str, Any]) -> dict[str, float]:

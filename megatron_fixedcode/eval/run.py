@@ -65,43 +65,65 @@ def hf_perplexity(model_dir: str, *, text_files=None, data_path=None, seq_length
             "code_fingerprint": fixed["fingerprint"] if fixed else "learned", "bos": BOS_NOTE}
 
 
-def checkpoint_gold_answer(load: str, squad: str, *, step: int | None = None, seq_length: int | None = None,
-                           batch_size: int = 8, tokenizer_model: str | None = None) -> dict[str, Any]:
-    """SQuAD gold-answer perplexity of a megatron checkpoint (``eval/gold_answer.py``)."""
-    from megatron_fixedcode.eval.gold_answer import encode, gold_answer_nll, read_squad
+def _target_examples(tokenizer, *, squad=None, sft_data=None, sft_fields=None) -> tuple[list, str, dict]:
+    """(examples, which end to keep when too long, what was read) for --squad or --sft-data."""
+    from megatron_fixedcode.eval.gold_answer import squad_examples
+
+    if bool(squad) == bool(sft_data):
+        raise ValueError("give exactly one of --squad or --sft-data")
+    if squad:
+        examples, skipped = squad_examples(squad, tokenizer.tokenize)
+        return examples, "right", {"task": "squad_gold_answer", "squad": str(squad), "unanswerable_skipped": skipped}
+    from megatron_fixedcode.data.sft import SFTFields, read_sft_jsonl
+
+    records = [ex for path in sft_data for ex in read_sft_jsonl(path, sft_fields or SFTFields(), tokenizer.tokenize,
+                                                                 tokenizer.eod)]
+    return [(list(e.ids), list(e.target)) for e in records], "left", {"task": "sft_response", "sft_data": list(sft_data)}
+
+
+def checkpoint_target_perplexity(load: str, *, step: int | None = None, squad=None, sft_data=None, sft_fields=None,
+                                 seq_length: int | None = None, batch_size: int = 8,
+                                 tokenizer_model: str | None = None) -> dict[str, Any]:
+    """SQuAD gold-answer or held-out SFT response perplexity of a megatron checkpoint (TP=1/PP=1)."""
+    from megatron_fixedcode.eval.gold_answer import target_nll
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
     from megatron_fixedcode.tokenizers import build_tokenizer
 
-    triples, unanswerable = read_squad(squad)
     ckpt = load_megatron_checkpoint(load, step)
     tok_info = ckpt.trainer_state.get("tokenizer") or {}
     if not (tokenizer_model or tok_info.get("model")):
         raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
     tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", tokenizer_model or tok_info["model"])
+    examples, keep, source = _target_examples(tokenizer, squad=squad, sft_data=sft_data, sft_fields=sft_fields)
     cfg = ckpt.model_cfg
-    result = gold_answer_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), encode(triples, tokenizer.tokenize, tokenizer.eod),
-                             seq_length=seq_length or cfg.seq_length, eod=tokenizer.eod, batch_size=batch_size)
-    return {**result, "squad": str(squad), "unanswerable_skipped": unanswerable, "model": str(ckpt.path),
-            "step": ckpt.step, "input_embedding": cfg.input_embedding,
+    pad = tokenizer.pad if tokenizer.pad is not None else tokenizer.eod
+    result = target_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), examples, seq_length=seq_length or cfg.seq_length,
+                        pad_id=pad, keep=keep, batch_size=batch_size)
+    return {**result, **source, "model": str(ckpt.path), "step": ckpt.step, "input_embedding": cfg.input_embedding,
             "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"]}
 
 
-def hf_gold_answer(model_dir: str, squad: str, *, seq_length: int | None = None, batch_size: int = 8,
-                   trust_remote_code: bool = False) -> dict[str, Any]:
-    """The same with plain ``transformers`` on an export."""
+def hf_target_perplexity(model_dir: str, *, squad=None, sft_data=None, sft_fields=None, seq_length: int | None = None,
+                         batch_size: int = 8, trust_remote_code: bool = False) -> dict[str, Any]:
+    """The same measure with plain ``transformers`` on an export."""
+    import types
+
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from megatron_fixedcode.eval.gold_answer import encode, gold_answer_nll, read_squad
+    from megatron_fixedcode.eval.gold_answer import target_nll
 
-    triples, unanswerable = read_squad(squad)
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    hf_tok = AutoTokenizer.from_pretrained(model_dir)
+    tokenizer = types.SimpleNamespace(tokenize=lambda t: hf_tok(t, add_special_tokens=False)["input_ids"],
+                                      eod=hf_tok.eos_token_id)
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
                                                  dtype=torch.float32).eval()
-    pairs = encode(triples, lambda t: tokenizer(t, add_special_tokens=False)["input_ids"], tokenizer.eos_token_id)
-    result = gold_answer_nll(hf_logits_fn(model), pairs, seq_length=seq_length or model.config.max_position_embeddings,
-                             eod=tokenizer.eos_token_id, batch_size=batch_size)
-    fixed = getattr(model.config, "fixed_code", None)
-    return {**result, "squad": str(squad), "unanswerable_skipped": unanswerable, "model": str(Path(model_dir)),
+    examples, keep, source = _target_examples(tokenizer, squad=squad, sft_data=sft_data, sft_fields=sft_fields)
+    config = model.config
+    pad = hf_tok.pad_token_id if hf_tok.pad_token_id is not None else hf_tok.eos_token_id
+    result = target_nll(hf_logits_fn(model), examples, seq_length=seq_length or config.max_position_embeddings,
+                        pad_id=pad, keep=keep, batch_size=batch_size)
+    fixed = getattr(config, "fixed_code", None)
+    return {**result, **source, "model": str(Path(model_dir)),
             "input_embedding": fixed["input_embedding"] if fixed else "learned",
             "code_fingerprint": fixed["fingerprint"] if fixed else "learned"}

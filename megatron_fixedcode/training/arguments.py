@@ -151,7 +151,12 @@ def _add_data(p: argparse.ArgumentParser) -> None:
                    help="manifest.json of tools/write_manifest.py: train shards -> --data-path, valid -> --valid-data-path")
     g.add_argument("--data-manifest-weights", nargs="+", type=float, default=None,
                    help="one weight per --data-manifest (a blend, e.g. 0.8 0.2)")
-    g.add_argument("--dataset-type", choices=["gpt", "document_windows"], default="gpt")
+    g.add_argument("--dataset-type", choices=["gpt", "document_windows", "sft"], default="gpt",
+                   help="sft: --data-path/--valid-data-path are JSONL files of prompt/response or chat records (docs/sft.md)")
+    g.add_argument("--sft-prompt-key", default="prompt", help="SFT: field of the prompt (no loss)")
+    g.add_argument("--sft-response-key", default="response", help="SFT: field of the response (the loss)")
+    g.add_argument("--sft-messages-key", default="messages",
+                   help="SFT: field of a chat record, a list of {role, content}; loss on assistant turns")
     g.add_argument("--split", default="99,1,0")
     g.add_argument("--data-cache-path", default=None)
     g.add_argument("--samples-per-shard-visit", type=int, default=16384)
@@ -290,8 +295,10 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
     if a.skip_train and not (a.load and (a.valid_data_path or a.dataset_type == "gpt")):
         p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
-    if a.dataset_type == "document_windows" and a.valid_data_path is None and a.eval_interval:
-        p.error("--dataset-type document_windows evaluates on --valid-data-path: give it, or drop --eval-interval")
+    if a.dataset_type in ("document_windows", "sft") and a.valid_data_path is None and a.eval_interval:
+        p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path: give it, or drop --eval-interval")
+    if a.dataset_type == "sft" and not a.dry_run and not a.tokenizer_model:
+        p.error("--dataset-type sft tokenises text: give --tokenizer-model")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
         p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")
     if a.virtual_pipeline_model_parallel_size and a.pipeline_model_parallel_size < 2:

@@ -166,6 +166,8 @@ def stream_identity(a, global_batch: int, max_steps: int) -> dict:
              "valid_data_path": _resolve_data_paths(a.valid_data_path)}
     if a.dataset_type == "document_windows":
         ident["samples_per_shard_visit"] = a.samples_per_shard_visit
+    elif a.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
+        ident["sft_fields"] = [a.sft_prompt_key, a.sft_response_key, a.sft_messages_key]
     else:  # megatron's GPT shuffle is sized by the total number of samples
         ident["num_train_samples"] = max_steps * global_batch
     return ident
@@ -213,6 +215,12 @@ class RunPlan:
     checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
 
 
+def _sft_fields(a):
+    from megatron_fixedcode.data.sft import SFTFields
+
+    return SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key, messages=a.sft_messages_key)
+
+
 def plan_run(cfg: PretrainConfig) -> RunPlan:
     a, ck = cfg.args, cfg.checkpoint
     _check_runtime(cfg)
@@ -221,6 +229,12 @@ def plan_run(cfg: PretrainConfig) -> RunPlan:
     tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
                  else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
                                             fingerprint=f"vocab{a.vocab_size}"))
+    if a.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
+        from megatron_fixedcode.data.sft import fit_to_window, load_sft_examples
+
+        for flag, paths in (("--data-path", a.data_path), ("--valid-data-path", a.valid_data_path)):
+            if paths:
+                fit_to_window(load_sft_examples(paths, _sft_fields(a), tokenizer), a.seq_length, flag)
     model_cfg = cfg.model_config(tokenizer.vocab_size)
     code = model_cfg.code_spec()
     identity = {"input_embedding": model_cfg.input_embedding,
@@ -384,7 +398,7 @@ class Trainer:
             self.train_ds, self.valid_ds = build_datasets(
                 DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
                            seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
-                           samples_per_shard_visit=a.samples_per_shard_visit),
+                           samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=_sft_fields(a)),
                 self.tokenizer, num_train_samples=self.max_steps * self.global_batch,
                 num_valid_samples=(a.eval_iters * self.global_batch) if (a.eval_interval or a.skip_train) else 0,
                 seed=a.seed,
