@@ -143,6 +143,7 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
 def test_dry_run_cpus_per_task_and_cuda_requirement(tmp_path):
     env = launcher_env(tmp_path, SLURM_CPUS_PER_TASK="64", SLURM_GPUS_ON_NODE="8")
     del env["MFC_REQUIRE_CUDA"]
+    env.pop("OMP_NUM_THREADS", None)  # a user's own setting wins over the per-GPU default checked below
     out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"], env=env, cwd=ROOT,
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
