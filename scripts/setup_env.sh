@@ -19,11 +19,21 @@ cd "$(dirname "$0")/.."
 TORCH_VERSION=${TORCH_VERSION:-2.13.0}
 MCORE_PY312=${MCORE_PY312:-0.19.*}   # the newest 0.19.x: pip picks the highest matching release
 
-stage() {  # stage LABEL COMMAND... : run it, then print how long it took
-    local label=$1 t0=$SECONDS
+stage() {  # stage LABEL COMMAND... : one line "setup_env: LABEL ... N s"; the command's output only if it fails
+    local label=$1 t0=$SECONDS log rc
     shift
-    "$@" >&2
-    echo "setup_env: $label ($((SECONDS - t0)) s)" >&2
+    printf "setup_env: %s ... " "$label" >&2
+    log=$(mktemp)
+    if "$@" >"$log" 2>&1; then
+        echo "$((SECONDS - t0)) s" >&2
+        rm -f "$log"
+    else
+        rc=$?
+        echo "FAILED (exit $rc after $((SECONDS - t0)) s):" >&2
+        cat "$log" >&2
+        rm -f "$log"
+        return "$rc"
+    fi
 }
 
 has_torch() {  # has_torch PYTHON [VERSION]: torch imports (and is VERSION, any local build tag)
