@@ -34,7 +34,8 @@ def gpt_forward_step(data_iterator, model, *, device: torch.device | None = None
         batch["position_ids"] = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
     batch = split_for_context_parallel(batch, cp_size, cp_rank)
     # --precision fp32-autocast-bf16: FP32 parameters, matmuls in BF16 (the loss is FP32 either way)
-    with forward_autocast(get_model_config(model), batch["tokens"].device):
+    config = get_model_config(model) if isinstance(model, torch.nn.Module) else None  # a bare callable: no autocast
+    with forward_autocast(config, batch["tokens"].device):
         output_BS = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output_BS, functools.partial(_loss_func, batch["loss_mask"].float())
 
