@@ -28,7 +28,6 @@ so a resumed run continues the exact stream. Validation reads the held-out file 
 """
 from __future__ import annotations
 
-import json
 import logging
 import os
 from dataclasses import dataclass
@@ -38,6 +37,7 @@ import numpy
 import torch
 
 from megatron_fixedcode.data.config import SFTFields  # noqa: F401 - re-exported: the record field names
+from megatron_fixedcode.data.jsonl import jsonl_records
 
 logger = logging.getLogger(__name__)
 
@@ -119,14 +119,7 @@ def read_sft_jsonl(path: str, fields: SFTFields, tokenize: Callable[[str], list[
         raise SFTDataError(f"{path}: no such SFT file (JSONL, one record per line)")
     examples = []
     with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if not line.strip():
-                continue
-            where = f"{path}:{lineno}"
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise SFTDataError(f"{where}: not valid JSON ({e.msg})") from None
+        for where, record in jsonl_records(path, f, SFTDataError):
             examples.append(encode_record(record, fields, tokenize, eod, where))
     if not examples:
         raise SFTDataError(f"{path}: no records")

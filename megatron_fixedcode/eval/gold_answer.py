@@ -23,6 +23,7 @@ from typing import Callable, Iterable
 
 import torch
 
+from megatron_fixedcode.data.jsonl import jsonl_records
 from megatron_fixedcode.eval.perplexity import LogitsFn
 
 SQUAD_PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
@@ -45,14 +46,7 @@ def _squad_rows(path: Path) -> Iterable[tuple[str, dict]]:
                         "context": para.get("context"), "question": qa.get("question"),
                         "answers": [x.get("text") for x in qa.get("answers", [])]}
         return
-    for lineno, line in enumerate(text.splitlines(), 1):
-        if not line.strip():
-            continue
-        where = f"{path}:{lineno}"
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise ValueError(f"{where}: not valid JSON ({e.msg})") from None
+    for where, row in jsonl_records(path, text.splitlines()):
         if not isinstance(row, dict):
             raise ValueError(f"{where}: expected a JSON object")
         answers = row.get("answers", [row["answer"]] if "answer" in row else None)
