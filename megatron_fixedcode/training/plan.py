@@ -73,7 +73,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     # (with PP > 1 the first stage holds the table, the last the head).
     on_gpu = (layers // pp * block + (head + table if pp == 1 else max(head, table))) / tp
 
-    autocast = getattr(a, "precision", None) == "fp32-autocast-bf16"
+    autocast = a.precision == "fp32-autocast-bf16"
     if a.bf16:  # bf16 weight, fp32 grad, fp32 master, Adam m and v
         replicated, shardable = 2 + 4, 4 + 8
     elif autocast:  # fp32 weight and grad, the bf16 weight casts autocast keeps for backward, Adam m and v
