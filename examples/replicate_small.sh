@@ -1,9 +1,11 @@
 #!/usr/bin/env bash
-# Small-scale replication on CPU: learned vs binary vs gf2 (3 seeds each) on the shared English
-# corpus with the SmolLM2 tokenizer; writes docs/REPLICATION.md and docs/replication_loss.png.
-#   bash examples/replicate_small.sh                 # the committed run (~20 min on 2 cores)
-#   bash examples/replicate_small.sh --quick         # CI smoke run in a temporary directory
-#   bash examples/replicate_small.sh --variants learned binary gf2 lowdim random --seeds 4 5 6
+# The small-scale study on CPU (docs/REPLICATION.md): learned vs binary vs gf2 (3 seeds each) and the
+# controls (norm-matched, centred, random, sinusoidal, lowdim, two more recodings), V = 4096 BPE.
+# Resumable: each finished run is a JSON in docs/replication/; re-running trains only what is missing.
+#   bash examples/replicate_small.sh                      # the study (hours on 2 cores; several sittings)
+#   bash examples/replicate_small.sh --only binary:1      # one run of the plan
+#   bash examples/replicate_small.sh --verify binary:1    # retrain one run, compare with its record
+#   bash examples/replicate_small.sh --quick              # CI smoke run in a temporary directory
 # Shared data: ../shared/data beside the checkout, or $MFC_SHARED_DATA.
 set -euo pipefail
 cd "$(dirname "$0")/.."

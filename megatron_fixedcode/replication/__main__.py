@@ -1,150 +1,151 @@
-"""python -m megatron_fixedcode.replication [--quick] — see the package docstring."""
+"""python -m megatron_fixedcode.replication [--quick] [--only RUN ...] [--verify RUN] — see the package docstring."""
 from __future__ import annotations
 
 import argparse
 import concurrent.futures
 import datetime
-import json
 import logging
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
-from megatron_fixedcode.replication.data import REPO_ROOT, build_indexed_corpus, shared_data_dir
-from megatron_fixedcode.replication.report import plot_curves, summarize, write_markdown
+from megatron_fixedcode.replication.data import REPO_ROOT, prepare_study_data
+from megatron_fixedcode.replication.report import read_curve, write_report
+from megatron_fixedcode.replication.store import ResultStore
+from megatron_fixedcode.replication.study import PLANS, Run, StudyPlan
 
 logger = logging.getLogger(__name__)
-
-VARIANTS = {  # name -> trainer flags; the first is the control the others are compared with
-    "learned": ["--input-embedding", "learned"],
-    "binary": ["--input-embedding", "binary"],
-    "gf2": ["--input-embedding", "gf2", "--code-seed", "12345"],
-    "binary_normmatch": ["--input-embedding", "binary", "--code-norm-match"],
-    "random": ["--input-embedding", "random"],
-    "sinusoidal": ["--input-embedding", "sinusoidal"],
-    "lowdim": ["--input-embedding", "lowdim"],
-}
-MODELS = {
-    "full": ["--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--ffn-hidden-size", "512",
-             "--seq-length", "128", "--micro-batch-size", "8", "--global-batch-size", "8", "--lr", "2e-3",
-             "--min-lr", "2e-4", "--lr-warmup-iters", "20"],
-    "quick": ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
-              "--seq-length", "64", "--micro-batch-size", "4", "--global-batch-size", "4", "--lr", "3e-3",
-              "--min-lr", "3e-4", "--lr-warmup-iters", "2"],
-}
-READING_CAVEATS = """What this run can show: whether, at this tiny scale and short budget, the fixed codes train
-through the same megatron-core pipeline to perplexities comparable with the learned table, and how
-large seed variation is relative to the gaps. What it cannot show: anything about the papers'
-regime. The models are 4 × 128 (d/K = 8 tiles of the 16-bit code, against 128 in paper 2), see
-~10^5 tokens (against 17–100B), and the learned table holds most of the learned
-model's parameters (49,152 × 128 = 6.3M against ~1M in the blocks), so "learned vs fixed" here also
-compares very different parameter counts and optimizer dynamics. At this budget the loss is far from
-converged and dominated by unigram/bigram statistics; LAMBADA accuracy of such models is near zero
-and only checks the evaluation path. The corpus (books, speeches, Wikipedia) is not FineWeb-Edu."""
+_EVALUATION = threading.Lock()  # runs train in their own processes; evaluation and the report in this one
 
 
-def train_command(variant: str, seed: int, data: dict, work: Path, args) -> list[str]:
-    iters = args.train_iters
-    return [sys.executable, "-m", "megatron_fixedcode.pretrain", *MODELS["quick" if args.quick else "full"],
-            *VARIANTS[variant], "--seed", str(seed), "--train-iters", str(iters), "--transformer-impl", "local",
-            "--data-path", data["train"], "--valid-data-path", data["valid"], "--dataset-type", "gpt",
+def train_command(plan: StudyPlan, run: Run, data: dict, checkpoint: Path, metrics: Path) -> list[str]:
+    return [sys.executable, "-m", "megatron_fixedcode.pretrain", *plan.trainer_flags(run),
+            "--data-path", data["train"], "--valid-data-path", data["valid"],
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", data["tokenizer_model"],
-            "--eval-interval", str(max(1, iters // 5)), "--eval-iters", "2" if args.quick else "4",
-            "--log-interval", str(max(1, iters // 50)), "--save", str(work / "checkpoints" / f"{variant}_s{seed}"),
-            "--metrics-file", str(work / "logs" / f"{variant}_s{seed}.jsonl")]
+            "--save", str(checkpoint), "--load", str(checkpoint), "--metrics-file", str(metrics)]
 
 
-def run_training(cmd: list[str], log: Path) -> None:
+def train(plan: StudyPlan, run: Run, data: dict, config_hash: str, checkpoint: Path, log: Path) -> tuple[Path, float]:
+    """Train (or resume: ``--load`` = ``--save``, the recipe saves periodically) one run. A checkpoint
+    directory left by another configuration is removed first, so it is never resumed by mistake."""
+    marker = checkpoint / "study_config_hash"
+    if checkpoint.exists() and (not marker.is_file() or marker.read_text() != config_hash):
+        shutil.rmtree(checkpoint)
+    checkpoint.mkdir(parents=True, exist_ok=True)
+    marker.write_text(config_hash)
+    metrics = checkpoint / "metrics.jsonl"
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    with open(log, "w") as f:
-        proc = subprocess.run(cmd, stdout=f, stderr=subprocess.STDOUT, env=env, cwd=REPO_ROOT)
+    started = time.time()
+    with open(log, "a") as f:
+        proc = subprocess.run(train_command(plan, run, data, checkpoint, metrics), stdout=f, stderr=subprocess.STDOUT,
+                              env=env, cwd=REPO_ROOT)
     if proc.returncode != 0:
-        raise RuntimeError(f"training failed ({proc.returncode}); see {log}:\n{log.read_text()[-3000:]}")
+        raise RuntimeError(f"{run.name}: training failed (exit {proc.returncode}); see {log}")
+    return metrics, time.time() - started
+
+
+def execute(plan: StudyPlan, run: Run, data: dict, config_hash: str, work: Path) -> dict:
+    """Train, evaluate and (for the analysed runs) read one run; the record the store keeps."""
+    from megatron_fixedcode.replication.evaluate import heldout_perplexity, model_readings
+
+    checkpoint = work / "checkpoints" / run.name
+    (work / "logs").mkdir(parents=True, exist_ok=True)
+    metrics_file, seconds = train(plan, run, data, config_hash, checkpoint, work / "logs" / f"{run.name}.log")
+    with _EVALUATION:
+        metrics = heldout_perplexity(str(checkpoint), data["valid"], max_tokens=plan.eval_tokens)
+        readings = (model_readings(str(checkpoint), data["valid"], work / "analysis" / run.name,
+                                   windows=plan.analysis_windows) if run in plan.analysed else None)
+    steps, losses, val_steps, val_losses = read_curve(metrics_file)
+    return {"run": run.name, "variant": run.variant, "seed": run.seed, "config_hash": config_hash,
+            "flags": plan.trainer_flags(run), "data_fingerprint": data["fingerprint"], **metrics,
+            "train_seconds": round(seconds, 1), "tokens_per_second": round(metrics["tokens_trained"] / seconds),
+            "checkpoint": os.path.relpath(checkpoint, REPO_ROOT), "date": datetime.date.today().isoformat(),
+            "curve": {"step": steps, "loss": losses, "val_step": val_steps, "val_loss": val_losses},
+            "readings": readings}
+
+
+def verify(plan: StudyPlan, run: Run, data: dict, store: ResultStore, work: Path) -> int:
+    """Retrain one run from scratch beside the study and compare with its committed record."""
+    committed = store.load(run)
+    if committed is None:
+        raise ValueError(f"--verify {run.name}: no committed record at {store.path(run)}")
+    if committed["data_fingerprint"] != data["fingerprint"]:
+        print(f"note: the data differ from the committed run's (fingerprint {data['fingerprint']} vs "
+              f"{committed['data_fingerprint']}): tokenizer or corpus not reproduced on this machine")
+    shutil.rmtree(work / "verify" / "checkpoints" / run.name, ignore_errors=True)
+    record = execute(plan, run, data, plan.config_hash(run, data["fingerprint"]), work / "verify")
+    same = f"{record['val_ppl']:.2f}" == f"{committed['val_ppl']:.2f}"
+    print(f"{run.name}: held-out PPL {record['val_ppl']:.2f} now, {committed['val_ppl']:.2f} committed: "
+          f"{'reproduced' if same else 'DIFFERENT'} (loss {record['val_loss']:.6f} vs {committed['val_loss']:.6f})")
+    return 0 if same else 1
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.replication")
-    p.add_argument("--quick", action="store_true", help="tiny CI run in a temporary directory (< 2 min)")
-    p.add_argument("--work-dir", default=None, help="default runs/replication (a temporary directory with --quick)")
-    p.add_argument("--variants", nargs="+", choices=sorted(VARIANTS), default=None)
-    p.add_argument("--seeds", nargs="+", type=int, default=None)
-    p.add_argument("--train-iters", type=int, default=None)
-    p.add_argument("--corpus-mb", type=float, default=None)
-    p.add_argument("--parallel", type=int, default=3, help="training runs at once (one CPU process each)")
-    p.add_argument("--lambada-examples", type=int, default=None)
-    p.add_argument("--val-tokens", type=int, default=None)
-    p.add_argument("--output-md", default=None, help="default docs/REPLICATION.md (work dir with --quick)")
-    p.add_argument("--reading", default=None, help="markdown file with the hand-written reading")
+    p = argparse.ArgumentParser(prog="python -m megatron_fixedcode.replication",
+                                description="The small-scale study: trains what is not done yet, then rewrites the report.")
+    p.add_argument("--quick", action="store_true", help="the CI regime: tiny, in a temporary directory (~1 min)")
+    p.add_argument("--work-dir", default=None, help="data, checkpoints, logs (default runs/study; a temp dir with --quick)")
+    p.add_argument("--results-dir", default=None,
+                   help="one JSON per finished run (default docs/replication; WORK/results with --quick)")
+    p.add_argument("--output-md", default=None, help="the report (default docs/REPLICATION.md; WORK/REPLICATION.md with --quick)")
+    p.add_argument("--only", nargs="+", default=None, metavar="RUN", help="a subset of the plan, e.g. binary:1 learned:2")
+    p.add_argument("--verify", default=None, metavar="RUN",
+                   help="retrain RUN (e.g. binary:1) and compare its held-out PPL with the committed record")
+    p.add_argument("--report-only", action="store_true", help="rewrite the report from the records; train nothing")
+    p.add_argument("--parallel", type=int, default=2, help="runs trained at once (one single-threaded process each)")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     a = build_parser().parse_args(argv)
-    quick = a.quick
-    a.variants = a.variants or ["learned", "binary", "gf2"]
-    a.seeds = a.seeds or ([1, 2] if quick else [1, 2, 3])
-    a.train_iters = a.train_iters or (4 if quick else 60)
-    corpus_mb = a.corpus_mb or (0.15 if quick else 3.0)
-    lambada_n = a.lambada_examples or (10 if quick else 200)
-    val_tokens = a.val_tokens or (1024 if quick else 16384)
-    if len(a.seeds) < 1 or a.parallel < 1:
-        raise SystemExit("give at least one seed and --parallel >= 1")
-    work = Path(a.work_dir or (tempfile.mkdtemp(prefix="replication_") if quick else REPO_ROOT / "runs" / "replication"))
-    out_md = Path(a.output_md or (work / "REPLICATION.md" if quick else REPO_ROOT / "docs" / "REPLICATION.md"))
-    started = time.time()
-    for stale in ("checkpoints", "logs"):
-        shutil.rmtree(work / stale, ignore_errors=True)
-    (work / "logs").mkdir(parents=True)
-    data = build_indexed_corpus(work, int(corpus_mb * 2**20))
-    logger.info("corpus: %s documents, %s tokens", data["documents"], data["tokens"])
-    jobs = [(v, s) for s in a.seeds for v in a.variants]
-    with concurrent.futures.ThreadPoolExecutor(a.parallel) as pool:
-        futures = {pool.submit(run_training, train_command(v, s, data, work, a), work / "logs" / f"{v}_s{s}.log"): (v, s)
-                   for v, s in jobs}
-        for fut in concurrent.futures.as_completed(futures):
-            fut.result()
-            logger.info("trained %s seed %d (%.1f min)", *futures[fut], (time.time() - started) / 60)
-    from megatron_fixedcode.replication.evaluate import evaluate_checkpoint, lambada_examples
+    plan = PLANS["quick" if a.quick else "full"]
+    try:
+        only = [Run.parse(r) for r in a.only] if a.only else None
+        target = Run.parse(a.verify) if a.verify else None
+    except ValueError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    for r in (only or []) + ([target] if target else []):
+        if r not in plan.runs:
+            print(f"error: run {r.name} is not in the {plan.name} plan ({', '.join(x.name for x in plan.runs)})",
+                  file=sys.stderr)
+            return 2
+    work = Path(a.work_dir or (tempfile.mkdtemp(prefix="study_") if a.quick else REPO_ROOT / "runs" / "study"))
+    store = ResultStore(Path(a.results_dir or (work / "results" if a.quick else REPO_ROOT / "docs" / "replication")))
+    out_md = Path(a.output_md or (work / "REPLICATION.md" if a.quick else REPO_ROOT / "docs" / "REPLICATION.md"))
+    data = prepare_study_data(work, corpus_mb=plan.corpus_mb, vocab_size=plan.vocab_size)
+    logger.info("data %s: train %s tokens, held-out %s tokens", data["fingerprint"], f"{data['tokens']['train']:,}",
+                f"{data['tokens']['valid']:,}")
+    if target:
+        return verify(plan, target, data, store, work)
+    hashes = {r: plan.config_hash(r, data["fingerprint"]) for r in plan.runs}
+    todo = [r for r in (only or plan.runs) if not store.is_done(r, hashes[r])]
+    skipped = [r.name for r in (only or plan.runs) if r not in todo]
+    if skipped:
+        logger.info("already done (config hash matches): %s", ", ".join(skipped))
+    if a.report_only:
+        todo = []
 
-    examples = lambada_examples(shared_data_dir(), lambada_n)
-    results: dict[str, dict[int, dict]] = {v: {} for v in a.variants}
-    for v, s in jobs:
-        results[v][s] = evaluate_checkpoint(str(work / "checkpoints" / f"{v}_s{s}"), data["valid"], examples,
-                                            max_tokens=val_tokens)
-        logger.info("%s seed %d: val ppl %.2f, LAMBADA %.3f", v, s, results[v][s]["val_ppl"],
-                    results[v][s]["lambada"]["accuracy"])
-    table = summarize(results)
-    (work / "results.json").write_text(json.dumps({"results": results, "table": table}, indent=1, default=str))
-    figure = plot_curves({v: {s: work / "logs" / f"{v}_s{s}.jsonl" for s in a.seeds} for v in a.variants},
-                         out_md.parent / ("replication_loss.png" if not quick else "loss.png"))
-    model = MODELS["quick" if quick else "full"]
-    flags = dict(zip(model[::2], model[1::2]))
-    tokens_per_run = results[a.variants[0]][a.seeds[0]]["tokens_trained"]
-    setup = {
-        "summary": f"{len(a.variants)} inputs × {len(a.seeds)} seeds, {a.train_iters} steps each",
-        "date": datetime.date.today().isoformat(), "wall_minutes": (time.time() - started) / 60,
-        "val_tokens": results[a.variants[0]][a.seeds[0]]["val_tokens"], "lambada_examples": lambada_n,
-        "description": (
-            f"Corpus: {corpus_mb:g} MB of the shared English corpus (Gutenberg books without license text, State of the "
-            f"Union speeches, WikiText-2 valid), ~4,000-character paragraph-aligned documents, split train/held-out by a "
-            f"hash of the document id: {data['documents']['train']} train / {data['documents']['valid']} held-out documents, "
-            f"{data['tokens']['train']:,} / {data['tokens']['valid']:,} tokens. Tokenizer: SmolLM2 "
-            f"(V = 49,152, K = 16). Model: llama block (RMSNorm, SwiGLU, RoPE, no biases), {flags['--num-layers']} layers × "
-            f"{flags['--hidden-size']}, {flags['--num-attention-heads']} heads, FFN {flags['--ffn-hidden-size']}, context "
-            f"{flags['--seq-length']}, untied head, FP32 on CPU. AdamW lr {flags['--lr']} → {flags['--min-lr']}, "
-            f"{flags['--lr-warmup-iters']} warmup steps, cosine, wd 0.01, clip 1.0; {flags['--global-batch-size']} "
-            f"sequences per step, {a.train_iters} steps = {tokens_per_run:,} prediction targets per run. Seeds "
-            f"{a.seeds} (`--seed`: init and data order; gf2 keeps the paper's code seed 12345). One CPU process per run. "
-            f"Inputs: {', '.join(f'`{v}` (`' + ' '.join(VARIANTS[v]) + '`)' for v in a.variants)}."),
-    }
-    reading = Path(a.reading).read_text() if a.reading else READING_CAVEATS
-    write_markdown(out_md, table, setup, figure, reading)
-    print(f"wrote {out_md} and {figure} (work dir {work}, {(time.time() - started) / 60:.1f} min)")
+    def land(run: Run) -> None:
+        record = execute(plan, run, data, hashes[run], work)
+        with _EVALUATION:
+            store.write(run, record)
+            write_report(plan, store.current(plan.runs, hashes), data, out_md, store.directory)
+        logger.info("%s: held-out PPL %.2f (%s tokens/s) -> %s", run.name, record["val_ppl"],
+                    f"{record['tokens_per_second']:,}", store.path(run))
+
+    with concurrent.futures.ThreadPoolExecutor(max(1, a.parallel)) as pool:
+        for future in concurrent.futures.as_completed([pool.submit(land, r) for r in todo]):
+            future.result()
+    write_report(plan, store.current(plan.runs, hashes), data, out_md, store.directory)
+    print(f"{len(store.current(plan.runs, hashes))} of {len(plan.runs)} runs done; trained {len(todo)} now, "
+          f"skipped {len(skipped)}; wrote {out_md}")
     return 0
 
 

@@ -1,6 +1,8 @@
-"""The shared English corpus as JSONL documents, indexed with the real SmolLM2 tokenizer."""
+"""The study's data: the shared English corpus as JSONL documents, a BPE tokenizer trained on its
+train split, and the indexed train/held-out data."""
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import re
@@ -68,21 +70,48 @@ def corpus_documents(root: Path, max_bytes: int, chunk_chars: int = 4000) -> Ite
             yield doc
 
 
-def build_indexed_corpus(work: Path, max_bytes: int, valid_fraction: float = 0.05) -> dict:
-    """JSONL corpus → SmolLM2 tokens → ``.bin/.idx`` train/valid split (by a hash of the document id)."""
-    from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
+def _sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
 
-    root = shared_data_dir()
-    tokenizer = str(root / "tokenizers" / "smollm2" / "tokenizer.json")
-    (work / "corpus").mkdir(parents=True, exist_ok=True)
-    jsonl = work / "corpus" / "english.jsonl"
-    with open(jsonl, "w", encoding="utf-8") as f:
-        for doc in corpus_documents(root, max_bytes):
-            f.write(json.dumps(doc, ensure_ascii=False) + "\n")
+
+def prepare_study_data(work: Path, *, corpus_mb: float, vocab_size: int, valid_fraction: float = 0.05,
+                       split_seed: int = 1234) -> dict:
+    """Corpus JSONL → byte-level BPE tokenizer (V = ``vocab_size``, trained on the train documents
+    only) → ``.bin/.idx`` train/held-out split by the seeded hash of the document id (the split
+    ``preprocess_data.py`` makes). Reused when ``data.json`` records the same settings; the
+    returned ``fingerprint`` hashes the tokenizer and the indexed files by content."""
+    from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
+    from megatron_fixedcode.data.preprocess.encode import is_validation_document
+    from megatron_fixedcode.tokenizers.train import train_bpe_tokenizer
+
+    settings = {"corpus_mb": corpus_mb, "vocab_size": vocab_size, "valid_fraction": valid_fraction,
+                "split_seed": split_seed}
+    record = work / "data" / "data.json"
+    if record.is_file():
+        data = json.loads(record.read_text())
+        if data["settings"] == settings and all(Path(data[k] + ext).is_file() for k in ("train", "valid")
+                                                for ext in (".bin", ".idx")):
+            return data
+    (work / "data").mkdir(parents=True, exist_ok=True)
+    jsonl, train_text = work / "data" / "corpus.jsonl", work / "data" / "train_text.txt"
+    with open(jsonl, "w", encoding="utf-8") as out, open(train_text, "w", encoding="utf-8") as text:
+        for doc in corpus_documents(shared_data_dir(), int(corpus_mb * 2**20)):
+            out.write(json.dumps(doc, ensure_ascii=False) + "\n")
+            if not is_validation_document(doc["id"].encode("utf-8"), split_seed, valid_fraction):
+                text.write(doc["text"] + "\n\n")
+    tokenizer = train_bpe_tokenizer([str(train_text)], vocab_size, str(work / "data" / "tokenizer"))
     summary = preprocess(PreprocessConfig(
-        input=[str(jsonl)], output_prefix=str(work / "data" / "english"), tokenizer_type="HuggingFaceTokenizer",
-        tokenizer_model=tokenizer, append_eod=True, id_key="id", valid_fraction=valid_fraction,
-        min_doc_tokens=2, log_interval=1_000_000,
-    ))
-    return {"tokenizer_model": tokenizer, "train": summary["outputs"]["train_text"],
-            "valid": summary["outputs"]["valid_text"], "documents": summary["documents"], "tokens": summary["tokens"]}
+        input=[str(jsonl)], output_prefix=str(work / "data" / "corpus"), tokenizer_type="HuggingFaceTokenizer",
+        tokenizer_model=str(tokenizer), append_eod=True, id_key="id", valid_fraction=valid_fraction,
+        split_seed=split_seed, min_doc_tokens=2, log_interval=1_000_000))
+    train, valid = summary["outputs"]["train_text"], summary["outputs"]["valid_text"]
+    files = [tokenizer] + [Path(prefix + ext) for prefix in (train, valid) for ext in (".bin", ".idx")]
+    data = {"settings": settings, "tokenizer_model": str(tokenizer), "train": train, "valid": valid,
+            "documents": summary["documents"], "tokens": summary["tokens"],
+            "fingerprint": hashlib.sha256("".join(_sha256(f) for f in files).encode()).hexdigest()[:16]}
+    record.write_text(json.dumps(data, indent=1))
+    return data

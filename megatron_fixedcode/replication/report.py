@@ -1,56 +1,71 @@
-"""Paper 1's table (per seed, mean, relative seed range), the loss-curve plot and the markdown."""
+"""docs/REPLICATION.md from the run records alone: paper 1's table (per seed, mean, relative seed
+range), each gap in units of the learned model's seed range, loss curves, model readings. Every
+number on the page is read from a committed JSON, so re-running the report changes nothing."""
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
+import yaml
+
 from megatron_fixedcode.eval.report import seed_summary
+from megatron_fixedcode.replication.study import VARIANTS, Run, StudyPlan
 
-
-def summarize(results: dict[str, dict[int, dict]]) -> dict[str, dict]:
-    """results[variant][seed] = evaluate_checkpoint(...) → per-variant seed summaries."""
-    table = {}
-    for variant, by_seed in results.items():
-        seeds = sorted(by_seed)
-        table[variant] = {
-            "seeds": seeds,
-            "val_ppl": [by_seed[s]["val_ppl"] for s in seeds],
-            "lambada_acc": [by_seed[s]["lambada"]["accuracy"] for s in seeds],
-            "lambada_stderr": [by_seed[s]["lambada"]["stderr"] for s in seeds],
-            "tokens_trained": [by_seed[s]["tokens_trained"] for s in seeds],
-        }
-        table[variant]["ppl_summary"] = seed_summary(table[variant]["val_ppl"])
-        table[variant]["lambada_summary"] = seed_summary(table[variant]["lambada_acc"])
-    return table
+READING_FILE = "reading.md"  # hand-written, beside the records; included verbatim
 
 
 def read_curve(path: Path) -> tuple[list[int], list[float], list[int], list[float]]:
-    steps, losses, val_steps, val_losses = [], [], [], []
+    """Training and held-out loss by step from a trainer metrics file; a resumed run logs some
+    steps twice, the later line wins."""
+    train, val = {}, {}
     for line in path.read_text().splitlines():
         r = json.loads(line)
-        steps.append(r["step"])
-        losses.append(r["loss"])
+        train[r["step"]] = r["loss"]
         if "val_loss" in r:
-            val_steps.append(r["step"])
-            val_losses.append(r["val_loss"])
-    return steps, losses, val_steps, val_losses
+            val[r["step"]] = r["val_loss"]
+    return sorted(train), [train[s] for s in sorted(train)], sorted(val), [val[s] for s in sorted(val)]
 
 
-def plot_curves(metrics: dict[str, dict[int, Path]], out: Path) -> Path:
-    """Training loss (thin, per seed) and validation loss (markers) of every variant on one plot."""
+def variant_table(records: dict[Run, dict]) -> dict[str, dict]:
+    """variant -> {"seeds", "val_ppl", "summary"} in the order of VARIANTS."""
+    table = {}
+    for variant in VARIANTS:
+        runs = sorted((r for r in records if r.variant == variant), key=lambda r: r.seed)
+        if runs:
+            ppl = [records[r]["val_ppl"] for r in runs]
+            table[variant] = {"seeds": [r.seed for r in runs], "val_ppl": ppl, "summary": seed_summary(ppl)}
+    return table
+
+
+def gap_in_seed_ranges(table: dict[str, dict], variant: str, reference: str = "learned") -> float | None:
+    """(mean PPL of ``variant`` − mean of ``reference``) / the reference's seed range (max − min)."""
+    ref = table.get(reference)
+    if ref is None or variant not in table or len(ref["seeds"]) < 2:
+        return None
+    spread = ref["summary"]["max"] - ref["summary"]["min"]
+    return (table[variant]["summary"]["mean"] - ref["summary"]["mean"]) / spread if spread > 0 else None
+
+
+def plot_curves(records: dict[Run, dict], out: Path) -> Path:
+    """Training loss (thin, per seed) and held-out loss (markers) of every variant on one plot."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for i, (variant, by_seed) in enumerate(metrics.items()):
-        color = f"C{i}"
-        for j, (seed, path) in enumerate(sorted(by_seed.items())):
-            steps, losses, vs, vl = read_curve(path)
-            ax.plot(steps, losses, color=color, lw=0.8, alpha=0.6, label=f"{variant} (train, {len(by_seed)} seeds)" if j == 0 else None)
-            ax.plot(vs, vl, "o", color=color, ms=3, label=f"{variant} (held-out)" if j == 0 else None)
-    ax.set(xlabel="optimizer step", ylabel="loss (nats / token)", title="small replication: loss curves, all seeds")
+    fig, ax = plt.subplots(figsize=(9, 5.5))
+    for i, variant in enumerate(v for v in VARIANTS if any(r.variant == v for r in records)):
+        runs = sorted((r for r in records if r.variant == variant), key=lambda r: r.seed)
+        for j, run in enumerate(runs):
+            c = records[run]["curve"]
+            label = f"{variant} ({len(runs)} seed{'s' if len(runs) > 1 else ''})" if j == 0 else None
+            ax.plot(c["step"], c["loss"], color=f"C{i % 10}", lw=0.7, alpha=0.55, label=label,
+                    ls="-" if variant in ("learned", "binary", "gf2") else "--")
+            ax.plot(c["val_step"], c["val_loss"], "o", color=f"C{i % 10}", ms=2.5)
+    ax.set(xlabel="optimizer step", ylabel="loss (nats / token)", title="training loss (lines), held-out loss (dots)")
+    lo = min(min(r["curve"]["loss"]) for r in records.values())
+    ax.set_ylim(lo - 0.1, lo + 2.5)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -59,79 +74,134 @@ def plot_curves(metrics: dict[str, dict[int, Path]], out: Path) -> Path:
     return out
 
 
-def _row(values: list[float], summary: dict, fmt: str, pct: bool = False) -> str:
-    scale = 100.0 if pct else 1.0
-    cells = [format(v * scale, fmt) for v in values]
-    rel = "n/a" if summary["relative_range"] is None else f"{100 * summary['relative_range']:.1f}%"
-    return " | ".join(cells + [format(summary["mean"] * scale, fmt), rel])
+def _fmt(x: float | None, spec: str, none: str = "n/a") -> str:
+    return none if x is None else format(x, spec)
 
 
-def comparison_lines(table: dict[str, dict]) -> list[str]:
-    """Mechanical reading: each variant against the first (the control), in seed-range units."""
-    names = list(table)
-    ref = names[0]
-    r = table[ref]["ppl_summary"]
-    lines = []
-    for name in names[1:]:
-        s = table[name]["ppl_summary"]
-        diff = s["mean"] - r["mean"]
-        overlap = not (s["min"] > r["max"] or s["max"] < r["min"])
-        lines.append(f"* `{name}` vs `{ref}`: mean held-out PPL {s['mean']:.2f} vs {r['mean']:.2f} "
-                     f"({100 * diff / r['mean']:+.1f}%); seed ranges {'overlap' if overlap else 'do not overlap'} "
-                     f"([{s['min']:.2f}, {s['max']:.2f}] vs [{r['min']:.2f}, {r['max']:.2f}]).")
+def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
+    head = " | ".join(f"seed {s}" for s in seeds)
+    lines = [f"| input | {head} | mean | rel. seed range | gap to learned (learned seed ranges) | controls for |",
+             "|---|" + "---|" * (len(seeds) + 4)]
+    for variant, t in table.items():
+        by_seed = dict(zip(t["seeds"], t["val_ppl"]))
+        cells = [_fmt(by_seed.get(s), ".2f", "–") for s in seeds]
+        rel = f"{100 * t['summary']['relative_range']:.1f}%" if len(t["seeds"]) > 1 else "n/a (1 seed)"
+        gap = "–" if variant == "learned" else _fmt(gap_in_seed_ranges(table, variant), "+.1f")
+        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:.2f} | {rel} | {gap} | "
+                     f"{VARIANTS[variant][1]} |")
     return lines
 
 
-def write_markdown(path: Path, table: dict, setup: dict, figure: Path, reading: str) -> Path:
-    seeds = max(len(v["seeds"]) for v in table.values())
-    head = " | ".join([f"seed {i + 1}" for i in range(seeds)] + ["mean", "rel. seed range"])
-    ppl = [f"| input | {head} |", "|---|" + "---|" * (seeds + 2)]
-    acc = list(ppl)
-    for name, t in table.items():
-        ppl.append(f"| {name} | {_row(t['val_ppl'], t['ppl_summary'], '.2f')} |")
-        acc.append(f"| {name} | {_row(t['lambada_acc'], t['lambada_summary'], '.1f', pct=True)} |")
-    stderr = max(max(t["lambada_stderr"]) for t in table.values())
-    examples = setup["lambada_examples"]
-    errors = (f"Evaluation standard error per run ≤ {100 * stderr:.1f} points (not seed variability)." if stderr > 1e-4
-              else f"No run got any passage right (95% upper bound {300 / examples:.1f}%, rule of three).")
-    text = f"""# Small-scale replication (CPU)
+def readings_tables(records: dict[Run, dict]) -> list[str]:
+    analysed = [(r, rec["readings"]) for r, rec in records.items() if rec.get("readings")]
+    if not analysed:
+        return ["No analysed run has finished yet."]
+    sites = analysed[0][1]["sites"]
+    lines = ["Mean L2 norm of the residual stream at each site (held-out windows):", "",
+             "| run | " + " | ".join(sites) + " | growth (last / input) |", "|---|" + "---|" * (len(sites) + 1)]
+    for run, rd in analysed:
+        norms = rd["mean_norm"]
+        lines.append(f"| {run.name} | " + " | ".join(f"{n:.1f}" for n in norms) + f" | {norms[-1] / norms[0]:.1f}× |")
+    lines += ["", "Mean cosine between residual vectors at random position pairs (1 = one shared direction):", "",
+              "| run | " + " | ".join(sites) + " |", "|---|" + "---|" * len(sites)]
+    for run, rd in analysed:
+        lines.append(f"| {run.name} | " + " | ".join(f"{c:.2f}" for c in rd["mean_cosine"]) + " |")
+    blocks = len(analysed[0][1]["ablation_delta"])
+    lines += ["", "Loss increase (nats/token) when one block is skipped:", "",
+              "| run | intact loss | " + " | ".join(f"block {i}" for i in range(blocks)) + " |",
+              "|---|---|" + "---|" * blocks]
+    for run, rd in analysed:
+        lines.append(f"| {run.name} | {rd['ablation_loss']:.3f} | " + " | ".join(f"{d:+.3f}" for d in rd["ablation_delta"]) + " |")
+    return lines
+
+
+def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
+    r = yaml.safe_load(plan.recipe.read_text())
+    k = (plan.vocab_size - 1).bit_length()
+    d, seq, gbs = r["hidden_size"], r["seq_length"], r["global_batch_size"]
+    targets = plan.train_iters * gbs * seq
+    params = {v: rec["parameters"] for run, rec in records.items() for v in [run.variant]}
+    table_share = (f"{plan.vocab_size * d / params['learned']:.1%} of the learned model's {params['learned']:,} parameters"
+                   if "learned" in params else "")
+    speed = sorted(rec["tokens_per_second"] for rec in records.values())
+    measured = (f"Measured: {speed[len(speed) // 2]:,} tokens/s per run (median of {len(speed)} runs, one "
+                f"single-threaded process each, {len(speed) and min(speed):,}–{max(speed):,}), i.e. "
+                f"~{targets / speed[len(speed) // 2] / 60:.0f} min per run and "
+                f"~{len(plan.runs) * targets / speed[len(speed) // 2] / 3600 / 2:.1f} h for the {len(plan.runs)} runs "
+                f"two at a time." if speed else "")
+    return (
+        f"**Data.** {plan.corpus_mb:g} MB of the shared English corpus (Gutenberg books without license text, State of "
+        f"the Union speeches, WikiText-2 valid) as ~4,000-character paragraph-aligned documents, split train/held-out by "
+        f"a seeded hash of the document id (5%): {data['documents']['train']:,} / {data['documents']['valid']:,} "
+        f"documents, {data['tokens']['train']:,} / {data['tokens']['valid']:,} tokens. Tokenizer: byte-level BPE, "
+        f"V = {plan.vocab_size:,} (K = {k}), trained on the train documents only. Data fingerprint "
+        f"`{data['fingerprint']}` (tokenizer and indexed files by content).\n\n"
+        f"**Model.** Paper-2 block (RMSNorm, SwiGLU, RoPE, no biases, untied head), {r['num_layers']} layers × "
+        f"{d} (d/K = {d / k:.0f} tiles), {r['num_attention_heads']} heads, FFN {r['ffn_hidden_size']}, context {seq}, "
+        f"FP32, megatron-core local layers on CPU. The learned input table is {plan.vocab_size:,} × {d} = "
+        f"{plan.vocab_size * d:,} parameters{', ' + table_share if table_share else ''} (paper 1: ~12%, paper 2: "
+        f"~5.5%).\n\n"
+        f"**Training.** Megatron's GPT dataset (documents packed end to end with an EOD token, so every position is "
+        f"a target and the budget is exact; paper 1's sampler), {gbs} sequences × {seq} tokens per step, "
+        f"{plan.train_iters} steps = **{targets:,} prediction targets per run**. AdamW lr {r['lr']} → {r['min_lr']}, "
+        f"{r['lr_warmup_iters']} warmup steps, cosine, weight decay {r['weight_decay']}, clip {r['clip_grad']}. "
+        f"`--seed` sets initialization and data order: every variant sees the same batches at the same seed. "
+        f"Recipe `{plan.recipe.relative_to(plan.recipe.parents[2])}`; each run's exact flags are in its record.\n\n"
+        f"**Evaluation.** Held-out perplexity on the first {plan.eval_tokens:,} target tokens of the held-out "
+        f"documents (windows of {seq}, the same for every run).\n\n{measured}")
+
+
+def write_report(plan: StudyPlan, records: dict[Run, dict], data: dict, out: Path, results_dir: Path) -> Path:
+    """The page at ``out``; the plot and the hand-written reading live with the records."""
+    seeds = sorted({r.seed for r in plan.runs})
+    missing = [r.name for r in plan.runs if r not in records]
+    status = (f"All {len(plan.runs)} runs of the plan are done." if not missing else
+              f"**In progress: {len(records)} of {len(plan.runs)} runs done.** Still to run: {', '.join(missing)}. "
+              "Re-running the command trains only these.")
+    figure = plot_curves(records, results_dir / "loss_curves.png") if records else None
+    table = variant_table(records)
+    reading_path = results_dir / READING_FILE
+    reading = reading_path.read_text() if reading_path.is_file() else "(The reading is written when the study is complete.)"
+    dates = sorted(rec["date"] for rec in records.values())
+    text = f"""# Small-scale study (CPU): learned input table vs fixed codes, with controls
 
 ```bash
-bash examples/replicate_small.sh            # this page: {setup['summary']}
-bash examples/replicate_small.sh --quick    # CI smoke run (tiny, a temporary directory)
+python -m megatron_fixedcode.replication                   # trains what is not done yet, rewrites this page
+python -m megatron_fixedcode.replication --verify binary:1 # retrains one run, compares with its record
+python -m megatron_fixedcode.replication --quick           # CI smoke run (tiny, a temporary directory)
 ```
 
-Generated by `python -m megatron_fixedcode.replication` on {setup['date']} ({setup['wall_minutes']:.1f} min wall).
+Every number below is read from the run records in [`{os.path.relpath(results_dir, out.parent)}/`]({os.path.relpath(results_dir, out.parent)}/) (one JSON per run:
+its config hash, exact trainer flags, data fingerprint, held-out loss and perplexity, loss curve, speed);
+the runner skips a run whose record has the current config hash. {status}
+{f"Runs landed {dates[0]} – {dates[-1]}." if dates else ""}
+
+Nothing on this page is a claim about the papers' regime (0.4–1.7B parameters, 17–100B tokens): it is a
+CPU-sized model with the papers' *proportions* (d/K, the table's share of parameters), trained for
+minutes.
 
 ## Setup
 
-{setup['description']}
+{setup_text(plan, records, data)}
 
 ## Held-out perplexity (paper 1's format)
 
-Per-seed validation perplexity on the same {setup['val_tokens']:,} held-out tokens for every run, the mean over
-seeds, and the relative seed range (max − min) / mean.
+Per-seed held-out perplexity, the mean over seeds, the relative seed range (max − min) / mean, and the
+gap of the mean to learned's mean in units of learned's seed range (|gap| < 1: inside seed noise).
 
-{chr(10).join(ppl)}
-
-## LAMBADA last-word accuracy (%)
-
-First {setup['lambada_examples']} passages of the LAMBADA test set (OpenAI version), greedy: correct when every token
-of the last word is the argmax. {errors}
-
-{chr(10).join(acc)}
+{chr(10).join(ppl_table(table, seeds)) if table else "No run has finished yet."}
 
 ## Loss curves
 
-![loss curves]({figure.name})
+{f"![loss curves]({os.path.relpath(figure, out.parent)})" if figure else ""}
 
-## Comparisons
+## Model readings (`tools/analyze_model.py`, seed {seeds[0]})
 
-{chr(10).join(comparison_lines(table))}
+{chr(10).join(readings_tables(records))}
 
 ## Reading
 
 {reading}
 """
-    path.write_text(text)
-    return path
+    out.write_text(text)
+    return out
