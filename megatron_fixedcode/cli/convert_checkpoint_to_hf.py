@@ -9,11 +9,12 @@ import argparse
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--load", required=True, help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir")
@@ -27,13 +28,9 @@ def main(argv=None) -> int:
     p.add_argument("--overwrite", action="store_true")
     a = p.parse_args(argv)
     from megatron_fixedcode.export.to_hf import convert_checkpoint_to_hf
-    try:
-        out = convert_checkpoint_to_hf(a.load, a.output, step=a.ckpt_step, dtype=a.dtype, table_free=a.table_free,
-                                       max_shard_size=a.max_shard_size, tokenizer_model=a.tokenizer_model,
-                                       overwrite=a.overwrite)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = convert_checkpoint_to_hf(a.load, a.output, step=a.ckpt_step, dtype=a.dtype, table_free=a.table_free,
+                                   max_shard_size=a.max_shard_size, tokenizer_model=a.tokenizer_model,
+                                   overwrite=a.overwrite)
     print(out)
     return 0
 

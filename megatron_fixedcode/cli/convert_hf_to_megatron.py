@@ -11,11 +11,12 @@ import argparse
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hf-dir", required=True, help="directory with config.json and safetensors")
@@ -24,12 +25,8 @@ def main(argv=None) -> int:
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     a = p.parse_args(argv)
     from megatron_fixedcode.export.from_hf import convert_hf_to_megatron
-    try:
-        out = convert_hf_to_megatron(a.hf_dir, a.save, seq_length=a.seq_length,
-                                     make_vocab_size_divisible_by=a.make_vocab_size_divisible_by)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    out = convert_hf_to_megatron(a.hf_dir, a.save, seq_length=a.seq_length,
+                                 make_vocab_size_divisible_by=a.make_vocab_size_divisible_by)
     print(out)
     return 0
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 from megatron_fixedcode.eval import report
 
 
@@ -75,20 +75,17 @@ def _run(a) -> dict:
     return run.hf_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **common)
 
 
+@user_errors
 def main(argv=None) -> int:
     a = _parser().parse_args(argv)
-    try:
-        if a.compare:
-            results = [json.loads(Path(f).read_text()) for f in a.compare]
-            out = report.compare(results)
-            md = report.comparison_markdown(out)
-        else:
-            out = _run(a)
-            out.update({k: v for k, v in (("label", a.label), ("seed", a.seed)) if v is not None})
-            md = report.model_markdown(out)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if a.compare:
+        results = [json.loads(Path(f).read_text()) for f in a.compare]
+        out = report.compare(results)
+        md = report.comparison_markdown(out)
+    else:
+        out = _run(a)
+        out.update({k: v for k, v in (("label", a.label), ("seed", a.seed)) if v is not None})
+        md = report.model_markdown(out)
     if a.output:
         Path(a.output).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     if a.markdown:

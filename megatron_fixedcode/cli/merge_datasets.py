@@ -4,11 +4,12 @@ import logging
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__)
     p.add_argument("--input", nargs="+", required=True, help="directories or dataset prefixes, merged in order")
@@ -17,11 +18,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from megatron_fixedcode.data.preprocess import merge_datasets
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    try:
-        result = merge_datasets(args.input, args.output_prefix, args.pattern)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    result = merge_datasets(args.input, args.output_prefix, args.pattern)
     print(f"{result['documents']} documents, {result['tokens']} tokens -> {result['output_prefix']}")
     return 0
 

@@ -1,9 +1,11 @@
-"""An ``argparse.ArgumentParser`` whose user errors are one line (``prog: error: ...``), exit code 2."""
+"""User errors of the command lines, one line each, exit code 2: an ``argparse.ArgumentParser`` whose
+own errors read ``prog: error: ...``, and :func:`user_errors` for the library's ``ValueError``."""
 from __future__ import annotations
 
 import argparse
+import functools
 import sys
-from typing import NoReturn
+from typing import Callable, NoReturn
 
 
 class ArgumentParser(argparse.ArgumentParser):
@@ -16,3 +18,18 @@ class ArgumentParser(argparse.ArgumentParser):
         if message:
             sys.stderr.write(message)
         sys.exit(status)
+
+
+def user_errors(main: Callable[..., int]) -> Callable[..., int]:
+    """The library raises ``ValueError`` for input a user can fix (it names the file, line or
+    flag): print it as ``error: ...`` and return exit code 2 instead of a traceback."""
+
+    @functools.wraps(main)
+    def wrapped(*args, **kwargs) -> int:
+        try:
+            return main(*args, **kwargs)
+        except ValueError as e:
+            print(f"error: {e}", file=sys.stderr)
+            return 2
+
+    return wrapped

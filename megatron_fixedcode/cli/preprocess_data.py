@@ -11,7 +11,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
 
 
@@ -39,16 +39,13 @@ def parse_args(argv=None) -> PreprocessConfig:
     return PreprocessConfig(**vars(p.parse_args(argv)))
 
 
+@user_errors
 def main(argv=None) -> int:
     cfg = parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     from megatron_fixedcode.data.preprocess.pipeline import preprocess
 
-    try:
-        summary = preprocess(cfg)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    summary = preprocess(cfg)
     docs, tokens = summary["documents"], summary["tokens"]
     for split in docs:
         print(f"{split}: {docs[split]} documents, {tokens[split]} tokens")

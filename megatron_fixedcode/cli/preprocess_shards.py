@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
@@ -46,6 +46,7 @@ def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--max-document-bytes", type=int, default=8 << 20)
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = p.add_subparsers(dest="command", required=True)
@@ -59,42 +60,38 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     from megatron_fixedcode.data import shards
 
-    try:
-        if args.command == "plan":
-            settings = {k: v for k, v in vars(args).items()
-                        if k not in ("command", "input", "output_dir", "tokenizer_type", "tokenizer_model",
-                                     "shards_per_task", "array_size", "dry_run")}
-            plan = shards.make_plan(args.input, args.output_dir, args.tokenizer_type, args.tokenizer_model,
-                                    args.shards_per_task, args.array_size, **settings)
-            print(f"# {len(plan['inputs'])} shards, {plan['num_tasks']} array tasks (0-{plan['num_tasks'] - 1}) "
-                  f"of at most {plan['shards_per_task']} shards, outputs in {plan['output_dir']}")
-            for i in range(plan["num_tasks"]):
-                print(f"task {i}: " + " ".join(shards.shard_name(f) for f in shards.task_inputs(plan, i)))
-            if not args.dry_run:
-                print(f"# plan: {shards.write_plan(plan)}")
-            return 0
-        plan = shards.read_plan(args.output_dir)
-        if args.command == "task":
-            task_id = args.task_id if args.task_id is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
-            if task_id is None:
-                p.error("give --task-id (or run as a Slurm array task)")
-            report = shards.run_task(plan, int(task_id))
-            print(f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
-                  f"{len(report['failed'])} failed" + (f", {len(report['busy'])} busy in another task" if report["busy"] else ""))
-            for name, error in report["failed"].items():
-                print(f"error: shard {name}: {error}", file=sys.stderr)
-            return 1 if report["failed"] else 0
-        from megatron_fixedcode.tokenizers import build_tokenizer
+    if args.command == "plan":
+        settings = {k: v for k, v in vars(args).items()
+                    if k not in ("command", "input", "output_dir", "tokenizer_type", "tokenizer_model",
+                                 "shards_per_task", "array_size", "dry_run")}
+        plan = shards.make_plan(args.input, args.output_dir, args.tokenizer_type, args.tokenizer_model,
+                                args.shards_per_task, args.array_size, **settings)
+        print(f"# {len(plan['inputs'])} shards, {plan['num_tasks']} array tasks (0-{plan['num_tasks'] - 1}) "
+              f"of at most {plan['shards_per_task']} shards, outputs in {plan['output_dir']}")
+        for i in range(plan["num_tasks"]):
+            print(f"task {i}: " + " ".join(shards.shard_name(f) for f in shards.task_inputs(plan, i)))
+        if not args.dry_run:
+            print(f"# plan: {shards.write_plan(plan)}")
+        return 0
+    plan = shards.read_plan(args.output_dir)
+    if args.command == "task":
+        task_id = args.task_id if args.task_id is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
+        if task_id is None:
+            p.error("give --task-id (or run as a Slurm array task)")
+        report = shards.run_task(plan, int(task_id))
+        print(f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
+              f"{len(report['failed'])} failed" + (f", {len(report['busy'])} busy in another task" if report["busy"] else ""))
+        for name, error in report["failed"].items():
+            print(f"error: shard {name}: {error}", file=sys.stderr)
+        return 1 if report["failed"] else 0
+    from megatron_fixedcode.tokenizers import build_tokenizer
 
-        st = plan["settings"]
-        fingerprint = build_tokenizer(st["tokenizer_type"], st["tokenizer_model"], st["eod_token"]).fingerprint
-        status = shards.plan_status(plan, fingerprint)
-        for name, (state, detail) in status.items():
-            print(f"{state:8s} {name}" + (f": {detail}" if detail and state != "missing" else ""))
-        return 0 if all(state == "done" for state, _ in status.values()) else 1
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    st = plan["settings"]
+    fingerprint = build_tokenizer(st["tokenizer_type"], st["tokenizer_model"], st["eod_token"]).fingerprint
+    status = shards.plan_status(plan, fingerprint)
+    for name, (state, detail) in status.items():
+        print(f"{state:8s} {name}" + (f": {detail}" if detail and state != "missing" else ""))
+    return 0 if all(state == "done" for state, _ in status.values()) else 1
 
 
 if __name__ == "__main__":

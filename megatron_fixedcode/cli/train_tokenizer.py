@@ -3,9 +3,10 @@
 import logging
 import sys
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 
+@user_errors
 def main(argv=None) -> int:
     parser = ArgumentParser(description=__doc__)
     parser.add_argument("--input", nargs="+", required=True, help="text files, globs or directories")
@@ -15,11 +16,7 @@ def main(argv=None) -> int:
     args = parser.parse_args(argv)
     from megatron_fixedcode.tokenizers import train_bpe_tokenizer
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
-    try:
-        path = train_bpe_tokenizer(args.input, args.vocab_size, args.output, args.min_frequency)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    path = train_bpe_tokenizer(args.input, args.vocab_size, args.output, args.min_frequency)
     print(path)
     return 0
 

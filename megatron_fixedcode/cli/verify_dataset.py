@@ -14,13 +14,14 @@ import json
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
 from megatron_fixedcode.data.verify import verify_paths
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="output directories, *_summary.json files or dataset prefixes")
@@ -31,17 +32,13 @@ def main(argv=None) -> int:
     p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
     args = p.parse_args(argv)
     vocab_size = args.vocab_size
-    try:
-        if vocab_size is None and args.tokenizer_model:
-            from megatron_fixedcode.tokenizers import build_tokenizer
+    if vocab_size is None and args.tokenizer_model:
+        from megatron_fixedcode.tokenizers import build_tokenizer
 
-            vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
-        if vocab_size is None:
-            p.error("give --tokenizer-model or --vocab-size (token ids are checked against V)")
-        results, errors = verify_paths(args.paths, vocab_size, args.seq_length)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+        vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
+    if vocab_size is None:
+        p.error("give --tokenizer-model or --vocab-size (token ids are checked against V)")
+    results, errors = verify_paths(args.paths, vocab_size, args.seq_length)
     for r in results:
         if args.json:
             print(json.dumps(r))

@@ -13,11 +13,12 @@ import argparse
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
 
+@user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("output_dir", help="the --output-dir of tools/preprocess_shards.py plan")
@@ -26,11 +27,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     from megatron_fixedcode.data.manifest import write_manifest
 
-    try:
-        manifest, path = write_manifest(args.output_dir, args.skip_failed, args.output)
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    manifest, path = write_manifest(args.output_dir, args.skip_failed, args.output)
     for split, t in manifest["totals"].items():
         print(f"{split}: {len(manifest['shards'])} shards, {t['documents']} documents, {t['tokens']} tokens, "
               f"{t['eligible_documents']} with >= {manifest['min_doc_tokens']} tokens")
