@@ -10,7 +10,7 @@ from pathlib import Path
 import yaml
 
 from megatron_fixedcode.eval.report import seed_summary
-from megatron_fixedcode.replication.study import VARIANTS, Run, StudyPlan
+from megatron_fixedcode.replication.study import MAIN_VARIANTS, VARIANTS, Run, StudyPlan
 
 READING_FILE = "reading.md"  # hand-written, beside the records; included verbatim
 
@@ -48,28 +48,35 @@ def gap_in_seed_ranges(table: dict[str, dict], variant: str, reference: str = "l
 
 
 def plot_curves(records: dict[Run, dict], out: Path) -> Path:
-    """Training loss (thin, per seed) and held-out loss (markers) of every variant on one plot."""
+    """Two panels side by side: the main variants (every seed) and the controls next to learned and
+    binary at the first seed. Training loss as lines, held-out loss as dots."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(9, 5.5))
-    for i, variant in enumerate(v for v in VARIANTS if any(r.variant == v for r in records)):
-        runs = sorted((r for r in records if r.variant == variant), key=lambda r: r.seed)
-        for j, run in enumerate(runs):
+    first_seed = min(r.seed for r in records)
+    panels = [("learned, binary, gf2: every seed", [r for r in records if r.variant in MAIN_VARIANTS]),
+              (f"controls (seed {first_seed}) beside learned and binary",
+               [r for r in records if r.seed == first_seed and r.variant not in ("gf2",)])]
+    colors = {v: f"C{i % 10}" for i, v in enumerate(VARIANTS)}
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
+    lo = min(min(rec["curve"]["loss"]) for rec in records.values())
+    for ax, (title, runs) in zip(axes, panels):
+        labelled = set()
+        for run in sorted(runs, key=lambda r: (list(VARIANTS).index(r.variant), r.seed)):
             c = records[run]["curve"]
-            label = f"{variant} ({len(runs)} seed{'s' if len(runs) > 1 else ''})" if j == 0 else None
-            ax.plot(c["step"], c["loss"], color=f"C{i % 10}", lw=0.7, alpha=0.55, label=label,
-                    ls="-" if variant in ("learned", "binary", "gf2") else "--")
-            ax.plot(c["val_step"], c["val_loss"], "o", color=f"C{i % 10}", ms=2.5)
-    ax.set(xlabel="optimizer step", ylabel="loss (nats / token)", title="training loss (lines), held-out loss (dots)")
-    lo = min(min(r["curve"]["loss"]) for r in records.values())
-    ax.set_ylim(lo - 0.1, lo + 2.5)
-    ax.legend(fontsize=7, ncol=2)
+            label = None if run.variant in labelled else run.variant
+            labelled.add(run.variant)
+            ax.plot(c["step"], c["loss"], color=colors[run.variant], lw=0.8, alpha=0.6, label=label)
+            ax.plot(c["val_step"], c["val_loss"], "o", color=colors[run.variant], ms=2.5)
+        ax.set(xlabel="optimizer step", title=title, ylim=(lo - 0.1, lo + 2.5))
+        if runs:
+            ax.legend(fontsize=7)
+    axes[0].set_ylabel("loss (nats / token): training (lines), held-out (dots)")
     fig.tight_layout()
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=100)
+    fig.savefig(out, dpi=90)
     plt.close(fig)
     return out
 
