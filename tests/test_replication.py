@@ -71,9 +71,9 @@ def test_table_gap_is_in_units_of_the_learned_seed_range():
     assert gap_in_seed_ranges(table, "binary") == pytest.approx((111.0 - 102.0) / 4.0)
     assert gap_in_seed_ranges(table, "random") == pytest.approx(-0.25)
     rows = ppl_table(table, [1, 2, 3])
-    assert rows[2].startswith("| learned | 100.00 | 104.00 | 102.00 | 102.00 | 3.9% | – |")
-    assert rows[3].startswith("| binary | 110.00 | 112.00 | – | 111.00 | 1.8% | +2.2 |")
-    assert rows[4].startswith("| random | 101.00 | – | – | 101.00 | n/a (1 seed) | -0.2 |")
+    assert rows[2].startswith("| learned | 100.0 | 104.0 | 102.0 | 102.0 | 3.9% | – |")
+    assert rows[3].startswith("| binary | 110.0 | 112.0 | – | 111.0 | 1.8% | +2.2 |")
+    assert rows[4].startswith("| random | 101.0 | – | – | 101.0 | n/a (1 seed) | -0.2 |")
     assert gap_in_seed_ranges(variant_table({Run("learned", 1): {"val_ppl": 1.0}, Run("binary", 1): {"val_ppl": 2.0}}),
                               "binary") is None
 
@@ -105,7 +105,7 @@ def test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run(tmp_path
     for run, rec in records.items():
         assert rec["config_hash"] == plan.config_hash(run, rec["data_fingerprint"])
         assert rec["tokens_trained"] == plan.train_iters * 4 * 64
-        assert f"{rec['val_ppl']:.2f}" in md
+        assert f"{rec['val_ppl']:.1f}" in md
     assert len({rec["val_tokens"] for rec in records.values()}) == 1  # the same held-out windows for all
     assert records[Run("binary", 1)]["val_ppl"] != records[Run("binary", 2)]["val_ppl"]
     assert records[Run("binary", 1)]["readings"]["sites"] == ["input", "block 0", "block 1"]

@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from megatron_fixedcode.replication.data import REPO_ROOT, prepare_study_data
-from megatron_fixedcode.replication.report import read_curve, write_report
+from megatron_fixedcode.replication.report import PPL, read_curve, write_report
 from megatron_fixedcode.replication.store import ResultStore
 from megatron_fixedcode.replication.study import PLANS, Run, StudyPlan
 
@@ -79,8 +79,8 @@ def verify(plan: StudyPlan, run: Run, data: dict, store: ResultStore, work: Path
               f"{committed['data_fingerprint']}): tokenizer or corpus not reproduced on this machine")
     shutil.rmtree(work / "verify" / "checkpoints" / run.name, ignore_errors=True)
     record = execute(plan, run, data, plan.config_hash(run, data["fingerprint"]), work / "verify")
-    same = f"{record['val_ppl']:.2f}" == f"{committed['val_ppl']:.2f}"
-    print(f"{run.name}: held-out PPL {record['val_ppl']:.2f} now, {committed['val_ppl']:.2f} committed: "
+    same = f"{record['val_ppl']:{PPL}}" == f"{committed['val_ppl']:{PPL}}"
+    print(f"{run.name}: held-out PPL {record['val_ppl']:{PPL}} now, {committed['val_ppl']:{PPL}} committed: "
           f"{'reproduced' if same else 'DIFFERENT'} (loss {record['val_loss']:.6f} vs {committed['val_loss']:.6f})")
     return 0 if same else 1
 
@@ -137,7 +137,7 @@ def main(argv: list[str] | None = None) -> int:
         with _EVALUATION:
             store.write(run, record)
             write_report(plan, store.current(plan.runs, hashes), data, out_md, store.directory)
-        logger.info("%s: held-out PPL %.2f (%s tokens/s) -> %s", run.name, record["val_ppl"],
+        logger.info("%s: held-out PPL %.1f (%s tokens/s) -> %s", run.name, record["val_ppl"],
                     f"{record['tokens_per_second']:,}", store.path(run))
 
     with concurrent.futures.ThreadPoolExecutor(max(1, a.parallel)) as pool:

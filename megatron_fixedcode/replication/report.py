@@ -13,6 +13,9 @@ from megatron_fixedcode.eval.report import seed_summary
 from megatron_fixedcode.replication.study import MAIN_VARIANTS, VARIANTS, Run, StudyPlan
 
 READING_FILE = "reading.md"  # hand-written, beside the records; included verbatim
+# Perplexities are printed to 0.1: finer than any seed range here, and what a rerun on another
+# machine of the same kind reproduces (--verify compares at this precision).
+PPL = ".1f"
 
 
 def read_curve(path: Path) -> tuple[list[int], list[float], list[int], list[float]]:
@@ -91,10 +94,10 @@ def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
              "|---|" + "---|" * (len(seeds) + 4)]
     for variant, t in table.items():
         by_seed = dict(zip(t["seeds"], t["val_ppl"]))
-        cells = [_fmt(by_seed.get(s), ".2f", "–") for s in seeds]
+        cells = [_fmt(by_seed.get(s), PPL, "–") for s in seeds]
         rel = f"{100 * t['summary']['relative_range']:.1f}%" if len(t["seeds"]) > 1 else "n/a (1 seed)"
         gap = "–" if variant == "learned" else _fmt(gap_in_seed_ranges(table, variant), "+.1f")
-        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:.2f} | {rel} | {gap} | "
+        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {rel} | {gap} | "
                      f"{VARIANTS[variant][1]} |")
     return lines
 
