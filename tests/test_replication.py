@@ -3,6 +3,7 @@ arithmetic, and the whole --quick path end to end, including a deleted record re
 perplexity and --verify."""
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -116,7 +117,8 @@ def test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run(tmp_path
     assert again.returncode == 0 and f"trained 0 now, skipped {len(plan.runs)}" in again.stdout
     assert {p.name: p.read_bytes() for p in results.glob("*.json")} == before
 
-    (results / "learned_s2.json").unlink()  # one record lost: only that run is trained, to the same numbers
+    (results / "learned_s2.json").unlink()  # one record and its checkpoint lost: only that run is trained,
+    shutil.rmtree(tmp_path / "checkpoints" / "learned_s2")  # from scratch, to the same numbers
     third = _study("--work-dir", work)
     assert third.returncode == 0 and f"trained 1 now, skipped {len(plan.runs) - 1}" in third.stdout
     redone = json.loads((results / "learned_s2.json").read_text())
