@@ -106,7 +106,7 @@ def _input_record(path: str) -> dict:
 
 def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tuple[str, str]:
     """``("done" | "failed" | "missing" | "stale", detail)`` for one shard of the plan."""
-    from megatron_fixedcode.data.verify import file_sha256
+    from megatron_fixedcode.files import file_sha256
 
     out, name = Path(plan["output_dir"]), shard_name(input_path)
     summary_path, failed_path = out / f"{name}_summary.json", out / f"{name}_failed.json"
@@ -143,7 +143,7 @@ def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tup
 
 def index_shard(plan: dict, input_path: str, tokenizer_fingerprint: str) -> dict:
     """Index one shard (not checking whether it is done); returns its summary."""
-    from megatron_fixedcode.data.verify import file_sha256
+    from megatron_fixedcode.files import file_sha256
 
     cfg = shard_config(plan, input_path)
     out, name = Path(plan["output_dir"]), shard_name(input_path)

@@ -11,7 +11,6 @@ run needs to know per shard: tokens, documents and documents long enough for one
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 from pathlib import Path
@@ -20,6 +19,7 @@ from typing import Iterable, Optional
 import numpy
 
 from megatron_fixedcode.data.validate import _HEADER_BYTES, check_shard
+from megatron_fixedcode.files import file_sha256
 
 TOKEN_BLOCK = 1 << 24
 """Tokens read at once in the id scan (bounded memory whatever the shard size)."""
@@ -27,14 +27,6 @@ TOKEN_BLOCK = 1 << 24
 
 class ShardError(ValueError):
     """A shard failed verification; the message starts with the shard's prefix."""
-
-
-def file_sha256(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def _read_index(prefix: str, num_sequences: int) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:

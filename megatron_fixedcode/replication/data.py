@@ -9,6 +9,8 @@ import re
 from pathlib import Path
 from typing import Iterator
 
+from megatron_fixedcode.files import file_sha256
+
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -70,14 +72,6 @@ def corpus_documents(root: Path, max_bytes: int, chunk_chars: int = 4000) -> Ite
             yield doc
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def prepare_study_data(work: Path, *, corpus_mb: float, vocab_size: int, valid_fraction: float = 0.05,
                        split_seed: int = 1234) -> dict:
     """Corpus JSONL → byte-level BPE tokenizer (V = ``vocab_size``, trained on the train documents
@@ -112,6 +106,6 @@ def prepare_study_data(work: Path, *, corpus_mb: float, vocab_size: int, valid_f
     files = [tokenizer] + [Path(prefix + ext) for prefix in (train, valid) for ext in (".bin", ".idx")]
     data = {"settings": settings, "tokenizer_model": str(tokenizer), "train": train, "valid": valid,
             "documents": summary["documents"], "tokens": summary["tokens"],
-            "fingerprint": hashlib.sha256("".join(_sha256(f) for f in files).encode()).hexdigest()[:16]}
+            "fingerprint": hashlib.sha256("".join(file_sha256(f) for f in files).encode()).hexdigest()[:16]}
     record.write_text(json.dumps(data, indent=1))
     return data

@@ -14,7 +14,6 @@ changed, naming the file and the newest older checkpoint that verifies (``--ckpt
 """
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -26,6 +25,8 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
+
+from megatron_fixedcode.files import file_sha256
 
 logger = logging.getLogger(__name__)
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
@@ -86,20 +87,12 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
-def _sha256(path: Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 22), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def write_checksums(target: Path) -> None:
     """Record size and SHA-256 of every file under ``target`` (call once every rank has written)."""
     target = Path(target)
     files = sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
     manifest = {"algorithm": "sha256",
-                "files": {str(p.relative_to(target)): {"size": p.stat().st_size, "sha256": _sha256(p)} for p in files}}
+                "files": {str(p.relative_to(target)): {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
     _fsync_write(target / CHECKSUMS, json.dumps(manifest, indent=1, sort_keys=True))
 
 
@@ -124,7 +117,7 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
         size = path.stat().st_size
         if size != rec["size"]:
             raise CorruptCheckpoint(f"{path}: {size} bytes, {rec['size']} when saved (truncated or overwritten)")
-        if hash_files and _sha256(path) != rec["sha256"]:
+        if hash_files and file_sha256(path) != rec["sha256"]:
             raise CorruptCheckpoint(f"{path}: SHA-256 differs from the one recorded when it was saved (corrupt bytes)")
 
 
