@@ -72,9 +72,9 @@ def test_table_gap_is_in_units_of_the_learned_seed_range():
     assert gap_in_seed_ranges(table, "binary") == pytest.approx((111.0 - 102.0) / 4.0)
     assert gap_in_seed_ranges(table, "random") == pytest.approx(-0.25)
     rows = ppl_table(table, [1, 2, 3])
-    assert rows[2].startswith("| learned | 100.0 | 104.0 | 102.0 | 102.0 | 3.9% | – |")
-    assert rows[3].startswith("| binary | 110.0 | 112.0 | – | 111.0 | 1.8% | +2.2 |")
-    assert rows[4].startswith("| random | 101.0 | – | – | 101.0 | n/a (1 seed) | -0.2 |")
+    assert rows[2].startswith("| learned | 100.0 | 104.0 | 102.0 | 102.0 | 4.00 | 3.92% | – |")
+    assert rows[3].startswith("| binary | 110.0 | 112.0 | – | 111.0 | 2.00 | 1.80% | +2.2 |")
+    assert rows[4].startswith("| random | 101.0 | – | – | 101.0 | n/a (1 seed) | n/a | -0.2 |")
     assert gap_in_seed_ranges(variant_table({Run("learned", 1): {"val_ppl": 1.0}, Run("binary", 1): {"val_ppl": 2.0}}),
                               "binary") is None
 

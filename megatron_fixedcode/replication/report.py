@@ -90,14 +90,16 @@ def _fmt(x: float | None, spec: str, none: str = "n/a") -> str:
 
 def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
     head = " | ".join(f"seed {s}" for s in seeds)
-    lines = [f"| input | {head} | mean | rel. seed range | gap to learned (learned seed ranges) | controls for |",
-             "|---|" + "---|" * (len(seeds) + 4)]
+    lines = [f"| input | {head} | mean | seed range (max − min) | rel. seed range | gap to learned (learned seed ranges) "
+             "| controls for |", "|---|" + "---|" * (len(seeds) + 5)]
     for variant, t in table.items():
         by_seed = dict(zip(t["seeds"], t["val_ppl"]))
         cells = [_fmt(by_seed.get(s), PPL, "–") for s in seeds]
-        rel = f"{100 * t['summary']['relative_range']:.1f}%" if len(t["seeds"]) > 1 else "n/a (1 seed)"
+        several = len(t["seeds"]) > 1
+        spread = f"{t['summary']['max'] - t['summary']['min']:.2f}" if several else "n/a (1 seed)"
+        rel = f"{100 * t['summary']['relative_range']:.2f}%" if several else "n/a"
         gap = "–" if variant == "learned" else _fmt(gap_in_seed_ranges(table, variant), "+.1f")
-        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {rel} | {gap} | "
+        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {spread} | {rel} | {gap} | "
                      f"{VARIANTS[variant][1]} |")
     return lines
 
@@ -196,8 +198,9 @@ minutes.
 
 ## Held-out perplexity (paper 1's format)
 
-Per-seed held-out perplexity, the mean over seeds, the relative seed range (max − min) / mean, and the
-gap of the mean to learned's mean in units of learned's seed range (|gap| < 1: inside seed noise).
+Per-seed held-out perplexity, the mean over seeds, the seed range (max − min, in PPL and relative to the
+mean), and the gap of the mean to learned's mean in units of learned's seed range (|gap| < 1: inside
+seed noise). The gaps use the unrounded values of the records.
 
 {chr(10).join(ppl_table(table, seeds)) if table else "No run has finished yet."}
 
