@@ -62,7 +62,7 @@ def execute(plan: StudyPlan, run: Run, data: dict, config_hash: str, work: Path)
                                    windows=plan.analysis_windows) if run in plan.analysed else None)
     steps, losses, val_steps, val_losses = read_curve(metrics_file)
     return {"run": run.name, "variant": run.variant, "seed": run.seed, "config_hash": config_hash,
-            "flags": plan.trainer_flags(run), "data_fingerprint": data["fingerprint"], **metrics,
+            "flags": plan.trainer_flags(run, recipe=str(plan.recipe.relative_to(REPO_ROOT))),  # no machine path "data_fingerprint": data["fingerprint"], **metrics,
             "train_seconds": round(seconds, 1), "tokens_per_second": round(metrics["tokens_trained"] / seconds),
             "checkpoint": os.path.relpath(checkpoint, REPO_ROOT), "date": datetime.date.today().isoformat(),
             "curve": {"step": steps, "loss": losses, "val_step": val_steps, "val_loss": val_losses},

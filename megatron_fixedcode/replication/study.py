@@ -71,8 +71,8 @@ class StudyPlan:
     analysed: tuple[Run, ...] = ()
     analysis_windows: int = 32
 
-    def trainer_flags(self, run: Run) -> list[str]:
-        return ["--config", str(self.recipe), *VARIANTS[run.variant][0], "--seed", str(run.seed),
+    def trainer_flags(self, run: Run, recipe: str | None = None) -> list[str]:
+        return ["--config", recipe or str(self.recipe), *VARIANTS[run.variant][0], "--seed", str(run.seed),
                 "--train-iters", str(self.train_iters)]
 
     def config_hash(self, run: Run, data_fingerprint: str) -> str:
