@@ -14,6 +14,7 @@ import threading
 import time
 from pathlib import Path
 
+from megatron_fixedcode.cli.parser import user_errors
 from megatron_fixedcode.replication.data import REPO_ROOT, prepare_study_data
 from megatron_fixedcode.replication.report import PPL, read_curve, write_report
 from megatron_fixedcode.replication.store import ResultStore
@@ -62,7 +63,8 @@ def execute(plan: StudyPlan, run: Run, data: dict, config_hash: str, work: Path)
                                    windows=plan.analysis_windows) if run in plan.analysed else None)
     steps, losses, val_steps, val_losses = read_curve(metrics_file)
     return {"run": run.name, "variant": run.variant, "seed": run.seed, "config_hash": config_hash,
-            "flags": plan.trainer_flags(run, recipe=str(plan.recipe.relative_to(REPO_ROOT))),  # no machine path "data_fingerprint": data["fingerprint"], **metrics,
+            "flags": plan.trainer_flags(run, recipe=str(plan.recipe.relative_to(REPO_ROOT))),  # no machine path
+            "data_fingerprint": data["fingerprint"], **metrics,
             "train_seconds": round(seconds, 1), "tokens_per_second": round(metrics["tokens_trained"] / seconds),
             "checkpoint": os.path.relpath(checkpoint, REPO_ROOT), "date": datetime.date.today().isoformat(),
             "curve": {"step": steps, "loss": losses, "val_step": val_steps, "val_loss": val_losses},
@@ -101,21 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+@user_errors  # a bad run name, a missing record or missing shared data: one line, exit 2
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s")
     a = build_parser().parse_args(argv)
     plan = PLANS["quick" if a.quick else "full"]
-    try:
-        only = [Run.parse(r) for r in a.only] if a.only else None
-        target = Run.parse(a.verify) if a.verify else None
-    except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    only = [Run.parse(r) for r in a.only] if a.only else None
+    target = Run.parse(a.verify) if a.verify else None
     for r in (only or []) + ([target] if target else []):
         if r not in plan.runs:
-            print(f"error: run {r.name} is not in the {plan.name} plan ({', '.join(x.name for x in plan.runs)})",
-                  file=sys.stderr)
-            return 2
+            raise ValueError(f"run {r.name} is not in the {plan.name} plan ({', '.join(x.name for x in plan.runs)})")
     work = Path(a.work_dir or (tempfile.mkdtemp(prefix="study_") if a.quick else REPO_ROOT / "runs" / "study"))
     store = ResultStore(Path(a.results_dir or (work / "results" if a.quick else REPO_ROOT / "docs" / "replication")))
     out_md = Path(a.output_md or (work / "REPLICATION.md" if a.quick else REPO_ROOT / "docs" / "REPLICATION.md"))

@@ -132,7 +132,7 @@ def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
     k = (plan.vocab_size - 1).bit_length()
     d, seq, gbs = r["hidden_size"], r["seq_length"], r["global_batch_size"]
     targets = plan.train_iters * gbs * seq
-    params = {v: rec["parameters"] for run, rec in records.items() for v in [run.variant]}
+    params = {run.variant: rec["parameters"] for run, rec in records.items()}
     table_share = (f"{plan.vocab_size * d / params['learned']:.1%} of the learned model's {params['learned']:,} parameters"
                    if "learned" in params else "")
     speed = sorted(rec["tokens_per_second"] for rec in records.values())
