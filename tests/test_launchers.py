@@ -239,11 +239,16 @@ def test_recipes_hold_the_spec_numbers():
     assert {k: tiny[k] for k in expected_tiny} == expected_tiny and not tiny.get("bf16", False)
 
 
-def test_every_recipe_passes_the_trainer_dry_run(capsys):
+def test_every_recipe_passes_the_trainer_dry_run(capsys, tmp_path):
     from megatron_fixedcode.pretrain import main
+    from megatron_fixedcode.replication.study import PLANS
 
+    study = {plan.recipe.name: plan for plan in PLANS.values()}
     for path in sorted(RECIPES.glob("*.yaml")):
-        assert main(["--config", str(path), "--dry-run"]) == 0, path.name
+        argv = ["--config", str(path)]
+        if path.name in study:  # the study runner adds the variant, the budget and the checkpoint directory
+            argv = [*study[path.name].trainer_flags(study[path.name].runs[0]), "--save", str(tmp_path)]
+        assert main([*argv, "--dry-run"]) == 0, path.name
         assert json.loads(capsys.readouterr().out)["num_layers"] == recipe(path.name)["num_layers"]
 
 
