@@ -6,7 +6,10 @@
 #      scripts/setup_env.sh --py312): the core subset below (test_quickstart_pipeline runs the
 #      quickstart pipeline --quick end to end on that line).
 #      MFC_SKIP_PY312=1 skips it, MFC_SKIP_PY311=1 skips leg 1 (quick local runs only: CI runs both).
-# Both legs run even when the first fails; the script fails if either did.
+# Both legs run even when the first fails; the script fails if either did. Each leg runs on two pytest-xdist
+# workers, one test file per worker at a time (--dist loadfile: a module's fixtures are built once): most
+# tests wait on subprocesses with OMP_NUM_THREADS=1, so one worker leaves a core idle; MFC_TEST_WORKERS=0
+# runs serially (xdist's -n 0).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CORE_SUBSET=(
@@ -14,6 +17,7 @@ CORE_SUBSET=(
     tests/test_export_parity.py tests/test_compat_cpu.py tests/test_quickstart_pipeline.py
     tests/test_precision.py  # patches megatron-core internals (compat/autocast.py) that differ by version
 )
+WORKERS=(-n "${MFC_TEST_WORKERS:-2}" --dist loadfile)
 T0=$SECONDS
 elapsed() { printf "%dm%02ds" $(($1 / 60)) $(($1 % 60)); }
 
@@ -23,7 +27,7 @@ if [ "${MFC_SKIP_PY311:-0}" = 1 ]; then
 else
     t=$SECONDS
     bash scripts/setup_env.sh
-    (. .venv/bin/activate && python -m pytest -q --durations=30 "$@") || rc311=$?
+    (. .venv/bin/activate && python -m pytest -q "${WORKERS[@]}" --durations=30 "$@") || rc311=$?
     echo "test.sh: leg 1 (Python 3.11, megatron-core 0.16.1, whole suite): exit $rc311 in $(elapsed $((SECONDS - t)))"
 fi
 
@@ -33,7 +37,7 @@ if [ "${MFC_SKIP_PY312:-0}" = 1 ]; then
 else
     t=$SECONDS
     venv=$(bash scripts/setup_env.sh --py312)
-    (. "$venv/bin/activate" && python -m pytest -q --durations=15 "${CORE_SUBSET[@]}") || rc312=$?
+    (. "$venv/bin/activate" && python -m pytest -q "${WORKERS[@]}" --durations=15 "${CORE_SUBSET[@]}") || rc312=$?
     echo "test.sh: leg 2 (Python 3.12, megatron-core 0.19.x, core subset): exit $rc312 in $(elapsed $((SECONDS - t)))"
 fi
 echo "test.sh: total $(elapsed $((SECONDS - T0))); leg 1 exit $rc311, leg 2 exit $rc312"

@@ -1,4 +1,11 @@
+import os
+import signal
+import uuid
+from pathlib import Path
+
 import pytest
+
+STRAY_MARKER = "MFC_TEST_OWNER"  # every subprocess a test starts inherits it (tests build env from os.environ)
 
 
 @pytest.fixture(scope="session")
@@ -7,6 +14,39 @@ def single_rank():
     from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
 
     return initialize_distributed(ParallelLayout(), seed=1234)
+
+
+def _processes_owned_by(marker: str) -> list[int]:
+    needle = f"{STRAY_MARKER}={marker}".encode()
+    pids = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if needle in (entry / "environ").read_bytes().split(b"\0"):
+                    pids.append(int(entry.name))
+            except OSError:  # exited meanwhile, or not ours
+                pass
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def _no_stray_processes():
+    """A test's processes end with it: a trainer left running by a failed or timed-out test (torchrun
+    ranks, a quickstart's child) would otherwise slow every later test on a 2-core machine."""
+    if not Path("/proc/self/environ").exists():  # not Linux: nothing to scan
+        yield
+        return
+    marker = uuid.uuid4().hex
+    os.environ[STRAY_MARKER] = marker
+    try:
+        yield
+    finally:
+        del os.environ[STRAY_MARKER]
+        for pid in _processes_owned_by(marker):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def pytest_collection_modifyitems(config, items):

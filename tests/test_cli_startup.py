@@ -36,7 +36,7 @@ print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), 
 def _probe(command: str, *args: str) -> tuple[dict, str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-c", PROBE, command, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout, proc.stderr
 
 

@@ -56,7 +56,7 @@ def test_dry_run_prints_plan_and_te_warning():
            "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
     proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config",
                            "examples/recipes/paper2_1p7b_binary.yaml", "--vocab-size", "49152", "--fp8-format", "hybrid", "--bf16",
-                           "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+                           "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fp8_format"] == "hybrid"  # stdout stays the config alone
     err = proc.stderr.splitlines()

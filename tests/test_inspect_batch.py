@@ -62,7 +62,7 @@ def _run_tool(smollm2, *extra: str) -> list[dict]:
         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SMOLLM2),
         "--max-chars", "100000", "--json", *extra,
     ]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120, cwd=REPO)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
     return [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
 

@@ -106,14 +106,14 @@ def _write_shards(directory: Path) -> list[Path]:
 def _submit(env, inputs, out) -> tuple[int, int]:
     cmd = ["bash", str(SCRIPT), "--input", str(inputs), "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER),
            "--array-size", "3", "--skip-failed", "--", *FLAGS]
-    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
+    res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stdout + res.stderr[-3000:]
     m = re.search(r"array job (\d+) .* manifest job (\d+)", res.stdout)
     assert m, res.stdout
     return int(m.group(1)), int(m.group(2))
 
 
-def _wait_job(shim: Path, job: int, timeout: float = 150) -> dict[int, int]:
+def _wait_job(shim: Path, job: int, timeout: float = 600) -> dict[int, int]:
     deadline = time.monotonic() + timeout
     d = shim / f"job{job}"
     while time.monotonic() < deadline:
@@ -143,7 +143,7 @@ def test_array_job_killed_task_resubmitted_matches_one_process_indexing(tmp_path
     # --dry-run prints the array plan and submits nothing
     res = subprocess.run(["bash", str(SCRIPT), "--input", str(inputs), "--output-dir", str(out), "--tokenizer-model",
                           str(TOKENIZER), "--array-size", "3", "--dry-run", "--", *FLAGS],
-                         env=env, capture_output=True, text=True, timeout=120)
+                         env=env, capture_output=True, text=True, timeout=600)
     assert res.returncode == 0, res.stderr[-3000:]
     assert "# 12 shards, 3 array tasks (0-2) of at most 4 shards" in res.stdout
     assert "task 1: s04 s05 s06 s07" in res.stdout and "--array=0-2 " in res.stdout
@@ -152,7 +152,7 @@ def test_array_job_killed_task_resubmitted_matches_one_process_indexing(tmp_path
     # submission 1: task 1 is SIGKILLed while its second shard (the big one) is being written
     index_job, manifest_job = _submit(env, inputs, out)
     pid_file = shim / f"job{index_job}" / "1.pid"
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 600
     while not (out / f"{BIG}_train_text_document.bin.tmp").exists():
         assert time.monotonic() < deadline, "task 1 never started its second shard"
         time.sleep(0.01)
@@ -189,7 +189,7 @@ def test_array_job_killed_task_resubmitted_matches_one_process_indexing(tmp_path
         if name == NO_ID:
             cli = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--input", str(p), "--output-prefix",
                    str(ref / name), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(TOKENIZER), *FLAGS]
-            assert subprocess.run(cli, env=env, capture_output=True, timeout=120).returncode == 0
+            assert subprocess.run(cli, env=env, capture_output=True, timeout=600).returncode == 0
         else:
             preprocess(PreprocessConfig(input=[str(p)], output_prefix=str(ref / name), tokenizer_type="HuggingFaceTokenizer",
                                         tokenizer_model=str(TOKENIZER), id_key="id", append_eod=True,

@@ -117,7 +117,7 @@ def test_sigterm_saves_a_complete_checkpoint_that_resumes(tmp_path, corpus):
     while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 3):
         time.sleep(0.5)
     proc.send_signal(signal.SIGTERM)
-    out, _ = proc.communicate(timeout=120)
+    out, _ = proc.communicate(timeout=300)
     step = latest_step(ckpt)
     assert step is not None and step >= 3, out[-3000:]
     assert _is_complete_checkpoint(ckpt / f"iter_{step:07d}")

@@ -295,13 +295,13 @@ def test_trainer_refuses_a_manifest_of_another_tokenizer(tmp_path, small_tokeniz
     manifest = tmp_path / "out" / "manifest.json"
     cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(TINY), "--dry-run",
            "--data-manifest", str(manifest), "--tokenizer-model", str(other)]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     error = out.stderr.strip().splitlines()[-1]
     assert error.startswith("python -m megatron_fixedcode.pretrain: error: --data-manifest ") and "fingerprint" in error
     assert "Traceback" not in out.stderr
     for flags in (["--data-path", "x"], ["--data-manifest-weights", "1", "2"]):
-        out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=120)
+        out = subprocess.run(cmd + flags, capture_output=True, text=True, timeout=300)
         assert out.returncode == 2 and "Traceback" not in out.stderr
 
 

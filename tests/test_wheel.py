@@ -70,16 +70,16 @@ def test_wheel_carries_data_and_scripts(installed):
 def test_installed_command_answers_help(installed, script):
     target, ctx = installed
     proc = subprocess.run([str(target / "bin" / script), "-h"], env=ctx["env"], cwd=ctx["cwd"],
-                          capture_output=True, text=True, timeout=120)
+                          capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "usage:" in proc.stdout, proc.stderr
 
 
 def test_installed_analyze_code_and_dry_run(installed):
     target, ctx = installed
     proc = subprocess.run([str(target / "bin" / "mfc-analyze-code"), "--vocab-size", "49152", "--hidden-size", "2048",
-                           "--json"], env=ctx["env"], cwd=ctx["cwd"], capture_output=True, text=True, timeout=120)
+                           "--json"], env=ctx["env"], cwd=ctx["cwd"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and json.loads(proc.stdout)["K"] == 16 and json.loads(proc.stdout)["collisions"] == 0, proc.stderr
     recipe = target / "megatron_fixedcode" / "recipes" / "tiny_cpu.yaml"
     proc = subprocess.run([str(target / "bin" / "mfc-pretrain"), "--config", str(recipe), "--dry-run"],
-                          env=ctx["env"], cwd=ctx["cwd"], capture_output=True, text=True, timeout=120)
+                          env=ctx["env"], cwd=ctx["cwd"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and '"num_layers"' in proc.stdout, proc.stderr
