@@ -34,7 +34,7 @@ def test_two_node_rehearsal_trains_logs_per_node_and_resumes_identically(tmp_pat
     work = tmp_path / "work"
     out = subprocess.run(["bash", str(SCRIPT), "--work-dir", str(work), "--stop-after", "2", "--resume-steps", "3",
                           "--", "--vocab-size", "1024"],
-                         env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+                         env=env, cwd=REPO, capture_output=True, text=True, timeout=900)
     assert out.returncode == 0, (out.stdout + out.stderr)[-6000:]
     assert "identical: " in out.stdout
 

@@ -53,15 +53,28 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
             **({} if launched else {"init_method": f"tcp://127.0.0.1:{_free_port()}", "rank": 0, "world_size": 1}),
         )
     layout.data_parallel_size(dist.get_world_size())
-    parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(
-        tensor_model_parallel_size=layout.tensor_model_parallel_size,
-        pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
-        virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
-        context_parallel_size=layout.context_parallel_size,
-    )
+    if not _groups_match(layout):
+        # Rebuilding would leave the old groups alive (destroy_model_parallel only forgets them): in one
+        # process that builds models repeatedly (tests, export) each gloo group keeps threads running.
+        parallel_state.destroy_model_parallel()
+        parallel_state.initialize_model_parallel(
+            tensor_model_parallel_size=layout.tensor_model_parallel_size,
+            pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
+            virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
+            context_parallel_size=layout.context_parallel_size,
+        )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def _groups_match(layout: ParallelLayout) -> bool:
+    """megatron's groups already exist for this layout (a second initialisation in one process)."""
+    return (parallel_state.model_parallel_is_initialized()
+            and parallel_state.get_tensor_model_parallel_world_size() == layout.tensor_model_parallel_size
+            and parallel_state.get_pipeline_model_parallel_world_size() == layout.pipeline_model_parallel_size
+            and parallel_state.get_context_parallel_world_size() == layout.context_parallel_size
+            and parallel_state.get_virtual_pipeline_model_parallel_world_size()
+            == layout.virtual_pipeline_model_parallel_size)
 
 
 def _free_port() -> int:
