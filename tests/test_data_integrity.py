@@ -302,7 +302,9 @@ def _helper_after_parent_sigkill(tmp_path, make_queue: str) -> bool:
     parent = _python(f"""
         import time, pathlib
         {make_queue}
-        pathlib.Path({str(pid_file)!r}).write_text(str(queue._manager._process.pid))
+        tmp = pathlib.Path({str(pid_file)!r} + ".tmp")
+        tmp.write_text(str(queue._manager._process.pid))
+        tmp.rename({str(pid_file)!r})  # whole or absent: the test reads it as soon as it exists
         time.sleep(600)
     """)
     _wait_for(pid_file, parent)
