@@ -101,3 +101,14 @@ def test_kernel_load_survives_a_lock_left_by_a_killed_process(tmp_path):
                           timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr[-2000:]
+
+
+def test_a_second_initialisation_reuses_the_groups(single_rank):
+    """Rebuilding megatron's groups in one process leaks every old gloo group and its threads."""
+    from megatron.core import parallel_state
+
+    from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
+
+    before = parallel_state.get_data_parallel_group()
+    initialize_distributed(ParallelLayout(), seed=7)
+    assert parallel_state.get_data_parallel_group() is before
