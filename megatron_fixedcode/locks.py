@@ -1,7 +1,9 @@
 """Exclusive per-path locks for writers (preprocess / merge outputs, the trainer's ``--save``).
 
 A lock is ``fcntl.flock(LOCK_EX | LOCK_NB)`` on a lock file next to (or inside) the path it
-guards. The kernel releases it when the holder's last file descriptor on it closes, which
+guards. On a filesystem without flock (Lustre mounted without ``-o flock``: ``ENOSYS``), chosen
+automatically and logged, the lock is the lock file's exclusive creation instead; see
+:meth:`PathLock._acquire_exclusive_create` for its take-over rule. The kernel releases it when the holder's last file descriptor on it closes, which
 includes the holder being killed (``kill -9``), so a lock file left behind by a killed run is
 simply taken over: there is no "stale lock" to clean up by hand and no pid guessing. The lock
 file records who holds it (host, pid, user, command, start time), so a refused second writer
@@ -125,32 +127,14 @@ class PathLock:
         if self._fd is not None:
             return self
         Path(self.lock_file).parent.mkdir(parents=True, exist_ok=True)
-        for _ in range(100):
-            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                os.close(fd)
-                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-                    raise ValueError(f"{self.what}: cannot lock {self.lock_file}: {e.strerror}") from e
-                holder = _read_holder(self.lock_file)
-                raise LockHeld(
-                    f"{self.what} is in use by another run: {describe_holder(holder)} "
-                    f"(lock {self.lock_file}; wait for it to finish or stop it)",
-                    holder, self.lock_file,
-                ) from None
-            try:  # the file we locked must still be the one at the path (see module notes)
-                same = os.stat(self.lock_file).st_ino == os.fstat(fd).st_ino
-            except FileNotFoundError:
-                same = False
-            if not same:
-                os.close(fd)
-                continue
-            break
-        else:  # pragma: no cover - needs 100 lost races
-            raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")
-        previous = _read_holder(self.lock_file)
-        if previous.get("pid"):
+        if _flock_works(Path(self.lock_file).parent):
+            fd = self._acquire_flock()
+        else:
+            logger.info("%s: this filesystem has no flock (e.g. Lustre without -o flock): locking by exclusive "
+                        "create of %s instead", self.what, self.lock_file)
+            fd = self._acquire_exclusive_create()
+        previous = _read_holder(self.lock_file) if self.took_over is None else self.took_over
+        if previous.get("pid") and previous.get("pid") != os.getpid():
             self.took_over = previous
             logger.warning("%s: taking over the lock left by a run that ended without releasing it (%s)",
                            self.what, describe_holder(previous, held=False))
@@ -159,6 +143,61 @@ class PathLock:
         os.fsync(fd)
         self._fd = fd
         return self
+
+    def _refusal(self, holder: dict) -> LockHeld:
+        return LockHeld(f"{self.what} is in use by another run: {describe_holder(holder)} "
+                        f"(lock {self.lock_file}; wait for it to finish or stop it)", holder, self.lock_file)
+
+    def _acquire_flock(self) -> int:
+        for _ in range(100):
+            fd = os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                os.close(fd)
+                if e.errno not in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+                    raise ValueError(f"{self.what}: cannot lock {self.lock_file}: {e.strerror}") from e
+                raise self._refusal(_read_holder(self.lock_file)) from None
+            try:  # the file we locked must still be the one at the path (see module notes)
+                same = os.stat(self.lock_file).st_ino == os.fstat(fd).st_ino
+            except FileNotFoundError:
+                same = False
+            if same:
+                return fd
+            os.close(fd)
+        raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")  # pragma: no cover
+
+    def _acquire_exclusive_create(self) -> int:
+        """Without flock: the lock is the file's existence (``O_CREAT | O_EXCL``). The take-over rule
+        is flock's, as far as it can be checked: a lock whose holder ran on this host and has exited
+        is taken over; one held from another host is refused, naming the file to remove if that run
+        is gone (no kernel on this host can tell)."""
+        for _ in range(100):
+            try:
+                return os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
+            except FileExistsError:
+                pass
+            holder = _read_holder(self.lock_file)
+            if not holder.get("pid") or holder.get("host") != socket.gethostname() or _pid_alive(int(holder["pid"])):
+                error = self._refusal(holder)
+                if holder.get("host") not in (None, socket.gethostname()):
+                    error = LockHeld(f"{error}; if that run is gone, remove {self.lock_file}", holder, self.lock_file)
+                raise error
+            stale = f"{self.lock_file}.stale.{os.getpid()}"
+            try:  # one taker wins the rename; a loser finds the path gone and retries the create
+                os.rename(self.lock_file, stale)
+            except FileNotFoundError:
+                continue
+            if _read_holder(stale) != holder:  # renamed a new holder's file: put it back, refuse
+                try:
+                    os.link(stale, self.lock_file)
+                except FileExistsError:
+                    pass
+                os.unlink(stale)
+                raise self._refusal(_read_holder(self.lock_file))
+            os.unlink(stale)
+            self.took_over = holder
+        raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")  # pragma: no cover
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
@@ -186,6 +225,29 @@ class PathLock:
                 os.close(self._fd)
             except OSError:
                 pass
+
+
+_NO_FLOCK = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
+
+
+def _flock_works(directory: Path) -> bool:
+    """Whether ``flock`` works on the filesystem of ``directory`` (a probe file, removed)."""
+    probe = directory / f".mfc_flock_probe.{socket.gethostname()}.{os.getpid()}"
+    fd = os.open(probe, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        return True
+    except OSError as e:
+        if e.errno in _NO_FLOCK:
+            return False
+        return True  # held by someone (cannot be: the name is ours) or transient: flock exists
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(probe)
+        except FileNotFoundError:
+            pass
 
 
 def _holder_pid(fd: int) -> int:

@@ -19,7 +19,7 @@ from megatron_fixedcode.training.arguments import parse_pretrain_args
 def _print_plan(a) -> None:
     """On stderr (stdout is the config JSON that launchers read): TE warning, layout, memory per GPU
     for ``WORLD_SIZE`` GPUs (1 when unset; the Slurm launchers set it for their dry runs)."""
-    from megatron_fixedcode.training.plan import format_plan, plan, te_warning
+    from megatron_fixedcode.training.dry_run import format_plan, plan, te_warning
 
     warning = te_warning(a)
     if warning:

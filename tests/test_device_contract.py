@@ -136,17 +136,17 @@ def test_collective_counter_records_the_device_of_every_tensor(single_rank):
 
 
 def test_trainer_collectives_use_the_trainer_device(monkeypatch):
-    """_global_sum/_any_rank build their tensors on the device they are given, never by default on
+    """global_sum/any_rank build their tensors on the device they are given, never by default on
     the CPU (NCCL refuses CPU tensors). The collective is intercepted; ``meta`` stands in for a GPU."""
-    from megatron_fixedcode.training import loop
+    from megatron_fixedcode.training import rank_agreement
 
     devices = []
-    monkeypatch.setattr(loop.dist, "all_reduce", lambda t, **kw: devices.append(t.device))
+    monkeypatch.setattr(rank_agreement.dist, "all_reduce", lambda t, **kw: devices.append(t.device))
     meta = torch.device("meta")
     with pytest.raises((NotImplementedError, RuntimeError)):  # reading a meta tensor back: there is no data
-        loop._global_sum([1.0, 2.0], meta)
+        rank_agreement.global_sum([1.0, 2.0], meta)
     with pytest.raises((NotImplementedError, RuntimeError)):
-        loop._any_rank(True, meta)
+        rank_agreement.any_rank(True, meta)
     assert devices == [meta, meta]
 
 
@@ -202,7 +202,7 @@ def _run_pretraining(argv, caplog):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal on a machine without a GPU")
 def test_no_gpu_under_the_slurm_launchers_is_refused(monkeypatch, caplog):
-    from megatron_fixedcode.training.loop import NO_GPU_UNDER_LAUNCHER
+    from megatron_fixedcode.training.runtime_checks import NO_GPU_UNDER_LAUNCHER
 
     monkeypatch.setenv("MFC_REQUIRE_CUDA", "1")
     assert _run_pretraining([], caplog) == (2, [NO_GPU_UNDER_LAUNCHER])
@@ -212,7 +212,7 @@ def test_no_gpu_under_the_slurm_launchers_is_refused(monkeypatch, caplog):
 
 
 def test_context_parallel_is_refused_until_proven_on_a_gpu(monkeypatch, caplog):
-    from megatron_fixedcode.training.loop import CONTEXT_PARALLEL_UNPROVEN
+    from megatron_fixedcode.training.runtime_checks import CONTEXT_PARALLEL_UNPROVEN
 
     monkeypatch.delenv("MFC_REQUIRE_CUDA", raising=False)
     assert _run_pretraining(["--context-parallel-size", "2"], caplog) == (2, [CONTEXT_PARALLEL_UNPROVEN])

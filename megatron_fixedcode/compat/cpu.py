@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import functools
 import importlib
 import logging
 
@@ -25,6 +26,7 @@ _MODULES_WITH_CUDA_LITERALS = (
     "megatron.core.optimizer.grad_scaler",      # loss-scale scalars
     "megatron.core.rerun_state_machine",        # validation scalars
     "megatron.core.utils",                      # local_multi_tensor_l2_norm result
+    "megatron.core.dist_checkpointing.exchange_utils",  # empty tensors of the fully parallel load's exchange
 )
 
 
@@ -157,6 +159,46 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
         torch._foreach_mul_(grads, clip_coeff)
 
 
+# megatron methods that treat every tensor as a CUDA tensor: they compare ``Tensor.type()`` with
+# 'torch.cuda.*Tensor' names (the optimizers sort parameters by it, and refuse others) or move
+# tensors with ``.cuda()`` before a collective (gathers of the distributed optimizer's state, the
+# fully parallel load's exchange). They run under :func:`_tensors_act_as_cuda`.
+_METHODS_ASSUMING_CUDA_TENSORS = (
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "__init__"),
+    ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),
+    ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params", "__init__"),
+    ("megatron.core.dist_checkpointing.strategies.fully_parallel", "FullyParallelLoadStrategyWrapper", "load"),
+)
+
+
+@contextlib.contextmanager
+def _tensors_act_as_cuda():
+    """While active, a CPU tensor's ``type()`` answers with its CUDA name ('torch.cuda.FloatTensor')
+    and its ``cuda()`` returns it as it is (gloo reduces CPU tensors)."""
+    cpu_type, cpu_cuda = torch.Tensor.type, torch.Tensor.cuda
+
+    def cuda_named_type(self, dtype=None, non_blocking=False, **kwargs):
+        if dtype is None and not kwargs and self.device.type == "cpu":
+            return cpu_type(self).replace("torch.", "torch.cuda.", 1)
+        return cpu_type(self, dtype, non_blocking, **kwargs)
+
+    torch.Tensor.type = cuda_named_type
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.type, torch.Tensor.cuda = cpu_type, cpu_cuda
+
+
+def _under_tensors_act_as_cuda(method):
+    @functools.wraps(method)
+    def wrapped(*args, **kwargs):
+        with _tensors_act_as_cuda():
+            return method(*args, **kwargs)
+
+    return wrapped
+
+
 def _logits_max_without_argmax(vocab_parallel_logits: torch.Tensor):
     """megatron's VocabParallelCrossEntropy.calculate_logits_max with amax for max(dim)[0]."""
     vocab_parallel_logits = vocab_parallel_logits.float()
@@ -213,6 +255,10 @@ def apply_cpu_patches() -> bool:
     # WrappedTorchNorm refuses sequence parallelism; its parameters only need the
     # `sequence_parallel` tag so finalize_model_grads all-reduces their gradients.
     torch_norm.WrappedTorchNorm.__new__ = _sequence_parallel_torch_norm(torch_norm.WrappedTorchNorm.__new__)
+    # These methods compare Tensor.type() with CUDA names or call .cuda(): CPU tensors act as CUDA ones there.
+    for module, cls, method in _METHODS_ASSUMING_CUDA_TENSORS:
+        owner = getattr(importlib.import_module(module), cls)
+        setattr(owner, method, _under_tensors_act_as_cuda(getattr(owner, method)))
     # Gradient clipping asserts grad.type() == 'torch.cuda.FloatTensor'; clip CPU grads the same way.
     mcore_optimizer.clip_grad_by_total_norm_fp32 = _clip_grad_by_total_norm_cpu
     # Without TE/apex megatron builds torch.optim.AdamW with its defaults, the per-parameter for-loop

@@ -14,6 +14,7 @@ from megatron.core import parallel_state, tensor_parallel
 from megatron.core.process_groups_config import ProcessGroupCollection
 
 from megatron_fixedcode.compat.cpu import apply_cpu_patches
+from megatron_fixedcode.compat.torch_adam import apply_torch_adam_patches
 from megatron_fixedcode.compat.layout import ParallelLayout  # noqa: F401  (re-exported)
 
 
@@ -41,6 +42,7 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
     """Start torch.distributed from torchrun's environment (NCCL on GPUs, gloo on CPU), build
     megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1."""
     on_cpu = apply_cpu_patches()
+    apply_torch_adam_patches()  # on GPUs too, where neither TE nor apex is installed
     if not dist.is_initialized():
         if not on_cpu:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))

@@ -17,7 +17,6 @@ the parallel layout.
 from __future__ import annotations
 
 import contextlib
-import copy
 
 import torch
 from megatron.core import tensor_parallel
@@ -39,41 +38,39 @@ def layer_init_seed(seed: int, global_layer_number: int) -> int:
     return seed + _LAYER_SEED_STRIDE * global_layer_number
 
 
-def capture_rng_state(all_devices: bool = False) -> dict:
-    """A snapshot of every stream: torch's CPU generator, the CUDA generator of the current device
-    (of every device with ``all_devices``) and megatron's tracked streams. Checkpoints save it
-    (per rank), :func:`seeded_streams` takes one around its body; :func:`restore_rng_state`
-    puts it back."""
-    cuda = None
-    if torch.cuda.is_available():
-        cuda = torch.cuda.get_rng_state_all() if all_devices else torch.cuda.get_rng_state()
-    return {"torch": torch.get_rng_state(), "cuda": cuda,
-            "tracker": {k: v.clone() for k, v in get_cuda_rng_tracker().get_states().items()}}
+def capture_rng_state() -> dict:
+    """The one snapshot of every stream megatron draws from on this rank: torch's CPU generator,
+    the CUDA generator of this rank's device, and the RNG tracker's named states with their seeds.
+    Checkpoints save it (per rank), :func:`seeded_streams` takes one around its body (model init,
+    the learned table's detour); :func:`restore_rng_state` puts it back."""
+    tracker = get_cuda_rng_tracker()
+    return {"torch": torch.get_rng_state(),
+            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+            "tracker": {k: v.clone() for k, v in tracker.get_states().items()},
+            "tracker_seeds": sorted(tracker.seeds_)}
 
 
 def restore_rng_state(state: dict) -> None:
     torch.set_rng_state(state["torch"])
     if state["cuda"] is not None and torch.cuda.is_available():
-        if isinstance(state["cuda"], (list, tuple)):
-            torch.cuda.set_rng_state_all(state["cuda"])
-        else:
-            torch.cuda.set_rng_state(state["cuda"])
-    get_cuda_rng_tracker().set_states(state["tracker"])
+        torch.cuda.set_rng_state(state["cuda"])
+    tracker = get_cuda_rng_tracker()
+    tracker.set_states(state["tracker"])
+    if "tracker_seeds" in state:  # checkpoints of earlier versions kept the states only
+        tracker.seeds_ = set(state["tracker_seeds"])
 
 
 @contextlib.contextmanager
 def seeded_streams(seed: int):
-    """Run the body on every stream seeded from ``seed``, then restore every stream as it was
-    (``seed_streams`` seeds every CUDA device, so every device's generator is restored)."""
-    tracker = get_cuda_rng_tracker()
-    saved = capture_rng_state(all_devices=True)
-    tracker_seeds = copy.copy(tracker.seeds_)
+    """Run the body on every stream seeded from ``seed``, then restore every stream as it was.
+    (``torch.manual_seed`` also reseeds the generators of other CUDA devices, which this rank never
+    draws from.)"""
+    saved = capture_rng_state()
     try:
         seed_streams(seed)
         yield
     finally:
         restore_rng_state(saved)
-        tracker.seeds_ = tracker_seeds
 
 
 def rng_detour(seed_offset: int = _DETOUR_SEED_OFFSET):

@@ -66,10 +66,14 @@ def _warn_once(message: str) -> None:
     logger.warning("%s", message)
 
 
-def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrides) -> TransformerConfig:
+def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_layers: bool | None = None,
+                             **overrides) -> TransformerConfig:
     """Megatron TransformerConfig for the block of ``cfg`` (init std 0.02, out-projections
-    0.02/sqrt(2L) — megatron's default output_layer_init_method)."""
+    0.02/sqrt(2L) — megatron's default output_layer_init_method). ``te_layers``: the trainer's
+    decision (:func:`use_transformer_engine`, taken once); None decides it here."""
     block = BLOCKS[cfg.block]
+    if te_layers is None:
+        te_layers = use_transformer_engine(cfg)
     fields = dict(
         num_layers=cfg.num_layers,
         hidden_size=cfg.hidden_size,
@@ -96,7 +100,10 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, **overrid
         recompute_method="uniform" if cfg.recompute_granularity == "full" else None,
         recompute_num_layers=1 if cfg.recompute_granularity == "full" else None,
         pipeline_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
-        transformer_impl="transformer_engine" if use_transformer_engine(cfg) else "local",
+        # PP > 1: free each stage's output activations once sent (Megatron-LM sets it); only the
+        # grad_fn is needed for the backward
+        deallocate_pipeline_outputs=layout.pipeline_model_parallel_size > 1,
+        transformer_impl="transformer_engine" if te_layers else "local",
     )
     if cfg.fp8:
         fields.update(fp8=cfg.fp8, fp8_recipe=cfg.fp8_recipe, fp8_amax_history_len=cfg.fp8_amax_history_len,

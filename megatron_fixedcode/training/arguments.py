@@ -78,7 +78,13 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
     g.add_argument("--context-parallel-size", type=int, default=1)
     g.add_argument("--sequence-parallel", action="store_true")
-    g.add_argument("--use-distributed-optimizer", action="store_true")
+    g.add_argument("--use-distributed-optimizer", action="store_true",
+                   help="megatron's distributed optimizer: Adam state and FP32 main weights sharded over DP ranks")
+    g.add_argument("--no-dist-ckpt-optim-fully-reshardable", dest="dist_ckpt_optim_fully_reshardable",
+                   action="store_false", default=True,
+                   help="save the distributed optimizer's state in megatron's dp_reshardable format (no gather "
+                        "at save time, but a resume keeps Adam's state only on the same TP and PP sizes); "
+                        "default: fully_reshardable, which resumes on any layout (docs/training.md)")
     g.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; bf16 (megatron's BF16 mode: BF16 weights, FP32 master weights in the optimizer); "
                         "fp32-autocast-bf16 (paper 2: FP32 parameters, residual stream and norms, matmuls under "
@@ -98,9 +104,14 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
     g.add_argument("--fp8-param-gather", action="store_true",
                    help="keep TE weights in FP8 and all-gather them in FP8 (needs --use-distributed-optimizer)")
-    g.add_argument("--overlap-grad-reduce", action="store_true", help="overlap DP gradient reduction with backward")
+    g.add_argument("--overlap-grad-reduce", action="store_true",
+                   help="overlap DP gradient reduction with backward (async collectives; on gloo too)")
+    g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
+                   help="turn it off (the paper-2 recipes turn it on)")
     g.add_argument("--overlap-param-gather", action="store_true",
                    help="overlap the distributed optimizer's parameter all-gather with the next forward")
+    g.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_false",
+                   help="turn it off (the paper-2 recipes turn it on)")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
     g = p.add_argument_group("GPU kernel fusions and TF32 (Megatron-LM's defaults: on where this machine has "

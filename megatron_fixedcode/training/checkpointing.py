@@ -2,21 +2,24 @@
 
 Layout: ``SAVE/iter_0000100/`` per checkpoint, ``SAVE/latest_checkpointed_iteration.txt`` naming
 the newest *complete* one — written (atomically) only after every rank finished saving, so a
-crash while saving leaves the previous checkpoint as the one that loads. Model weights reshard
-to any TP/PP layout on load; optimizer state and RNG are kept when only the data-parallel size
-changed (see :func:`load_checkpoint`).
+crash while saving leaves the previous checkpoint as the one that loads. Weights and optimizer
+state reshard to any TP/PP/DP layout on load; what a load keeps is decided in
+:mod:`megatron_fixedcode.training.resume_scope`. Saves and loads use megatron's fully parallel
+strategy wrappers (the data-parallel ranks share the replicated tensors' writes and reads).
 
-Integrity: after every rank finished writing, rank 0 records the size and SHA-256 of every file
-of the checkpoint in ``iter_N/checksums.json`` — the last file written before the ``latest``
-marker moves, so the marker covers it. Every load (``--load``, ``--skip-train``, the HF
-converter, ``tools/evaluate.py``) verifies them first and refuses a checkpoint whose bytes
-changed, naming the file and the newest older checkpoint that verifies (``--ckpt-step N``).
+Integrity: after every rank finished writing, each rank hashes the files it wrote and rank 0
+records the size and SHA-256 of every file in ``iter_N/checksums.json`` — the last file written
+before the ``latest`` marker moves, so the marker covers it. Every load (``--load``,
+``--skip-train``, the HF converter, ``tools/evaluate.py``) verifies them first (the trainer's ranks
+each hash a share) and refuses a checkpoint whose bytes changed, naming the file and the newest
+older checkpoint that verifies (``--ckpt-step N``).
 """
 from __future__ import annotations
 
 import json
 import logging
 import os
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -27,10 +30,24 @@ from megatron.core import dist_checkpointing
 from megatron.core.dist_checkpointing.mapping import ShardedObject
 
 from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.training.resume_scope import DP_RESHARDABLE, FULLY_RESHARDABLE, PER_PARAMETER, resume_scope
 
 logger = logging.getLogger(__name__)
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
 CHECKSUMS = "checksums.json"
+
+
+def optimizer_format(optimizer, fully_reshardable: bool = True) -> str:
+    """How ``optimizer`` stores its state in a checkpoint (:mod:`resume_scope`'s formats)."""
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if not any(type(p).__name__ == "DistributedOptimizer" for p in parts):
+        return PER_PARAMETER
+    return FULLY_RESHARDABLE if fully_reshardable else DP_RESHARDABLE
+
+
+def _optimizer_metadata(fmt: str) -> dict:
+    """megatron's sharded_state_dict metadata for the format (the plain optimizers ignore it)."""
+    return {"distrib_optim_sharding_type": fmt} if fmt != PER_PARAMETER else {}
 
 
 class CorruptCheckpoint(ValueError):
@@ -51,7 +68,7 @@ def latest_step(root: str | Path) -> int | None:
     return int(text)
 
 
-def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
+def unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
     while hasattr(chunk, "module"):
         chunk = chunk.module
     return chunk
@@ -59,8 +76,8 @@ def _unwrap(chunk: torch.nn.Module) -> torch.nn.Module:
 
 def model_sharded_state(chunks: list[torch.nn.Module]) -> dict[str, Any]:
     if len(chunks) == 1:
-        return {"model": _unwrap(chunks[0]).sharded_state_dict()}
-    return {f"model{i}": _unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
+        return {"model": unwrap(chunks[0]).sharded_state_dict()}
+    return {f"model{i}": unwrap(c).sharded_state_dict() for i, c in enumerate(chunks)}
 
 
 def _rng_object(world_size: int, rank: int, data: Any = None) -> ShardedObject:
@@ -87,13 +104,87 @@ def _fsync_write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def _checkpoint_files(target: Path) -> list[Path]:
+    return sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
+
+
+def _file_record(target: Path, path: Path) -> tuple[str, dict]:
+    return str(path.relative_to(target)), {"size": path.stat().st_size, "sha256": file_sha256(path)}
+
+
+def _write_manifest(target: Path, files: dict) -> None:
+    _fsync_write(target / CHECKSUMS, json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
+
+
 def write_checksums(target: Path) -> None:
-    """Record size and SHA-256 of every file under ``target`` (call once every rank has written)."""
+    """Record size and SHA-256 of every file under ``target`` (one process; call once every rank
+    has written)."""
     target = Path(target)
-    files = sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
-    manifest = {"algorithm": "sha256",
-                "files": {str(p.relative_to(target)): {"size": p.stat().st_size, "sha256": file_sha256(p)} for p in files}}
-    _fsync_write(target / CHECKSUMS, json.dumps(manifest, indent=1, sort_keys=True))
+    _write_manifest(target, dict(_file_record(target, p) for p in _checkpoint_files(target)))
+
+
+_RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist: rank r writes __r_<thread>.distcp
+
+
+def record_checksums(target: Path) -> None:
+    """:func:`write_checksums` spread over the ranks: each rank hashes the shard files it wrote
+    (``__<rank>_*.distcp``), rank 0 the common files too and anything no rank claimed; rank 0
+    merges and writes them (a collective: every rank calls it)."""
+    target, rank, world = Path(target), dist.get_rank(), dist.get_world_size()
+    files = _checkpoint_files(target)
+
+    def writer(p: Path) -> int:
+        m = _RANK_FILE.search(p.name)
+        return int(m.group(1)) if m and int(m.group(1)) < world else 0
+
+    mine = dict(_file_record(target, p) for p in files if writer(p) == rank)
+    gathered: list[dict | None] = [None] * world
+    dist.all_gather_object(gathered, mine)
+    if rank == 0:
+        _write_manifest(target, {k: v for part in gathered for k, v in part.items()})
+    dist.barrier()
+
+
+def verify_checkpoint_share(target: str | Path, rank: int, world: int) -> str | None:
+    """Hash this rank's share (every ``world``-th recorded file, from ``rank``) of a checkpoint;
+    the error message, or None. Sizes and presence of every file were checked before."""
+    target = Path(target)
+    try:
+        files = json.loads((target / CHECKSUMS).read_text())["files"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return None  # verify_checkpoint reported (or warned about) the record itself
+    for name in sorted(files)[rank::world]:
+        if file_sha256(target / name) != files[name]["sha256"]:
+            return f"{target / name}: SHA-256 differs from the one recorded when it was saved (corrupt bytes)"
+    return None
+
+
+def corrupt_message(root: str | Path, step: int, error: str) -> str:
+    return f"checkpoint {checkpoint_dir(root, step)} is corrupt: {error}{_way_forward(root, step)}"
+
+
+def _data_parallel_group():
+    from megatron.core import parallel_state
+
+    return parallel_state.get_data_parallel_group(with_context_parallel=True)
+
+
+def _save_strategy():
+    """Megatron-LM's default: the fully parallel wrapper spreads the writes of replicated tensors
+    over the data-parallel ranks (without it DP rank 0 writes every one of them)."""
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), _data_parallel_group())
+
+
+def _load_strategy(target: Path) -> dict:
+    """Each data-parallel rank reads a share of the replicated tensors and they exchange them."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    return {"sharded_strategy": FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(target)),
+                                                                 _data_parallel_group())}
 
 
 def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
@@ -166,7 +257,7 @@ def verified_step(root: str | Path, step: int | None = None, hash_files: bool = 
     try:
         verify_checkpoint(target, hash_files)
     except CorruptCheckpoint as e:
-        raise CorruptCheckpoint(f"checkpoint {target} is corrupt: {e}{_way_forward(root, resolved)}") from None
+        raise CorruptCheckpoint(corrupt_message(root, resolved, str(e))) from None
     return resolved
 
 
@@ -197,17 +288,18 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     model_state = model_sharded_state(chunks)
     state = {
         **model_state,
-        "optimizer": optimizer.sharded_state_dict(model_state),
+        "optimizer": optimizer.sharded_state_dict(
+            model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))),
         "opt_param_scheduler": scheduler.state_dict(),
         "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True},
         "rng": _rng_object(world, rank, capture_rng_state()),
         "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
     _fork_results_queue()
-    dist_checkpointing.save(state, str(target))
+    dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
     dist.barrier()
+    record_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
     if rank == 0:
-        write_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
         _prune(Path(root), keep_last, step)
     dist.barrier()
@@ -243,13 +335,10 @@ def read_common_state(root: str, step: int) -> dict:
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
                     weights_only: bool = False) -> dict | None:
-    """Restore model (any layout), and unless ``weights_only`` scheduler, optimizer and RNG:
-
-    * same layout: everything, each rank its own RNG states (a bit-identical resume);
-    * another data-parallel size, same TP and PP: the optimizer state (megatron-core's sharded
-      optimizer state is keyed by model parameter, so it reshards across DP) and, as Megatron-LM
-      does, the RNG states of data-parallel rank 0 of each (PP, TP) rank on every DP rank;
-    * another TP or PP size: weights resharded; optimizer state and RNG start fresh (logged).
+    """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
+    state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
+    without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
+    optimizer's main weights, so its first step updates them and not the initial ones.
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
     from megatron_fixedcode.compat.rng import restore_rng_state
@@ -260,32 +349,34 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     target = checkpoint_dir(root, step)
     trainer_state = read_trainer_state(root, step)
     saved, now = trainer_state["layout"], _current_layout(trainer_state)
-    same_layout = saved == now and not weights_only
-    same_model_parallel = all(saved[k] == now[k] for k in ("tp_size", "pp_size")) and not weights_only
-    rng_by_mp = same_model_parallel and not same_layout and trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False)
+    saved_format = trainer_state.get("optimizer_format", PER_PARAMETER)  # earlier versions: plain optimizers only
+    scope = resume_scope(saved, now, weights_only=weights_only,
+                         rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+                         saved_optimizer_format=saved_format,
+                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER)
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
-    if same_model_parallel:
-        template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True)
-    if same_layout:
+    if scope.optimizer:
+        template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
+                                                             metadata=_optimizer_metadata(saved_format))
+    if scope.rng == "per_rank":
         template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
-    elif rng_by_mp:
-        template["rng_tp_pp"] = _model_parallel_rng_object({**_ranks(), "dp_rank": 0})
-    loaded = dist_checkpointing.load(template, str(target))
+    elif scope.rng == "per_model_parallel_rank":  # every DP rank reads the object DP rank 0 saved
+        template["rng_tp_pp"] = _model_parallel_rng_object(_ranks())
+    loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
     for i, chunk in enumerate(chunks):
-        _unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
-    if same_model_parallel:
+        unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    if scope.optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
-    if same_layout:
+    elif optimizer is not None and scope.reload_main_weights:
+        optimizer.reload_model_params()
+    if scope.rng == "per_rank":
         restore_rng_state(loaded["rng"])
-    elif rng_by_mp:
+    elif scope.rng == "per_model_parallel_rank":
         restore_rng_state(loaded["rng_tp_pp"])
-    if not same_layout and not weights_only:
-        kept = ("optimizer state and the RNG states of data-parallel rank 0 kept" if rng_by_mp
-                else "optimizer state kept, RNG starts fresh (checkpoint saved without per-model-parallel-rank RNG)"
-                if same_model_parallel else "optimizer state and RNG start fresh (TP/PP changed)")
-        logger.warning("checkpoint layout %s differs from this run's %s: weights resharded, %s", saved, now, kept)
-    if not weights_only:
+    if saved != now and not weights_only:
+        logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
+    if scope.scheduler:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state

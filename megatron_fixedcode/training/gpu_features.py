@@ -40,13 +40,11 @@ def check_gpu_features(a: argparse.Namespace) -> None:
     wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"),
                                       (f"--fp8-format {a.fp8_format}", a.fp8_format is not None),
                                       ("--tp-comm-overlap", a.tp_comm_overlap)) if on]
-    if not on_gpu:
-        gpu_only = wants_te + [f for f, on in (("--overlap-grad-reduce", a.overlap_grad_reduce),
-                                               ("--overlap-param-gather", a.overlap_param_gather)) if on]
-        if gpu_only:
-            raise ValueError(f"{', '.join(gpu_only)} needs a CUDA GPU (this machine has none); "
-                             "on CPU drop it (training runs with local layers, FP32, no overlap)"
-                             + (f"; on the GPU machine {TE_INSTALL_HINT}" if wants_te else ""))
+    if not on_gpu:  # overlap of grad reduce / param gather runs on gloo too (async collectives, no streams)
+        if wants_te:
+            raise ValueError(f"{', '.join(wants_te)} needs a CUDA GPU (this machine has none); "
+                             "on CPU drop it (training runs with megatron-core's local layers: --transformer-impl local)"
+                             f"; on the GPU machine {TE_INSTALL_HINT}")
         return
     if wants_te and not has_te:
         raise ValueError(f"{', '.join(wants_te)} needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}")
@@ -71,6 +69,17 @@ def initialize_tp_comm_overlap(a: argparse.Namespace) -> None:
 def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
     parts = getattr(optimizer, "chained_optimizers", [optimizer])
     return [p.optimizer for p in parts if getattr(p, "optimizer", None) is not None]
+
+
+def describe_optimizer(optimizer, inner: str) -> str:
+    """``inner`` (the torch optimizer) named with megatron's wrapper when that is more than FP32
+    plain Adam: its distributed optimizer, or BF16 weights with FP32 main weights."""
+    wrappers = {type(p).__name__ for p in getattr(optimizer, "chained_optimizers", [optimizer])}
+    if "DistributedOptimizer" in wrappers:
+        return f"megatron DistributedOptimizer (Adam state sharded over data-parallel ranks) over {inner}"
+    if "Float16OptimizerWithFloat16Params" in wrappers:
+        return f"megatron Float16OptimizerWithFloat16Params (FP32 main weights) over {inner}"
+    return inner
 
 
 def use_fused_adamw(optimizer) -> str:

@@ -25,6 +25,7 @@ def build_model_chunks(
     use_distributed_optimizer: bool = False,
     overlap_grad_reduce: bool = False,
     overlap_param_gather: bool = False,
+    check_for_nan_in_grad: bool = False,
     device: torch.device | str | None = None,
 ) -> list[torch.nn.Module]:
     """One chunk per virtual pipeline stage; the first stage embeds, the last has the head.
@@ -66,6 +67,8 @@ def build_model_chunks(
         align_param_gather=overlap_param_gather and num_vp > 1,
         use_distributed_optimizer=use_distributed_optimizer,
         fp8_param_gather=config.fp8_param,
+        # each rank checks its own gradients before the reduction: a NaN or Inf names the rank
+        check_for_nan_in_grad=check_for_nan_in_grad,
     )
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,

@@ -152,3 +152,14 @@ def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> Value
         reason = f"{type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
         name = path
     return ValueError(f"cannot write checkpoint {name}: {reason}; the last complete checkpoint is kept")
+
+
+def check_save_dir(save: str, rank0: bool) -> None:
+    """The first rank of every node proves it can write to ``--save`` (each node writes its
+    ranks' shards there); rank 0 reports for its node, another node's first rank for its own."""
+    try:
+        check_save_dir_writable(save)
+    except ValueError as e:
+        if not rank0:
+            logger.error("node %s: %s", os.environ.get("GROUP_RANK", "?"), e)
+        raise

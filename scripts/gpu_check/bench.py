@@ -120,7 +120,8 @@ def run(a: argparse.Namespace) -> dict:
 
     from megatron_fixedcode.training import checkpointing
     from megatron_fixedcode.training.arguments import parse_pretrain_args
-    from megatron_fixedcode.training.loop import Trainer, _check_runtime
+    from megatron_fixedcode.training.runtime_checks import check_runtime
+    from megatron_fixedcode.training.trainer import Trainer
 
     prefix = make_data(Path(a.data_dir), num_tokens=200_000 if a.cpu_smoke else 2_000_000)
     argv = trainer_argv(a.variant, prefix, a.warmup + a.steps, a.micro_batch_size, a.global_batch_size, a.num_layers)
@@ -132,7 +133,7 @@ def run(a: argparse.Namespace) -> dict:
     if a.cpu_smoke:
         cfg.args.bf16, cfg.args.precision = False, "fp32"
         cfg.optim = dataclasses.replace(cfg.optim, use_distributed_optimizer=False)
-    _check_runtime(cfg)
+    check_runtime(cfg)
     t0 = time.perf_counter()
     trainer = Trainer(cfg)
     build_s = time.perf_counter() - t0
@@ -143,7 +144,7 @@ def run(a: argparse.Namespace) -> dict:
             named = [(f"arg{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
             batch_devices.update({n: str(v.device) for n, v in named if isinstance(v, torch.Tensor)})
 
-    hooks = [checkpointing._unwrap(c).register_forward_pre_hook(record_batch, with_kwargs=True) for c in trainer.chunks]
+    hooks = [checkpointing.unwrap(c).register_forward_pre_hook(record_batch, with_kwargs=True) for c in trainer.chunks]
     losses, times = [], []
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)

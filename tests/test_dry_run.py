@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from megatron_fixedcode.training.arguments import parse_pretrain_args
-from megatron_fixedcode.training.plan import GB, plan
+from megatron_fixedcode.training.dry_run import GB, plan
 from tests.helpers import REPO
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None

@@ -1,0 +1,26 @@
+"""How a run ends badly: the exceptions the trainer raises and the exit codes they map to
+(:func:`megatron_fixedcode.training.loop.run_pretraining`). Each is raised alike on every rank,
+so rank 0 alone reports it in one line."""
+from __future__ import annotations
+
+
+class NonFiniteTraining(RuntimeError):
+    """A non-finite loss or gradient norm (``--check-for-nan-in-loss-and-grad``). ``local``: found
+    by one rank in its own gradients (megatron DDP's check), so that rank reports it (naming
+    itself) and exits; the launcher stops the others."""
+
+    def __init__(self, message: str, local: bool = False):
+        super().__init__(message)
+        self.local = local
+
+
+class DataError(ValueError):
+    """Data that cannot be trained on as given (a damaged shard, a ``.bin``/``.idx`` mismatch, a
+    token id outside the vocabulary): a user error, one line on rank 0 and exit code 2."""
+
+
+class SaveFailed(ValueError):
+    """A checkpoint could not be written (no space left on device, an OS error); the last
+    complete checkpoint is kept. One line on rank 0, exit code 2."""
+
+

@@ -1,0 +1,243 @@
+"""The run plan: every decision taken before a process group exists, as pure functions of the
+parsed flags and the checkpoint's metadata (testable without torch.distributed).
+
+* :func:`plan_run` — tokenizer, model config, data-parallel size, global batch, token budget
+  (``max_steps``), the load step, and the refusals of a resume that would not continue its run;
+* :func:`stream_identity` — what fixes the sample stream (a resume must match it);
+* :func:`reconcile_schedule` — Megatron-LM's rules for a checkpoint's LR schedule against the flags;
+* what a load restores on another layout (Adam's state, the scheduler, the RNG) is decided in
+  :mod:`megatron_fixedcode.training.resume_scope`, which checkpointing applies.
+
+A user error found here is a ``ValueError``: one line on rank 0 and exit code 2, no traceback per rank.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import types
+from pathlib import Path
+
+from megatron_fixedcode.tokenizers import build_tokenizer
+from megatron_fixedcode.training import checkpointing
+from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.resume_scope import PER_PARAMETER, resume_scope
+from megatron_fixedcode.training.runtime_checks import check_runtime
+
+logger = logging.getLogger(__name__)
+
+
+def resolve_data_paths(paths: list[str] | None) -> list[str] | None:
+    """Prefixes as absolute, symlink-free paths (blend weights kept): the same files given as a
+    relative or an absolute path compare equal."""
+    if paths is None:
+        return None
+    out = []
+    for p in paths:
+        try:
+            float(p)
+            out.append(p)
+        except ValueError:
+            out.append(os.path.realpath(p))
+    return out
+
+
+def stream_identity(a, global_batch: int, max_steps: int) -> dict:
+    """What fixes the sample stream; a resume must match it to continue exactly."""
+    ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
+             "dataset_type": a.dataset_type, "data_path": resolve_data_paths(a.data_path),
+             "valid_data_path": resolve_data_paths(a.valid_data_path)}
+    if a.dataset_type == "document_windows":
+        ident["samples_per_shard_visit"] = a.samples_per_shard_visit
+    elif a.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
+        ident["sft_fields"] = [a.sft_prompt_key, a.sft_response_key, a.sft_messages_key]
+    else:  # megatron's GPT shuffle is sized by the total number of samples
+        ident["num_train_samples"] = max_steps * global_batch
+    return ident
+
+
+# Fields of the model a checkpoint's weights are shaped by: a resume (or --finetune) must match them.
+ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
+                       "ffn_hidden_size", "block")  # the input interface: its own check below
+# The scheduler's state → the flags that set it.
+SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
+                  "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
+                  "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay"}
+
+
+def scheduler_settings(o, max_steps: int) -> dict:
+    return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": o.lr_warmup_iters,
+            "lr_decay_steps": o.lr_decay_iters or max(max_steps, o.lr_warmup_iters + 1),
+            "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay}
+
+
+def planned_layout(cfg: PretrainConfig, dp_size: int) -> dict:
+    """This run's layout as checkpoints record it (``trainer_state["layout"]``)."""
+    layout = cfg.layout
+    return {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "tp_size": layout.tensor_model_parallel_size,
+            "pp_size": layout.pipeline_model_parallel_size, "dp_size": dp_size}
+
+
+def data_parallel_size(layout) -> int:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    model_parallel = (layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
+                      * layout.context_parallel_size)
+    if world % model_parallel:
+        raise ValueError(f"world size {world} is not divisible by tensor x pipeline x context parallel size "
+                         f"= {model_parallel}")
+    return world // model_parallel
+
+
+@dataclasses.dataclass
+class RunPlan:
+    """Everything decided before the process group exists: a user error found here is one line
+    on rank 0 and exit code 2 (no traceback per rank)."""
+
+    tokenizer: object
+    model_cfg: object
+    identity: dict
+    dp_size: int
+    global_batch: int
+    max_steps: int
+    load_step: int | None       # the verified checkpoint to resume from (None: start fresh)
+    schedule: dict              # the LR schedule in force
+    schedule_source: str
+    checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
+
+
+def sft_fields(a):
+    from megatron_fixedcode.data.sft import SFTFields
+
+    return SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key, messages=a.sft_messages_key)
+
+
+def plan_run(cfg: PretrainConfig) -> RunPlan:
+    a, ck = cfg.args, cfg.checkpoint
+    check_runtime(cfg)
+    # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
+    # GPT index reads it; our datasets never mask on it).
+    tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
+                 else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
+                                            fingerprint=f"vocab{a.vocab_size}"))
+    if a.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
+        from megatron_fixedcode.data.sft import fit_to_window, load_sft_examples
+
+        for flag, paths in (("--data-path", a.data_path), ("--valid-data-path", a.valid_data_path)):
+            if paths:
+                fit_to_window(load_sft_examples(paths, sft_fields(a), tokenizer), a.seq_length, flag)
+    model_cfg = cfg.model_config(tokenizer.vocab_size)
+    code = model_cfg.code_spec()
+    identity = {"input_embedding": model_cfg.input_embedding,
+                "code_fingerprint": code.fingerprint if code else "learned",
+                "tokenizer_fingerprint": tokenizer.fingerprint}
+    dp_size = data_parallel_size(cfg.layout)
+    global_batch = cfg.schedule.resolve_global_batch(dp_size)
+    max_steps = cfg.schedule.max_steps(global_batch)
+    schedule = scheduler_settings(cfg.optim, max_steps)
+    plan = RunPlan(tokenizer=tokenizer, model_cfg=model_cfg, identity=identity, dp_size=dp_size,
+                   global_batch=global_batch, max_steps=max_steps, load_step=None, schedule=schedule,
+                   schedule_source="command line")
+    if ck.load:
+        plan.load_step = resolve_load_step(cfg)
+    if plan.load_step is not None:
+        check_resume_compatible(cfg, plan)
+    return plan
+
+
+def same_dir(x: str | None, y: str | None) -> bool:
+    return x is not None and y is not None and os.path.realpath(x) == os.path.realpath(y)
+
+
+def resolve_load_step(cfg: PretrainConfig) -> int | None:
+    """The verified checkpoint step to load; None only for Megatron-LM's auto-resume convention
+    ``--load X --save X`` with nothing in X yet."""
+    ck = cfg.checkpoint
+    # Presence and sizes here; the trainer's ranks hash a share of the files each once the process
+    # group exists (checkpointing.verify_checkpoint_share).
+    step = checkpointing.verified_step(ck.load, ck.load_step, hash_files=False)
+    if step is not None:
+        return step
+    if ck.finetune:
+        raise ValueError(f"--finetune: no complete checkpoint in --load {ck.load}")
+    if same_dir(ck.load, ck.save):
+        if int(os.environ.get("RANK", "0")) == 0:
+            logger.info("--load %s holds no checkpoint yet: starting fresh (it is also --save)", ck.load)
+        return None
+    what = "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpointing.LATEST_MARKER} missing)"
+    raise ValueError(f"--load {ck.load} {what}; to start fresh drop --load, or give the same directory as --save "
+                     "(resume when a checkpoint is there, start fresh otherwise)")
+
+
+def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
+    """Refuse a resume that would not continue the checkpoint's run, naming what differs."""
+    load, a = cfg.checkpoint.load, cfg.args
+    saved = checkpointing.read_trainer_state(load, plan.load_step)
+    where = f"--load {checkpointing.checkpoint_dir(load, plan.load_step)}"
+    now_model = dataclasses.asdict(plan.model_cfg)
+    for field in ARCHITECTURE_FIELDS:
+        before = saved.get("model_config", {}).get(field, now_model[field])
+        if before != now_model[field]:
+            raise ValueError(f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
+                             f"refusing to load weights of another shape (--{field.replace('_', '-')})")
+    ident = saved["identity"]
+    if (ident["input_embedding"], ident["code_fingerprint"]) != (plan.identity["input_embedding"], plan.identity["code_fingerprint"]):
+        raise ValueError(
+            f"{where}: checkpoint was trained with input {ident['input_embedding']} "
+            f"(code {ident['code_fingerprint']}) but this run uses {plan.identity['input_embedding']} "
+            f"(code {plan.identity['code_fingerprint']}); refusing to resume with a different input interface"
+        )
+    if cfg.checkpoint.finetune:
+        return  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+    if "tokenizer_fingerprint" in ident and ident["tokenizer_fingerprint"] != plan.identity["tokenizer_fingerprint"]:
+        rec = saved.get("tokenizer") or {}
+        raise ValueError(
+            f"{where}: checkpoint was trained with tokenizer {rec.get('model') or '(none, --vocab-size)'} "
+            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {a.tokenizer_model or '(none, --vocab-size)'} "
+            f"(fingerprint {plan.identity['tokenizer_fingerprint']}); refusing to resume with another tokenizer "
+            "(to start from these weights with it, give --finetune)")
+    for key, now in stream_identity(a, plan.global_batch, plan.max_steps).items():
+        before = saved.get(key)
+        if key in ("data_path", "valid_data_path"):
+            before = resolve_data_paths(before)  # checkpoints that recorded them as given
+        if before != now:
+            raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
+                             "the data stream would not continue exactly")
+    try:  # what the load will keep; refused here, before any process group, when it cannot
+        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=False,
+                     rng_by_model_parallel_rank=saved.get(checkpointing.RNG_BY_MODEL_PARALLEL_RANK, False),
+                     saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
+                     distributed_optimizer=cfg.optim.use_distributed_optimizer)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+
+
+def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:
+    """Megatron-LM's semantics: the checkpoint's schedule and this run's flags must agree, unless
+    --override-opt-param-scheduler (the flags win) or --use-checkpoint-opt-param-scheduler (the checkpoint wins)."""
+    if not saved_schedule:
+        return
+    plan.checkpoint_schedule = saved_schedule
+    ck = cfg.checkpoint
+    differ = {k: (saved_schedule[k], v) for k, v in plan.schedule.items() if k in saved_schedule and saved_schedule[k] != v}
+    if not differ:
+        plan.schedule_source = "checkpoint = command line"
+    elif ck.override_opt_param_scheduler:
+        plan.schedule_source = "command line (--override-opt-param-scheduler)"
+    elif ck.use_checkpoint_opt_param_scheduler:
+        plan.schedule.update({k: before for k, (before, _) in differ.items()})
+        plan.schedule_source = "checkpoint (--use-checkpoint-opt-param-scheduler)"
+    else:
+        what = "; ".join(f"{k} {before} in the checkpoint, {now} in this run ({SCHEDULE_FLAGS[k]})"
+                         for k, (before, now) in differ.items())
+        raise ValueError(f"--load {cfg.checkpoint.load}: the LR schedule differs: {what}; give "
+                         "--override-opt-param-scheduler to use this run's values or "
+                         "--use-checkpoint-opt-param-scheduler to keep the checkpoint's")
+
+
+def describe_schedule(schedule: dict, source: str) -> str:
+    return (f"LR schedule in force (from {source}): lr {schedule['max_lr']:g}, min-lr {schedule['min_lr']:g}, "
+            f"warmup {schedule['lr_warmup_steps']} steps, {schedule['lr_decay_style']} decay over "
+            f"{schedule['lr_decay_steps']} steps, weight decay {schedule['start_wd']:g}")
+
+

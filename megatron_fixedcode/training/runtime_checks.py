@@ -1,0 +1,32 @@
+"""Checks of the machine against the flags, before anything is built: what this runtime can run.
+
+Pure decisions on the parsed flags and what torch sees; a refusal is a ``ValueError`` (one line on
+rank 0, exit code 2)."""
+from __future__ import annotations
+
+import os
+
+import torch
+
+from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.gpu_features import check_gpu_features
+from megatron_fixedcode.training.metrics import require_logging_backends
+
+REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
+NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
+                         "(check the allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); "
+                         "refusing to train on the CPU")
+CONTEXT_PARALLEL_UNPROVEN = ("--context-parallel-size > 1 is refused until its parity with CP 1 has been measured on a "
+                             "GPU (the batch split is in place and tested; TE attention under CP is not yet)")
+
+
+def check_runtime(cfg: PretrainConfig) -> None:
+    if os.environ.get(REQUIRE_CUDA_ENV) == "1" and not torch.cuda.is_available():
+        raise ValueError(NO_GPU_UNDER_LAUNCHER)
+    check_gpu_features(cfg.args)  # first: its message says what to install
+    if cfg.layout.context_parallel_size > 1:
+        raise ValueError(CONTEXT_PARALLEL_UNPROVEN)
+    if torch.cuda.is_available() and cfg.args.code_kernel == "fused":
+        raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
+    require_logging_backends(cfg.logging)
+

@@ -1,0 +1,301 @@
+"""The Trainer: one optimizer step, one evaluation, one save — built from small functions that
+tests, export and evaluation can use alone.
+
+A sample is a pure function of (seed, global sample index) and step ``n`` reads indices
+``[n·G, (n+1)·G)`` (G = global batch), so the data position *is* the step counter: resuming
+restores model, optimizer, scheduler, RNG and step, and continues the exact stream.
+
+The parts, in the order :class:`Trainer` builds them (each decided once, here or in the run plan):
+
+* :func:`build_chunks` — megatron's TransformerConfig (TE or local layers, decided once by
+  ``use_transformer_engine``), the model chunks wrapped in megatron's DDP;
+* :func:`build_optimizer` / :func:`build_scheduler` — megatron's optimizer (plain or distributed,
+  FP32 or BF16 main weights) and ``OptimizerParamScheduler``;
+* :func:`build_run_datasets` — the train and validation datasets;
+* :func:`resume` — loads what :func:`~megatron_fixedcode.training.run_plan.resume_scope` allows.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
+from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
+from megatron_fixedcode.data import DataConfig, build_datasets
+from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.data.validate import TokenIdOutOfRange
+from megatron_fixedcode.models import build_transformer_config, parameter_report
+from megatron_fixedcode.models.builder import use_transformer_engine
+from megatron_fixedcode.models.config import BLOCKS
+from megatron_fixedcode.training import checkpointing
+from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.batches import pin
+from megatron_fixedcode.training.errors import DataError, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.gpu_features import (
+    configure_tf32,
+    describe_optimizer,
+    fusion_settings,
+    initialize_tp_comm_overlap,
+    params_synced,
+    use_fused_adamw,
+)
+from megatron_fixedcode.training.model_chunks import build_model_chunks
+from megatron_fixedcode.training.rank_agreement import global_sum, raise_if_any_rank_failed
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, sft_fields, stream_identity
+from megatron_fixedcode.training.save_checks import checkpoint_write_error, is_write_failure
+
+logger = logging.getLogger(__name__)
+
+
+def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.Module], dict]:
+    """This rank's model chunks in megatron's DDP, and the fusion settings in force. Transformer
+    Engine or local layers is decided here, once, and passed to both the fusions and the config."""
+    a = cfg.args
+    te_layers = use_transformer_engine(plan.model_cfg)
+    fusions = fusion_settings(a, te_layers=te_layers, gated_linear_unit=BLOCKS[plan.model_cfg.block]["gated_linear_unit"])
+    config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
+                                      **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
+    chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
+                                use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
+                                overlap_grad_reduce=a.overlap_grad_reduce,
+                                overlap_param_gather=a.overlap_param_gather,
+                                check_for_nan_in_grad=a.check_for_nan_in_loss_and_grad)
+    return chunks, fusions
+
+
+def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | None = None):
+    """megatron's optimizer over ``chunks``. Resuming, it is built with the checkpoint's lr/min-lr
+    (newer megatron-core keys its param groups by them when loading); --override-opt-param-scheduler
+    sets the new ones after the load."""
+    o, a = cfg.optim, cfg.args
+    resumed = checkpoint_schedule or {}
+    return get_megatron_optimizer(
+        OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
+                        weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
+                        adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
+                        use_distributed_optimizer=o.use_distributed_optimizer),
+        chunks,
+    )
+
+
+def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int) -> OptimizerParamScheduler:
+    """megatron's LR/WD scheduler from this run's flags; a resume's mismatches were resolved (or
+    refused) in the run plan, so the checkpoint's values load unless overridden."""
+    o, ck = cfg.optim, cfg.checkpoint
+    sched = scheduler_settings(o, max_steps)
+    return OptimizerParamScheduler(
+        optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
+        lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
+        lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
+        wd_incr_steps=max_steps, wd_incr_style="constant",
+        use_checkpoint_opt_param_scheduler=not ck.override_opt_param_scheduler,
+        override_opt_param_scheduler=ck.override_opt_param_scheduler,
+    )
+
+
+def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_batch: int):
+    """(train, valid) datasets; the shard checks run alike on every rank, before megatron's
+    rank-0-first build, and a bad shard is a :class:`DataError`."""
+    a = cfg.args
+    try:
+        return build_datasets(
+            DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
+                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
+                       samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a)),
+            tokenizer, num_train_samples=max_steps * global_batch,
+            num_valid_samples=(a.eval_iters * global_batch) if (a.eval_interval or a.skip_train) else 0,
+            seed=a.seed,
+        )
+    except ValueError as e:
+        raise DataError(str(e)) from None
+
+
+def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> tuple[int, int]:
+    """Load ``plan.load_step`` into the parts; returns (step, prediction targets) to continue from
+    ((0, 0) for a fresh start or a --finetune)."""
+    ck, o = cfg.checkpoint, cfg.optim
+    if plan.load_step is None:
+        return 0, 0
+    rank, world = dist.get_rank(), dist.get_world_size()
+    error = checkpointing.verify_checkpoint_share(checkpointing.checkpoint_dir(ck.load, plan.load_step), rank, world)
+    raise_if_any_rank_failed(error and checkpointing.corrupt_message(ck.load, plan.load_step, error),
+                             runtime_device(), checkpointing.CorruptCheckpoint)
+    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune)
+    if ck.finetune:
+        return 0, 0
+    if ck.override_opt_param_scheduler:
+        for group in optimizer.param_groups:  # megatron-core >= 0.17 reads them per group
+            group.update({k: v for k, v in (("max_lr", o.lr), ("min_lr", o.min_lr)) if k in group})
+        scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
+    return state["step"], state["tokens"]
+
+
+class Trainer:
+    """The parts of one run on this rank, and what they do together: a step, an evaluation, a save.
+    The loop that decides when to do each is :func:`megatron_fixedcode.training.loop.train`."""
+
+    def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None):
+        a = cfg.args
+        self.cfg = cfg
+        self.plan = plan = plan or plan_run(cfg)
+        self.pg = initialize_distributed(cfg.layout, seed=a.seed)
+        self.ranks = parallel_ranks()
+        self.device = runtime_device()
+        self.tokenizer = plan.tokenizer
+        self.model_cfg = plan.model_cfg
+        self.identity = plan.identity
+        assert plan.dp_size == self.ranks["dp_size"], (plan.dp_size, self.ranks["dp_size"])
+        self.global_batch = plan.global_batch
+        self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
+        self.max_steps = plan.max_steps
+        seed_streams(a.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
+        initialize_tp_comm_overlap(a)
+        self.tf32 = configure_tf32(a)
+        self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
+        # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
+        seed_streams(a.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
+        self.report = parameter_report(self.model_cfg, [checkpointing.unwrap(c) for c in self.chunks], self.pg)
+        self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule)
+        self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps)
+        self.train_ds, self.valid_ds = build_run_datasets(cfg, self.tokenizer, self.max_steps, self.global_batch)
+        self.step, self.tokens = resume(cfg, plan, self.chunks, self.optimizer, self.scheduler)
+
+    def _stream_identity(self) -> dict:
+        return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
+
+    def trainer_state(self) -> dict:
+        r = self.ranks
+        code = self.model_cfg.code_spec()
+        return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
+                "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
+                "tokenizer": {"type": self.cfg.args.tokenizer_type, "model": self.cfg.args.tokenizer_model},
+                "run_config": self.cfg.as_dict(),
+                "optimizer_format": checkpointing.optimizer_format(self.optimizer,
+                                                                   self.cfg.args.dist_ckpt_optim_fully_reshardable),
+                "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
+
+    def _microbatches(self, dataset, step: int) -> list[dict]:
+        a = self.cfg.args
+        error = None
+        try:
+            batches = [fetch_microbatch(dataset, rank_microbatch_indices(
+                           step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
+                           dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
+                       for m in range(self.num_microbatches)]
+        except TokenIdOutOfRange as e:  # names shard, document and sample
+            error = str(e)
+        raise_if_any_rank_failed(error, self.device, DataError)
+        # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
+        return [pin(b) for b in batches] if self.device.type == "cuda" else batches
+
+    def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
+        """(mean NLL over the global batch, prediction targets of the global batch)."""
+        out = forward_backward(self.chunks, microbatches, num_microbatches=self.num_microbatches,
+                               seq_length=self.cfg.args.seq_length, micro_batch_size=self.cfg.args.micro_batch_size,
+                               forward_only=forward_only, pg_collection=self.pg, device=self.device)
+        # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
+        owns = out is not None and self.ranks["tp_rank"] == 0
+        total, count = global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0], self.device)
+        return total / count, count
+
+    def train_step(self) -> dict:
+        t0 = time.perf_counter()
+        for chunk in self.chunks:
+            chunk.zero_grad_buffer()
+        self.optimizer.zero_grad()
+        microbatches = self._microbatches(self.train_ds, self.step)
+        try:
+            loss, targets = self._run(microbatches, forward_only=False)
+        except RuntimeError as e:  # megatron DDP's check of this rank's gradients (check_for_nan_in_grad)
+            if "found NaN" not in str(e) and "found Inf" not in str(e):
+                raise
+            raise NonFiniteTraining(f"step {self.step + 1}: rank {self.ranks['rank']}: {e}; stopping before the "
+                                    "optimizer step, nothing of this step is saved "
+                                    "(--no-check-for-nan-in-loss-and-grad to train on)", local=True) from None
+        check = self.cfg.args.check_for_nan_in_loss_and_grad
+        if check and not math.isfinite(loss):  # the same all-reduced value on every rank
+            raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
+                                    "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)")
+        _, grad_norm, _ = self.optimizer.step()
+        if check and grad_norm is not None and not math.isfinite(float(grad_norm)):
+            raise NonFiniteTraining(f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {loss}); "
+                                    "stopping before any save (--no-check-for-nan-in-loss-and-grad to train on)")
+        self.scheduler.step(increment=1)
+        self.step += 1
+        self.tokens += int(targets)
+        return {"step": self.step, "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+                "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
+
+    @torch.no_grad()
+    def evaluate(self) -> dict:
+        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same)."""
+        for chunk in self.chunks:
+            chunk.eval()
+        with params_synced(self.chunks):
+            totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True)
+                      for k in range(self.cfg.args.eval_iters)]
+        for chunk in self.chunks:
+            chunk.train()
+        nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
+        return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
+
+    def wait_for_export(self) -> None:
+        proc = getattr(self, "_export_proc", None)
+        if proc is not None and proc.wait() != 0:
+            logger.error("Hugging Face export failed (exit %d): see %s", proc.returncode, self._export_log)
+        self._export_proc = None
+
+    def _export_to_hf(self, final: bool) -> None:
+        """On rank 0, convert the checkpoint just saved in a background process (training goes on;
+        the next save waits for it, so pruning never removes a checkpoint being exported)."""
+        a = self.cfg.args
+        if not a.hf_export_interval or self.ranks["rank"] != 0 or not (final or self.step % a.hf_export_interval == 0):
+            return
+        out_root = Path(a.hf_export_dir or Path(a.save) / "hf")
+        out_root.mkdir(parents=True, exist_ok=True)
+        out = out_root / f"iter_{self.step:07d}"
+        self._export_log = out_root / f"iter_{self.step:07d}.log"
+        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.convert_checkpoint_to_hf",
+               "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
+        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
+        env["CUDA_VISIBLE_DEVICES"] = ""
+        self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
+        logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
+
+    def save(self, final: bool = False) -> None:
+        ck = self.cfg.checkpoint
+        self.wait_for_export()
+        t0 = time.perf_counter()
+        target, error = checkpointing.checkpoint_dir(ck.save, self.step), None
+        try:
+            with params_synced(self.chunks):
+                path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                                     self.trainer_state(), ck.keep_last)
+        except BaseException as e:  # torch's CheckpointException is a BaseException
+            if not is_write_failure(e):
+                raise
+            error = checkpoint_write_error(target, e)  # before the partial directory frees its space
+        if error is not None:  # raised outside the handler: nothing keeps the writer's failure alive
+            # torch's checkpoint writer gathers every rank's failures, so every rank gets here;
+            # `latest` has not moved, and the partial directory goes (it is not a checkpoint).
+            if self.ranks["rank"] == 0:
+                shutil.rmtree(target, ignore_errors=True)
+            raise SaveFailed(str(error))
+        logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
+        self._export_to_hf(final)
