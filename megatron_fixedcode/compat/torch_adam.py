@@ -44,13 +44,15 @@ def _step_set_aside(load):
     it, which holds no ``step`` (megatron restored it from the param groups just before): the
     step is set aside while they run, and put back as one tensor per parameter — megatron gives
     every parameter the same step tensor, which torch's Adam, advancing each parameter's step in
-    place, would then advance once per parameter."""
+    place, would then advance once per parameter. They run under ``no_grad``: they write into
+    the (leaf) main parameters, and the dp_reshardable one does not say so itself."""
 
     @functools.wraps(load)
     def wrapped(self, *args, **kwargs):
         steps = {p: s.pop("step") for p, s in self.optimizer.state.items() if "step" in s}
         try:
-            return load(self, *args, **kwargs)
+            with torch.no_grad():  # they copy into the main parameters (not all of them say no_grad)
+                return load(self, *args, **kwargs)
         finally:
             for p, step in steps.items():
                 self.optimizer.state[p]["step"] = step.clone()

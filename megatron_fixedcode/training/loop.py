@@ -98,8 +98,10 @@ def train(trainer: Trainer) -> int:
     rank0 = trainer.ranks["rank"] == 0
     if rank0:
         logger.info(format_parameter_report(trainer.report))
-        logger.info("layers: %s%s; optimizer: %s", trainer.chunks[0].config.transformer_impl,
-                    f", FP8 {a.fp8_format}/{a.fp8_recipe}" if a.fp8_format else "", trainer.optimizer_kind)
+        overlap = [what for what, on in (("grad reduce", a.overlap_grad_reduce), ("param gather", a.overlap_param_gather)) if on]
+        logger.info("layers: %s%s; optimizer: %s; overlap: %s", trainer.chunks[0].config.transformer_impl,
+                    f", FP8 {a.fp8_format}/{a.fp8_recipe}" if a.fp8_format else "", trainer.optimizer_kind,
+                    ", ".join(overlap) or "none")
         if trainer.device.type == "cuda":
             on = [k for k, v in trainer.fusions.items() if v]
             logger.info("GPU fusions: %s; TF32 %s", ", ".join(on) or "none", "on" if trainer.tf32 else "off")
