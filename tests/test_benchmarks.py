@@ -132,3 +132,14 @@ def test_ratio_plot_scores_targets_both_ways(tmp_path):
     with pytest.raises(SystemExit, match="no JSON object"):
         (tmp_path / "empty.json").write_text("nothing\n")
         main([str(tmp_path / "empty.json")])
+
+
+def test_checkpoint_io_benchmark():
+    r = run_benchmark("checkpoint_io.py")
+    one, two = r["phases"]
+    assert (one["ranks"], two["ranks"]) == (1, 2)
+    assert set(one["bytes_written_by_rank"]) == {"0"} and set(two["bytes_written_by_rank"]) == {"0", "1"}
+    # the fully parallel save splits the replicated state: the two shares add up to the 1-rank write
+    assert sum(two["bytes_written_by_rank"].values()) == pytest.approx(one["bytes_written_by_rank"]["0"], rel=0.05)
+    assert 1.0 <= r["write_balance_2_ranks"] <= 1.5
+    assert all(p["save_s"] > 0 and p["verify_s"] > 0 and p["load_s"] > 0 for p in r["phases"])

@@ -127,6 +127,43 @@ def test_corrupt_checkpoint_is_refused_by_converter_and_evaluate(corrupt, tmp_pa
     assert not (tmp_path / "hf").exists()
 
 
+def _copy(trained, tmp_path):
+    ckpt = tmp_path / "ckpt"
+    shutil.copytree(trained["ckpt"], ckpt)
+    return ckpt, checkpointing.checkpoint_dir(ckpt, 2)
+
+
+def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, corpus, tmp_path):
+    """Issue 25 item 4: deleting checksums.json no longer loads changed bytes under the false
+    reason 'saved before checksums were recorded' — the checkpoint's metadata says it had them."""
+    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+
+    ckpt, target = _copy(trained, tmp_path)
+    (target / checkpointing.CHECKSUMS).unlink()
+    with pytest.raises(checkpointing.CorruptCheckpoint, match="saved with checksums.*--no-verify-checkpoint"):
+        load_megatron_checkpoint(ckpt)
+    proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--tokenizer-model", trained["tok"],
+                    *_common(corpus), check=False)
+    _refused(proc, str(target / checkpointing.CHECKSUMS), "--ckpt-step 1")
+    # the explicit way past it, with a warning
+    proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--no-verify-checkpoint",
+                    "--tokenizer-model", trained["tok"], *_common(corpus))
+    assert "--no-verify-checkpoint: loading" in proc.stdout + proc.stderr
+    assert load_megatron_checkpoint(ckpt, verify=False).step == 2
+
+
+def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
+    ckpt, target = _copy(trained, tmp_path)
+    record_path = target / checkpointing.CHECKSUMS
+    record = json.loads(record_path.read_text())
+    dropped = sorted(n for n in record["files"] if n.endswith(".distcp"))[0]
+    del record["files"][dropped]
+    record_path.write_text(json.dumps(record))
+    with pytest.raises(checkpointing.CorruptCheckpoint, match=f"{dropped}: not covered by {checkpointing.CHECKSUMS}"):
+        checkpointing.verified_step(ckpt, 2)
+    assert checkpointing.verified_step(ckpt, 2, verify=False) == 2
+
+
 # --- item 11 / 3: resume refusals name the field; the tokenizer joins the resume identity
 
 @pytest.mark.parametrize("flag,value,field", [("--hidden-size", "128", "hidden_size"),
@@ -242,3 +279,17 @@ def test_resume_on_another_data_parallel_size_keeps_adam_and_rng(tmp_path, corpu
         # is computed on the loaded weights).
         assert r["loss"] == pytest.approx(s["loss"], rel=DP_RESHARD_RTOL), (r["step"], r["loss"], s["loss"])
         assert r["grad_norm"] == pytest.approx(s["grad_norm"], rel=DP_RESHARD_RTOL), (r["step"], r["grad_norm"], s["grad_norm"])
+
+
+def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, tmp_path):
+    """Issue 25 item 3: --finetune --load X --save X overwrote X's iter_2 and moved latest back."""
+    ckpt, target = _copy(trained, tmp_path)
+    before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
+    proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(ckpt),
+                    "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
+    _refused(proc, f"--save {ckpt} holds checkpoints up to step 2", f"--load {ckpt} --save {ckpt}")
+    assert latest_step(ckpt) == 2 and {p.name: p.stat().st_mtime_ns for p in target.iterdir()} == before
+    # into a new directory it runs
+    pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
+             "--tokenizer-model", trained["tok"], *_common(corpus))
+    assert latest_step(tmp_path / "ft") == 1

@@ -112,3 +112,43 @@ def test_a_second_initialisation_reuses_the_groups(single_rank):
     before = parallel_state.get_data_parallel_group()
     initialize_distributed(ParallelLayout(), seed=7)
     assert parallel_state.get_data_parallel_group() is before
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU patches apply only without CUDA")
+def test_cuda_acting_tensors_are_scoped_to_the_patched_methods():
+    """Megatron's optimizer constructors see CUDA type names while they run; nothing else does."""
+    from megatron_fixedcode.compat import cpu
+
+    cpu.apply_cpu_patches()
+    t = torch.zeros(2)
+    assert t.type() == "torch.FloatTensor" and t.cuda is not None
+    seen = []
+
+    @cpu._under_tensors_act_as_cuda
+    def inside(x):
+        seen.append((x.type(), x.to(torch.bfloat16).type(), x.cuda() is x, x.type(torch.float64).dtype))
+
+    inside(t)
+    assert seen == [("torch.cuda.FloatTensor", "torch.cuda.BFloat16Tensor", True, torch.float64)]
+    assert t.type() == "torch.FloatTensor"  # restored
+    with pytest.raises((AssertionError, RuntimeError)):
+        t.cuda()  # a CPU-only torch: the real .cuda() is back
+    import megatron.core.optimizer.distrib_optimizer as distrib
+
+    for module, cls, method in cpu._METHODS_ASSUMING_CUDA_TENSORS:  # each one is wrapped
+        owner = getattr(__import__(module, fromlist=[cls]), cls)
+        assert getattr(owner, method).__wrapped__ is not None
+    assert distrib.DistributedOptimizer.__init__.__wrapped__
+
+
+def test_torch_adam_patches_apply_without_te_or_apex():
+    from megatron.core.optimizer import distrib_optimizer
+
+    from megatron_fixedcode.compat.torch_adam import _STATE_LOADERS, apply_torch_adam_patches
+
+    applied = apply_torch_adam_patches()
+    assert applied is (not distrib_optimizer.HAVE_APEX_OR_TE)
+    if applied:
+        cls = distrib_optimizer.DistributedOptimizer
+        assert hasattr(cls.state_dict, "__wrapped__")
+        assert all(hasattr(getattr(cls, n), "__wrapped__") for n in _STATE_LOADERS if hasattr(cls, n))

@@ -26,11 +26,13 @@ def main(argv=None) -> int:
     p.add_argument("--max-shard-size", default="5GB")
     p.add_argument("--tokenizer-model", default=None, help="override the tokenizer path recorded in the checkpoint")
     p.add_argument("--overwrite", action="store_true")
+    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+                   help="convert without checking the checkpoint's recorded checksums")
     a = p.parse_args(argv)
     from megatron_fixedcode.export.to_hf import convert_checkpoint_to_hf
     out = convert_checkpoint_to_hf(a.load, a.output, step=a.ckpt_step, dtype=a.dtype, table_free=a.table_free,
                                    max_shard_size=a.max_shard_size, tokenizer_model=a.tokenizer_model,
-                                   overwrite=a.overwrite)
+                                   overwrite=a.overwrite, verify=a.verify_checkpoint)
     print(out)
     return 0
 

@@ -28,6 +28,8 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--hf-model", help="Hugging Face directory (an export)")
     src.add_argument("--compare", nargs="+", help="result JSONs to aggregate (label/seed/reference keys)")
     p.add_argument("--ckpt-step", type=int, default=None)
+    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+                   help="--load without checking the checkpoint's recorded checksums")
     p.add_argument("--text-files", nargs="+", default=None, help="one document per file")
     p.add_argument("--data-path", nargs="+", default=None, help="indexed dataset prefixes (e.g. the validation split)")
     p.add_argument("--seq-length", type=int, default=None, help="window length (default: the model's)")
@@ -63,10 +65,12 @@ def _run(a) -> dict:
         target = dict(squad=a.squad, sft_data=a.sft_data, seq_length=a.seq_length, batch_size=a.batch_size,
                       sft_fields=SFTFields(a.sft_prompt_key, a.sft_response_key, a.sft_messages_key))
         if a.load:
-            return run.checkpoint_target_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, **target)
+            return run.checkpoint_target_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model,
+                                                    verify=a.verify_checkpoint, **target)
         return run.hf_target_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **target)
     if a.load:
-        return run.checkpoint_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, **common)
+        return run.checkpoint_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model,
+                                         verify=a.verify_checkpoint, **common)
     if a.tasks:
         from megatron_fixedcode.eval.harness import run_harness
 

@@ -1,4 +1,5 @@
-"""Run megatron-core on CPU with gloo: the only place that patches megatron-core.
+"""Run megatron-core on CPU with gloo: the only place that patches megatron-core for the CPU
+(``compat/torch_adam.py`` patches its distributed optimizer over torch's Adam, on any device).
 
 Every patch below is applied once, only when CUDA is unavailable, and says in one line why.
 On a GPU machine :func:`apply_cpu_patches` does nothing.

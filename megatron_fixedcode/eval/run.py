@@ -27,12 +27,12 @@ def _documents(tokenize, text_files, data_path) -> tuple[list[list[int]], dict]:
 
 def checkpoint_perplexity(load: str, *, step: int | None = None, text_files=None, data_path=None,
                           seq_length: int | None = None, batch_size: int = 8, max_tokens: int | None = None,
-                          tokenizer_model: str | None = None) -> dict[str, Any]:
+                          tokenizer_model: str | None = None, verify: bool = True) -> dict[str, Any]:
     """Single process, TP=1/PP=1: the checkpoint is resharded on load, whatever layout saved it."""
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
     from megatron_fixedcode.tokenizers import build_tokenizer
 
-    ckpt = load_megatron_checkpoint(load, step)
+    ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok_info = ckpt.trainer_state.get("tokenizer") or {}
     tokenizer = None
     if tokenizer_model or tok_info.get("model"):
@@ -83,13 +83,13 @@ def _target_examples(tokenizer, *, squad=None, sft_data=None, sft_fields=None) -
 
 def checkpoint_target_perplexity(load: str, *, step: int | None = None, squad=None, sft_data=None, sft_fields=None,
                                  seq_length: int | None = None, batch_size: int = 8,
-                                 tokenizer_model: str | None = None) -> dict[str, Any]:
+                                 tokenizer_model: str | None = None, verify: bool = True) -> dict[str, Any]:
     """SQuAD gold-answer or held-out SFT response perplexity of a megatron checkpoint (TP=1/PP=1)."""
     from megatron_fixedcode.eval.gold_answer import target_nll
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
     from megatron_fixedcode.tokenizers import build_tokenizer
 
-    ckpt = load_megatron_checkpoint(load, step)
+    ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok_info = ckpt.trainer_state.get("tokenizer") or {}
     if not (tokenizer_model or tok_info.get("model")):
         raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")

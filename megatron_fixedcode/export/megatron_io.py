@@ -60,14 +60,15 @@ def build_single_rank_model(cfg: ModelConfig, padded_vocab: int | None = None) -
     return build_gpt_model(cfg, config, pg)
 
 
-def load_megatron_checkpoint(root: str | Path, step: int | None = None) -> LoadedCheckpoint:
-    """Load ``root`` (``SAVE`` dir with ``latest_checkpointed_iteration.txt``, or one ``iter_*`` dir)."""
+def load_megatron_checkpoint(root: str | Path, step: int | None = None, verify: bool = True) -> LoadedCheckpoint:
+    """Load ``root`` (``SAVE`` dir with ``latest_checkpointed_iteration.txt``, or one ``iter_*`` dir);
+    ``verify=False`` (``--no-verify-checkpoint``) skips the checksums."""
     root = Path(root)
     if not root.exists():
         raise ValueError(f"--load {root}: no such directory")
     if root.name.startswith("iter_") and (root / "metadata.json").exists():
         root, step = root.parent, int(root.name[5:])
-    step = checkpointing.verified_step(str(root), step)  # refuses bytes changed since the save
+    step = checkpointing.verified_step(str(root), step, verify=verify)  # refuses bytes changed since the save
     if step is None:
         raise ValueError(f"--load {root}: no complete checkpoint ({checkpointing.LATEST_MARKER} missing)")
     path = checkpointing.checkpoint_dir(root, step)

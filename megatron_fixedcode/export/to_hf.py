@@ -87,9 +87,9 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
 
 def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int | None = None,
                              dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
-                             tokenizer_model: str | None = None, overwrite: bool = False) -> Path:
+                             tokenizer_model: str | None = None, overwrite: bool = False, verify: bool = True) -> Path:
     """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory."""
-    ckpt = load_megatron_checkpoint(load, step)
+    ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok = ckpt.trainer_state.get("tokenizer") or {}
     tokenizer_model = tokenizer_model or tok.get("model")
     if tokenizer_model and not Path(tokenizer_model).exists():

@@ -182,6 +182,9 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--save-interval", type=int, default=None)
     g.add_argument("--ckpt-keep-last", type=int, default=2)
     g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
+    g.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
+                   help="load --load without checking its recorded checksums (a checkpoint whose record is missing "
+                        "or incomplete is refused otherwise)")
     g.add_argument("--hf-export-interval", type=int, default=None,
                    help="also write a Hugging Face export of every N-th saved checkpoint (and the last)")
     g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")

@@ -86,6 +86,9 @@ def _rng_object(world_size: int, rank: int, data: Any = None) -> ShardedObject:
 
 
 RNG_BY_MODEL_PARALLEL_RANK = "rng_by_model_parallel_rank"  # trainer-state flag: the checkpoint has it
+# Trainer-state record that the checkpoint was saved with checksums: a checkpoint that claims them
+# and has no checksums.json is refused (it was not saved before checksums existed).
+CHECKSUMS_CLAIM = "checksums"
 
 
 def _model_parallel_rng_object(ranks: dict, data: Any = None) -> ShardedObject:
@@ -195,12 +198,19 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
     target = Path(target)
     manifest_path = target / CHECKSUMS
     if not manifest_path.exists():
+        if _claims_checksums(target):
+            raise CorruptCheckpoint(f"{manifest_path}: missing, but the checkpoint's metadata says it was saved with "
+                                    f"checksums: its bytes cannot be verified ({NO_VERIFY_FLAG} loads it unverified)")
         logger.warning("%s: no %s (saved before checksums were recorded): its bytes are not verified", target, CHECKSUMS)
         return
     try:
         files = json.loads(manifest_path.read_text())["files"]
     except (OSError, ValueError, KeyError, TypeError) as e:
         raise CorruptCheckpoint(f"{manifest_path}: unreadable checksum record ({e})") from None
+    uncovered = sorted({str(p.relative_to(target)) for p in _checkpoint_files(target)} - set(files))
+    if uncovered:
+        raise CorruptCheckpoint(f"{target / uncovered[0]}: not covered by {CHECKSUMS} (every file of a checkpoint is "
+                                f"recorded when it is saved; {NO_VERIFY_FLAG} loads it unverified)")
     for name, rec in sorted(files.items()):
         path = target / name
         if not path.is_file():
@@ -238,7 +248,17 @@ def _way_forward(root: str | Path, below: int | None) -> str:
             f"resume from it with --ckpt-step {good}")
 
 
-def verified_step(root: str | Path, step: int | None = None, hash_files: bool = True) -> int | None:
+def _claims_checksums(target: Path) -> bool:
+    try:
+        return bool(read_common_state_of(target).get("trainer", {}).get(CHECKSUMS_CLAIM))
+    except Exception:  # an unreadable common state: verification reports the files themselves
+        return False
+
+
+NO_VERIFY_FLAG = "--no-verify-checkpoint"
+
+
+def verified_step(root: str | Path, step: int | None = None, hash_files: bool = True, verify: bool = True) -> int | None:
     """:func:`resolve_step`, then verify that checkpoint's files against their recorded checksums.
     A corrupt or incomplete one is refused naming the file, the newest checkpoint that verifies and
     the flag that resumes from it. None when ``root`` holds no checkpoint."""
@@ -254,6 +274,9 @@ def verified_step(root: str | Path, step: int | None = None, hash_files: bool = 
     if not (target / "metadata.json").exists():
         raise CorruptCheckpoint(f"{Path(root) / LATEST_MARKER} names step {resolved} but {target} is not a complete "
                                 f"checkpoint{_way_forward(root, resolved)}")
+    if not verify:
+        logger.warning("%s: loading %s without checking its checksums", NO_VERIFY_FLAG, target)
+        return resolved
     try:
         verify_checkpoint(target, hash_files)
     except CorruptCheckpoint as e:
@@ -291,7 +314,8 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         "optimizer": optimizer.sharded_state_dict(
             model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))),
         "opt_param_scheduler": scheduler.state_dict(),
-        "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True},
+        "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True,
+                    CHECKSUMS_CLAIM: {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"}},
         "rng": _rng_object(world, rank, capture_rng_state()),
         "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
@@ -330,7 +354,11 @@ def read_trainer_state(root: str, step: int | None = None) -> dict | None:
 
 def read_common_state(root: str, step: int) -> dict:
     """The checkpoint's non-sharded state (trainer dict, scheduler state), without a process group."""
-    return dist_checkpointing.load_common_state_dict(str(checkpoint_dir(root, step)))
+    return read_common_state_of(checkpoint_dir(root, step))
+
+
+def read_common_state_of(target: str | Path) -> dict:
+    return dist_checkpointing.load_common_state_dict(str(target))
 
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,

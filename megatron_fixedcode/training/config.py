@@ -96,6 +96,7 @@ class CheckpointConfig:
     exit_interval: int | None
     override_opt_param_scheduler: bool = False
     use_checkpoint_opt_param_scheduler: bool = False
+    verify: bool = True  # --no-verify-checkpoint: load without checking the checksums
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
@@ -105,7 +106,8 @@ class CheckpointConfig:
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
                    exit_interval=a.exit_interval,
                    override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
-                   use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False))
+                   use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False),
+                   verify=getattr(a, "verify_checkpoint", True))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

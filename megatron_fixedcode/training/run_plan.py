@@ -139,9 +139,29 @@ def plan_run(cfg: PretrainConfig) -> RunPlan:
                    schedule_source="command line")
     if ck.load:
         plan.load_step = resolve_load_step(cfg)
+    check_save_holds_no_other_run(cfg)
     if plan.load_step is not None:
         check_resume_compatible(cfg, plan)
     return plan
+
+
+def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
+    """A --finetune starts another run at step 0: into a --save directory that holds checkpoints
+    (the run it starts from, with --load X --save X, or any other) it would write among them and
+    move ``latest`` back, leaving two runs in one directory. Refused, naming the way out."""
+    ck = cfg.checkpoint
+    if not (ck.finetune and ck.save and not cfg.args.skip_train):
+        return
+    try:
+        latest = checkpointing.latest_step(ck.save)
+    except ValueError:
+        latest = None  # an unreadable marker: refused where the checkpoint is read
+    if latest is None and not any(Path(ck.save).glob("iter_*")):
+        return
+    holds = f"checkpoints up to step {latest}" if latest is not None else "checkpoint directories (iter_*)"
+    raise ValueError(f"--save {ck.save} holds {holds} of another run: a --finetune starts a new run at step 0 and "
+                     "would write among them (and move its latest marker back). Give --save a new directory; "
+                     f"to continue a fine-tune saved there, resume it without --finetune: --load {ck.save} --save {ck.save}")
 
 
 def same_dir(x: str | None, y: str | None) -> bool:
@@ -154,7 +174,7 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
     ck = cfg.checkpoint
     # Presence and sizes here; the trainer's ranks hash a share of the files each once the process
     # group exists (checkpointing.verify_checkpoint_share).
-    step = checkpointing.verified_step(ck.load, ck.load_step, hash_files=False)
+    step = checkpointing.verified_step(ck.load, ck.load_step, hash_files=False, verify=ck.verify)
     if step is not None:
         return step
     if ck.finetune:

@@ -130,7 +130,8 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     if plan.load_step is None:
         return 0, 0
     rank, world = dist.get_rank(), dist.get_world_size()
-    error = checkpointing.verify_checkpoint_share(checkpointing.checkpoint_dir(ck.load, plan.load_step), rank, world)
+    target = checkpointing.checkpoint_dir(ck.load, plan.load_step)
+    error = checkpointing.verify_checkpoint_share(target, rank, world) if ck.verify else None
     raise_if_any_rank_failed(error and checkpointing.corrupt_message(ck.load, plan.load_step, error),
                              runtime_device(), checkpointing.CorruptCheckpoint)
     state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune)

@@ -1,0 +1,138 @@
+"""Checkpoint save + verify on 1 and 2 data-parallel ranks: the same model, side by side in one run.
+
+Each phase is the trainer's own path: megatron's model chunks in DDP, megatron's optimizer (plain
+Adam: every tensor replicated over the DP ranks) after one step, then
+``checkpointing.save_checkpoint`` (megatron's fully parallel save strategy; each rank hashes the
+shard files it wrote, rank 0 merges the checksums) and the load-time verification (every rank
+hashes its share of the files, ``verify_checkpoint_share``), then ``load_checkpoint``. Reported
+per phase: seconds for save, verify and load, the state's bytes, and the bytes each rank wrote.
+Ratios: 2-rank over 1-rank time, and the largest rank's bytes over the smallest's.
+
+Run: ``python benchmarks/checkpoint_io.py [--smoke] [--json]`` (the script relaunches itself under
+torchrun for each phase; ``--smoke``: a tiny model, for the tests).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from common import MIB, emit, machine  # noqa: E402
+
+SIZES = {"full": dict(num_layers=8, hidden_size=768, ffn_hidden_size=3072, vocab_size=32768),  # ~82M params, ~1.3 GB state
+         "smoke": dict(num_layers=2, hidden_size=64, ffn_hidden_size=128, vocab_size=1024)}
+
+
+def phase(size: str, out_dir: str) -> dict:
+    """One rank of a phase (under torchrun): build, step once, save, verify, load."""
+    import torch
+    import torch.distributed as dist
+    from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+    from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
+
+    from megatron_fixedcode.compat import ParallelLayout, initialize_distributed, parallel_ranks
+    from megatron_fixedcode.models import ModelConfig, build_transformer_config
+    from megatron_fixedcode.training import checkpointing
+    from megatron_fixedcode.training.model_chunks import build_model_chunks
+
+    cfg = ModelConfig(num_attention_heads=8, seq_length=64, input_embedding="binary", **SIZES[size])
+    pg = initialize_distributed(ParallelLayout(), seed=1)
+    chunks = build_model_chunks(cfg, build_transformer_config(cfg, ParallelLayout()), ParallelLayout(), pg)
+    optimizer = get_megatron_optimizer(OptimizerConfig(optimizer="adam", lr=1e-4), chunks)
+    scheduler = OptimizerParamScheduler(optimizer, init_lr=1e-4, max_lr=1e-4, min_lr=1e-5, lr_warmup_steps=0,
+                                        lr_decay_steps=10, lr_decay_style="constant", start_wd=0.0, end_wd=0.0,
+                                        wd_incr_steps=10, wd_incr_style="constant")
+    for chunk in chunks:  # one step on made-up gradients: Adam's state exists, as in any real save
+        chunk.zero_grad_buffer()
+        for p in chunk.parameters():
+            p.main_grad.fill_(1e-3)
+    optimizer.step()
+    r = parallel_ranks()
+    state = {"step": 1, "tokens": 0, "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
+    dist.barrier()
+    t0 = time.perf_counter()
+    target = checkpointing.save_checkpoint(out_dir, 1, chunks, optimizer, scheduler, state, keep_last=1)
+    t_save = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    error = checkpointing.verify_checkpoint_share(target, dist.get_rank(), dist.get_world_size())
+    dist.barrier()
+    t_verify = time.perf_counter() - t0
+    assert error is None, error
+    t0 = time.perf_counter()
+    checkpointing.load_checkpoint(out_dir, chunks, optimizer, scheduler)
+    dist.barrier()
+    t_load = time.perf_counter() - t0
+    written = {}
+    for f in Path(target).glob("__*_*.distcp"):
+        rank = int(re.match(r"__(\d+)_", f.name).group(1))
+        written[rank] = written.get(rank, 0) + f.stat().st_size
+    total = sum(f.stat().st_size for f in Path(target).rglob("*") if f.is_file())
+    times = torch.tensor([t_save, t_verify, t_load], dtype=torch.float64)
+    dist.all_reduce(times, op=dist.ReduceOp.MAX)  # a phase lasts as long as its slowest rank
+    return {"ranks": dist.get_world_size(), "save_s": times[0].item(), "verify_s": times[1].item(),
+            "load_s": times[2].item(), "checkpoint_bytes": total, "bytes_written_by_rank": written}
+
+
+def run_phase(nproc: int, size: str, root: Path) -> dict:
+    out = root / f"ckpt_{nproc}"
+    result = root / f"result_{nproc}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           __file__, "--phase", size, "--out", str(out), "--result", str(result)]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
+    if proc.returncode != 0:
+        sys.exit(f"phase with {nproc} ranks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+    return json.loads(result.read_text())
+
+
+def table(r: dict) -> str:
+    lines = [f"checkpoint save + verify, {r['checkpoint_mib']:.0f} MiB of state (plain Adam, FP32), {r['machine']['host_cpus']} CPUs, load {r['machine']['load_average'][0]}"]
+    for p in r["phases"]:
+        shares = ", ".join(f"rank {k}: {v / MIB:.0f} MiB" for k, v in sorted(p["bytes_written_by_rank"].items()))
+        lines.append(f"  {p['ranks']} rank(s): save {p['save_s']:.2f} s, verify {p['verify_s']:.2f} s, "
+                     f"load {p['load_s']:.2f} s; written {shares}")
+    lines.append(f"  2 ranks / 1 rank: save {r['save_ratio_2_over_1']:.2f}x, verify {r['verify_ratio_2_over_1']:.2f}x, "
+                 f"save+verify {r['save_verify_ratio_2_over_1']:.2f}x; largest/smallest rank's bytes on 2 ranks "
+                 f"{r['write_balance_2_ranks']:.2f}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--smoke", action="store_true")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--phase", help=argparse.SUPPRESS)
+    p.add_argument("--out", help=argparse.SUPPRESS)
+    p.add_argument("--result", help=argparse.SUPPRESS)
+    a = p.parse_args()
+    if a.phase:  # one rank of a torchrun phase
+        result = phase(a.phase, a.out)
+        if int(os.environ.get("RANK", "0")) == 0:
+            Path(a.result).write_text(json.dumps(result))
+        return
+    size = "smoke" if a.smoke else "full"
+    root = Path(tempfile.mkdtemp(prefix="mfc_ckpt_bench_"))
+    try:
+        phases = [run_phase(n, size, root) for n in (1, 2)]
+    finally:
+        shutil.rmtree(root, ignore_errors=True)
+    one, two = phases
+    shares = [v for v in two["bytes_written_by_rank"].values()]
+    emit({"machine": machine(), "size": SIZES[size], "phases": phases, "checkpoint_mib": one["checkpoint_bytes"] / MIB,
+          "save_ratio_2_over_1": two["save_s"] / one["save_s"], "verify_ratio_2_over_1": two["verify_s"] / one["verify_s"],
+          "save_verify_ratio_2_over_1": (two["save_s"] + two["verify_s"]) / (one["save_s"] + one["verify_s"]),
+          "write_balance_2_ranks": max(shares) / min(shares) if len(shares) == 2 and min(shares) else float("inf")},
+         a.json, table)
+
+
+if __name__ == "__main__":
+    main()
