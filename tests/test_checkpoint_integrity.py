@@ -293,3 +293,13 @@ def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, 
     pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
              "--tokenizer-model", trained["tok"], *_common(corpus))
     assert latest_step(tmp_path / "ft") == 1
+
+
+def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpus, tmp_path):
+    """Issue 25 item 9: the marker is read as bytes; non-ASCII is one line naming the file."""
+    ckpt, _ = _copy(trained, tmp_path)
+    marker = ckpt / checkpointing.LATEST_MARKER
+    marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
+    proc = pretrain("--train-iters", "3", "--load", str(ckpt), "--save", str(ckpt), "--tokenizer-model", trained["tok"],
+                    *_common(corpus), check=False)
+    _refused(proc, str(marker), "binary data", "--ckpt-step 2")

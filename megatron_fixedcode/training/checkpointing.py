@@ -62,7 +62,10 @@ def latest_step(root: str | Path) -> int | None:
     marker = Path(root) / LATEST_MARKER
     if not marker.exists():
         return None
-    text = marker.read_text().strip()
+    try:
+        text = marker.read_bytes().decode("ascii").strip()
+    except UnicodeDecodeError:
+        raise ValueError(f"{marker}: expected an iteration number, found binary data (a damaged marker)") from None
     if not text.isdigit():
         raise ValueError(f"{marker}: expected an iteration number, found {text!r}")
     return int(text)
