@@ -303,3 +303,26 @@ def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpu
     proc = pretrain("--train-iters", "3", "--load", str(ckpt), "--save", str(ckpt), "--tokenizer-model", trained["tok"],
                     *_common(corpus), check=False)
     _refused(proc, str(marker), "binary data", "--ckpt-step 2")
+
+
+def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_path, capsys):
+    """Issue 25 item 2: tools/evaluate.py --load CKPT --tokenizer-model OTHER gave a loss of the
+    wrong thing with rc 0; --tokenizer-model beside --hf-model was silently ignored."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("evaluate", REPO / "tools" / "evaluate.py")
+    evaluate = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(evaluate)
+    text = tmp_path / "doc.txt"
+    text.write_text("w1 w2 w3 " * 50)
+    other = _tokenizer(tmp_path / "tok_other", 7)  # same vocabulary size, other ids
+    assert evaluate.main(["--load", trained["ckpt"], "--text-files", str(text), "--tokenizer-model", other]) == 2
+    err = capsys.readouterr().err
+    assert f"--tokenizer-model {other}" in err and "is not the tokenizer" in err and trained["tok"] in err
+    out = tmp_path / "r.json"
+    assert evaluate.main(["--load", trained["ckpt"], "--text-files", str(text), "--tokenizer-model", trained["tok"],
+                          "--output", str(out)]) == 0
+    record = json.loads(out.read_text())["tokenizer"]
+    assert record["model"] == trained["tok"] and record["vocab_size"] == 1024 and record["fingerprint"]
+    assert evaluate.main(["--hf-model", str(tmp_path), "--text-files", str(text), "--tokenizer-model", other]) == 2
+    assert "--tokenizer-model applies to --load" in capsys.readouterr().err

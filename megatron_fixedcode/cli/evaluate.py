@@ -57,6 +57,10 @@ def _parser() -> argparse.ArgumentParser:
 def _run(a) -> dict:
     from megatron_fixedcode.eval import run
 
+    if a.hf_model and a.tokenizer_model:
+        raise ValueError(f"--tokenizer-model applies to --load: the export --hf-model {a.hf_model} carries its own "
+                         "tokenizer (drop --tokenizer-model)")
+
     common = dict(text_files=a.text_files, data_path=a.data_path, seq_length=a.seq_length,
                   batch_size=a.batch_size, max_tokens=a.max_tokens)
     if a.squad or a.sft_data:

@@ -25,26 +25,45 @@ def _documents(tokenize, text_files, data_path) -> tuple[list[list[int]], dict]:
     return docs, {"data_path": list(data_path)}
 
 
+def _checkpoint_tokenizer(ckpt, load: str, tokenizer_model: str | None, required: bool):
+    """(tokenizer or None, its record for the result). A ``--tokenizer-model`` override must be the
+    checkpoint's tokenizer (its fingerprint, where it was trained with one) and fit the model's
+    vocabulary: another tokenizer gives a loss, silently, of the wrong thing."""
+    from megatron_fixedcode.tokenizers import build_tokenizer
+
+    tok_info = ckpt.trainer_state.get("tokenizer") or {}
+    path = tokenizer_model or tok_info.get("model")
+    if not path:
+        if required:
+            raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
+        return None, None
+    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", path)
+    saved = (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint")
+    if tokenizer_model and tok_info.get("model") and saved and tokenizer.fingerprint != saved:
+        raise ValueError(f"--tokenizer-model {tokenizer_model} (fingerprint {tokenizer.fingerprint}, vocabulary "
+                         f"{tokenizer.vocab_size}) is not the tokenizer --load {load} was trained with "
+                         f"({tok_info.get('model') or '?'}, fingerprint {saved})")
+    if tokenizer.vocab_size > ckpt.model_cfg.vocab_size:
+        raise ValueError(f"--tokenizer-model {path}: vocabulary {tokenizer.vocab_size} is larger than the model's "
+                         f"{ckpt.model_cfg.vocab_size} (--load {load})")
+    return tokenizer, {"model": str(path), "fingerprint": tokenizer.fingerprint, "vocab_size": tokenizer.vocab_size}
+
+
 def checkpoint_perplexity(load: str, *, step: int | None = None, text_files=None, data_path=None,
                           seq_length: int | None = None, batch_size: int = 8, max_tokens: int | None = None,
                           tokenizer_model: str | None = None, verify: bool = True) -> dict[str, Any]:
     """Single process, TP=1/PP=1: the checkpoint is resharded on load, whatever layout saved it."""
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
-    from megatron_fixedcode.tokenizers import build_tokenizer
 
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
-    tok_info = ckpt.trainer_state.get("tokenizer") or {}
-    tokenizer = None
-    if tokenizer_model or tok_info.get("model"):
-        tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", tokenizer_model or tok_info["model"])
-    if text_files and tokenizer is None:
-        raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
+    tokenizer, tokenizer_record = _checkpoint_tokenizer(ckpt, load, tokenizer_model, required=bool(text_files))
     docs, source = _documents(tokenizer.tokenize if tokenizer else None, text_files, data_path)
     cfg = ckpt.model_cfg
     result = document_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), docs, seq_length=seq_length or cfg.seq_length,
                           eod=tokenizer.eod if tokenizer else 0, batch_size=batch_size, max_tokens=max_tokens)
     return {**result, **source, "model": str(ckpt.path), "step": ckpt.step, "input_embedding": cfg.input_embedding,
-            "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"], "bos": BOS_NOTE}
+            "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"], "tokenizer": tokenizer_record,
+            "bos": BOS_NOTE}
 
 
 def hf_perplexity(model_dir: str, *, text_files=None, data_path=None, seq_length: int | None = None,
@@ -62,7 +81,8 @@ def hf_perplexity(model_dir: str, *, text_files=None, data_path=None, seq_length
                           eod=tokenizer.eos_token_id, batch_size=batch_size, max_tokens=max_tokens)
     fixed = getattr(config, "fixed_code", None)
     return {**result, **source, "model": str(Path(model_dir)), "input_embedding": fixed["input_embedding"] if fixed else "learned",
-            "code_fingerprint": fixed["fingerprint"] if fixed else "learned", "bos": BOS_NOTE}
+            "code_fingerprint": fixed["fingerprint"] if fixed else "learned",
+            "tokenizer": {"model": str(Path(model_dir)), "vocab_size": len(tokenizer)}, "bos": BOS_NOTE}
 
 
 def _target_examples(tokenizer, *, squad=None, sft_data=None, sft_fields=None) -> tuple[list, str, dict]:
@@ -87,20 +107,16 @@ def checkpoint_target_perplexity(load: str, *, step: int | None = None, squad=No
     """SQuAD gold-answer or held-out SFT response perplexity of a megatron checkpoint (TP=1/PP=1)."""
     from megatron_fixedcode.eval.gold_answer import target_nll
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
-    from megatron_fixedcode.tokenizers import build_tokenizer
 
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
-    tok_info = ckpt.trainer_state.get("tokenizer") or {}
-    if not (tokenizer_model or tok_info.get("model")):
-        raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
-    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", tokenizer_model or tok_info["model"])
+    tokenizer, tokenizer_record = _checkpoint_tokenizer(ckpt, load, tokenizer_model, required=True)
     examples, keep, source = _target_examples(tokenizer, squad=squad, sft_data=sft_data, sft_fields=sft_fields)
     cfg = ckpt.model_cfg
     pad = tokenizer.pad if tokenizer.pad is not None else tokenizer.eod
     result = target_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), examples, seq_length=seq_length or cfg.seq_length,
                         pad_id=pad, keep=keep, batch_size=batch_size)
     return {**result, **source, "model": str(ckpt.path), "step": ckpt.step, "input_embedding": cfg.input_embedding,
-            "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"]}
+            "code_fingerprint": ckpt.trainer_state["identity"]["code_fingerprint"], "tokenizer": tokenizer_record}
 
 
 def hf_target_perplexity(model_dir: str, *, squad=None, sft_data=None, sft_fields=None, seq_length: int | None = None,
