@@ -515,3 +515,36 @@ def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokeni
     assert preprocess_data.main(argv + ["--skip-bad-documents", "--output-prefix", str(tmp_path / "skip")]) == 0
     summary = json.loads((tmp_path / "skip_summary.json").read_text())
     assert summary["skipped"]["count"] == 1
+
+
+def test_a_prefix_reindexed_with_another_corpus_gets_a_new_sample_index_and_refuses_resume(tmp_path):
+    """Issue 25 item 1: megatron's GPT index cache (beside the data) was keyed by path, seed,
+    length and tokenizer only: a prefix re-indexed with a larger corpus trained on the old sample
+    map (step-1 loss 4.5% off), and a resume continued on other data."""
+    import numpy as np
+
+    from tests.data_helpers import write_indexed_dataset
+    from tests.pretrain_helpers import pretrain, read_metrics
+
+    rng = np.random.default_rng(1)
+
+    def corpus(n):
+        return [rng.integers(1, 500, size=int(rng.integers(40, 120))) for _ in range(n)]
+
+    small, large = corpus(60), corpus(160)
+    prefix, fresh = tmp_path / "data" / "corpus", tmp_path / "fresh" / "corpus"
+    prefix.parent.mkdir()
+    fresh.parent.mkdir()
+    common = ["--dataset-type", "gpt", "--train-iters", "2", "--eval-iters", "1", "--split", "100,0,0"]
+    write_indexed_dataset(prefix, small, dtype=np.uint16)
+    pretrain(*common, "--data-path", str(prefix), "--save", str(tmp_path / "ckpt"))
+    write_indexed_dataset(prefix, large, dtype=np.uint16)  # the same prefix, another corpus
+    write_indexed_dataset(fresh, large, dtype=np.uint16)   # the same corpus where no cache exists
+    for where, path in (("reindexed", prefix), ("fresh", fresh)):
+        pretrain(*common, "--data-path", str(path), "--metrics-file", str(tmp_path / f"{where}.jsonl"))
+    reindexed, first = (read_metrics(tmp_path / f"{w}.jsonl") for w in ("reindexed", "fresh"))
+    assert [r["loss"] for r in reindexed] == [r["loss"] for r in first]  # the new corpus's samples
+    proc = pretrain(*common, "--data-path", str(prefix), "--load", str(tmp_path / "ckpt"), "--train-iters", "2",
+                    check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "data_fingerprint" in out and "re-indexed" in out, out[-2000:]

@@ -20,6 +20,7 @@ from megatron.core.datasets.utils import Split
 
 from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.validate import check_token_ids
+from megatron_fixedcode.files import indexed_dataset_fingerprint
 from megatron_fixedcode.tokenizers.base import register_with_megatron
 
 register_with_megatron()  # our tokenizers go into GPTDatasetConfig.tokenizer
@@ -116,6 +117,10 @@ def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDataset
         **blends,
     )
     _check_splits_not_empty(config, lengths)
+    # megatron's index-cache key holds paths, seed, lengths and the tokenizer, nothing of the data:
+    # the shards' fingerprint joins it, so a prefix re-indexed with another corpus builds a new index
+    prefixes = [*blend[0], *(cfg.valid_blend[0] if cfg.valid_blend is not None else [])]
+    config.tokenizer.unique_identifiers["data_fingerprint"] = indexed_dataset_fingerprint(prefixes)
     return config
 
 

@@ -18,6 +18,7 @@ import os
 import types
 from pathlib import Path
 
+from megatron_fixedcode.files import indexed_dataset_fingerprint
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
@@ -42,11 +43,30 @@ def resolve_data_paths(paths: list[str] | None) -> list[str] | None:
     return out
 
 
+def data_fingerprint(*blends: list[str] | None) -> str | None:
+    """:func:`indexed_dataset_fingerprint` of every existing prefix of the blends (weights
+    skipped; a missing shard is reported where the datasets are built)."""
+    from megatron.core.datasets.indexed_dataset import IndexedDataset
+
+    prefixes = [p for blend in blends for p in (blend or []) if not _is_number(p) and IndexedDataset.exists(p)]
+    return indexed_dataset_fingerprint(prefixes) if prefixes else None
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 def stream_identity(a, global_batch: int, max_steps: int) -> dict:
     """What fixes the sample stream; a resume must match it to continue exactly."""
     ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
              "dataset_type": a.dataset_type, "data_path": resolve_data_paths(a.data_path),
              "valid_data_path": resolve_data_paths(a.valid_data_path)}
+    if a.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
+        ident["data_fingerprint"] = data_fingerprint(a.data_path, a.valid_data_path)
     if a.dataset_type == "document_windows":
         ident["samples_per_shard_visit"] = a.samples_per_shard_visit
     elif a.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
@@ -219,6 +239,12 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         before = saved.get(key)
         if key in ("data_path", "valid_data_path"):
             before = resolve_data_paths(before)  # checkpoints that recorded them as given
+        if key == "data_fingerprint" and key not in saved:
+            continue  # saved before the fingerprint was recorded
+        if key == "data_fingerprint" and before != now:
+            raise ValueError(f"{where}: the shards under --data-path / --valid-data-path are not the ones this "
+                             f"checkpoint trained on (data_fingerprint {before} when saved, {now} now: re-indexed "
+                             "with another corpus?); the data stream would not continue exactly")
         if before != now:
             raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
                              "the data stream would not continue exactly")
