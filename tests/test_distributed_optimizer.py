@@ -203,3 +203,25 @@ def test_dp_reshardable_state_resumes_across_dp_and_refuses_tp(corpus, straight,
     reference = {r["step"]: r for r in straight["distopt"][0]}
     for r in read_metrics(tmp_path / "dp1.jsonl"):
         assert r["loss"] == pytest.approx(reference[r["step"]]["loss"], rel=RTOL["distopt"]), r["step"]
+
+
+# --- the smaller items on the path users run ---------------------------------------------------------
+
+def test_pipeline_stages_free_their_sent_outputs_and_ddp_checks_each_ranks_gradients(corpus, tmp_path):
+    """deallocate_pipeline_outputs for PP > 1 (as Megatron-LM); megatron DDP's check_for_nan_in_grad
+    with --check-for-nan-in-loss-and-grad: a non-finite gradient stops the run (exit 3) with a line
+    naming the rank that found it and the step."""
+    from megatron_fixedcode.compat import ParallelLayout
+    from megatron_fixedcode.models import ModelConfig, build_transformer_config
+
+    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
+                      vocab_size=1024, input_embedding="binary")
+    assert build_transformer_config(cfg, ParallelLayout(pipeline_model_parallel_size=2)).deallocate_pipeline_outputs
+    assert not build_transformer_config(cfg, ParallelLayout()).deallocate_pipeline_outputs
+    proc = pretrain("--train-iters", "6", "--lr", "1e30", "--lr-warmup-iters", "0", "--clip-grad", "0",
+                    *data_args(corpus, "document_windows"), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 3, out[-3000:]
+    line = next(l for l in out.splitlines() if " ERROR " in l)
+    assert re.search(r"step \d+: rank 0: .*found (NaN|Inf) in local grad norm", line), line
+    assert "--no-check-for-nan-in-loss-and-grad" in line
