@@ -33,14 +33,7 @@ def resolve_data_paths(paths: list[str] | None) -> list[str] | None:
     relative or an absolute path compare equal."""
     if paths is None:
         return None
-    out = []
-    for p in paths:
-        try:
-            float(p)
-            out.append(p)
-        except ValueError:
-            out.append(os.path.realpath(p))
-    return out
+    return [p if _is_number(p) else os.path.realpath(p) for p in paths]
 
 
 def data_fingerprint(*blends: list[str] | None) -> str | None:
