@@ -4,14 +4,34 @@ from __future__ import annotations
 
 import argparse
 import functools
+import os
 import sys
+import time
 from typing import Callable, NoReturn
+
+
+RANK0_REPORT_GRACE_S = 30.0
+
+
+def is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
+def let_rank0_report() -> None:
+    """A rank other than 0 that found the same user error as rank 0 waits before exiting: the
+    launcher (torchrun, srun --kill-on-bad-exit) stops every rank when the first one exits, and
+    that must be rank 0 after printing its one line. Bounded, in case rank 0 saw other files."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        time.sleep(RANK0_REPORT_GRACE_S)
 
 
 class ArgumentParser(argparse.ArgumentParser):
     """argparse prints the whole usage block before an error; a user needs the error and where help is."""
 
     def error(self, message: str) -> NoReturn:
+        if not is_rank0():  # under torchrun every rank parses alike: rank 0 speaks for all
+            let_rank0_report()
+            self.exit(2)
         self.exit(2, f"{self.prog}: error: {message.replace(chr(10), ' ')} (see --help)\n")
 
     def exit(self, status: int = 0, message: str | None = None) -> NoReturn:

@@ -7,6 +7,7 @@ Flag names follow Megatron-LM (`--data-path`, `--valid-data-path`, `--split`,
 from __future__ import annotations
 
 import logging
+import math
 from dataclasses import dataclass, field
 
 
@@ -34,6 +35,16 @@ def _as_float(text: str) -> float | None:
         return None
 
 
+def check_blend_weights(weights, names, field_name: str) -> None:
+    """Every weight a finite number > 0: megatron's BlendedDataset asserts it on every rank (a
+    traceback each), and NaN or infinity would pass a "non-negative with a positive sum" test."""
+    for weight, name in zip(weights, names):
+        value = float(weight)
+        if not (math.isfinite(value) and value > 0):
+            raise ValueError(f"{field_name}: the weight of {name} is {weight}; every blend weight must be a finite "
+                             "number > 0 (leave a dataset out of the blend instead of weighting it 0)")
+
+
 def parse_blend(
     data_path: list[str] | str, field_name: str = "data_path"
 ) -> tuple[list[str], list[float] | None]:
@@ -51,10 +62,7 @@ def parse_blend(
     if len(items) % 2 == 0 and all(numeric[0::2]) and not any(numeric[1::2]):
         weights = [float(x) for x in items[0::2]]
         prefixes = items[1::2]
-        if any(w < 0 for w in weights) or sum(weights) <= 0:
-            raise ValueError(
-                f"{field_name}: weights must be >= 0 with a positive sum, got {weights}"
-            )
+        check_blend_weights(items[0::2], prefixes, field_name)
         return prefixes, weights
     if any(numeric):
         raise ValueError(

@@ -183,6 +183,9 @@ def _check_splits_not_empty(config: GPTDatasetConfig, lengths: _Lengths) -> None
         num_seqs = len(seq_lengths)
         beg, end = int(round(lo * num_seqs)), int(round(hi * num_seqs))
         if int(seq_lengths[beg:end].sum(dtype=numpy.int64)) == 0:
+            if config.blend_per_split is not None:  # no --split in play: the shard itself is empty
+                raise ValueError(f"{name} {prefix}: its {num_seqs} sequences hold no tokens; leave it out "
+                                 "or re-index it from a non-empty input")
             raise ValueError(
                 f"split: the {name} part of {prefix} ({end - beg} of {num_seqs} sequences) "
                 "has no tokens; change --split or give --valid-data-path"

@@ -17,6 +17,7 @@ from typing import Optional, Sequence
 import numpy
 
 from megatron_fixedcode.data import shards as shard_plan
+from megatron_fixedcode.data.config import check_blend_weights
 
 MANIFEST_FORMAT = "megatron-fixedcode-shard-manifest"
 SPLIT_RULE = ("valid when blake2b(key, key=split_seed) as a 64-bit integer < valid_fraction * 2^64; "
@@ -124,8 +125,8 @@ def blend_from_manifests(paths: Sequence[str], weights: Optional[Sequence[float]
     """
     if weights is not None and len(weights) != len(paths):
         raise ValueError(f"--data-manifest-weights: {len(weights)} weights for {len(paths)} manifests")
-    if weights is not None and (any(w < 0 for w in weights) or sum(weights) <= 0):
-        raise ValueError(f"--data-manifest-weights: weights must be >= 0 with a positive sum, got {list(weights)}")
+    if weights is not None:
+        check_blend_weights(weights, paths, "--data-manifest-weights")
     manifests = [load_manifest(p) for p in paths]
     for path, m in zip(paths, manifests):
         fp = m["tokenizer"]["fingerprint"]

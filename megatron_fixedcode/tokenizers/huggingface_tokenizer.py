@@ -29,10 +29,22 @@ def _config_token(path: Path, field: str) -> Optional[str]:
     config = path.parent / "tokenizer_config.json"
     if not config.is_file():
         return None
-    value = json.loads(config.read_text(encoding="utf-8")).get(field)
+    try:
+        value = json.loads(config.read_text(encoding="utf-8")).get(field)
+    except (ValueError, AttributeError) as e:  # bad JSON or bytes, or not an object
+        raise ValueError(f"--tokenizer-model: {config} is not a valid tokenizer_config.json ({e})") from None
     if isinstance(value, dict):
         value = value.get("content")
     return value if isinstance(value, str) else None
+
+
+def _load(json_path: Path) -> HFTokenizer:
+    """The Rust parser raises a bare ``Exception`` on a damaged file: name the file instead."""
+    try:
+        return HFTokenizer.from_str(json_path.read_text(encoding="utf-8"))
+    except Exception as e:  # noqa: BLE001 - tokenizers has no narrower exception type
+        raise ValueError(f"--tokenizer-model: {json_path} is not a valid tokenizer.json ({e}); "
+                         "the file is damaged or truncated") from None
 
 
 class HuggingFaceTokenizer(Tokenizer):
@@ -42,7 +54,7 @@ class HuggingFaceTokenizer(Tokenizer):
 
     def __init__(self, path: Path, eod_token: Optional[str] = None) -> None:
         json_path = resolve_tokenizer_json(path)
-        self._tok = HFTokenizer.from_str(json_path.read_text(encoding="utf-8"))
+        self._tok = _load(json_path)
         self._eod = self._find(json_path, [eod_token] if eod_token else None, "eos_token", KNOWN_EOD_TOKENS)
         if self._eod is None:
             raise ValueError(

@@ -18,7 +18,10 @@ class SentencePieceTokenizer(Tokenizer):
         path = Path(path)
         if not path.is_file():
             raise ValueError(f"--tokenizer-model: no SentencePiece model at {path}")
-        self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        try:
+            self._sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (RuntimeError, OSError) as e:  # a damaged or non-SentencePiece file
+            raise ValueError(f"--tokenizer-model: {path} is not a valid SentencePiece model ({e})") from None
         self._eod = self._find_eod(path, eod_token)
         super().__init__(path, eod_token)
 

@@ -13,8 +13,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from megatron_fixedcode.cli.parser import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat.layout import ParallelLayout
@@ -29,6 +27,7 @@ from megatron_fixedcode.models.config import (
     ModelConfig,
 )
 from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
+from megatron_fixedcode.yaml_files import load_yaml
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
@@ -228,9 +227,9 @@ def _expand(value: Any) -> Any:
 def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
     """YAML recipe → parser defaults; unknown keys are refused naming the file and key."""
     try:
-        data = yaml.safe_load(Path(path).read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        parser.error(f"--config {path}: {e}")
+        data = load_yaml(path) or {}
+    except ValueError as e:  # names the file; not YAML, a recursive alias or an alias bomb
+        parser.error(f"--config {e}")
     if not isinstance(data, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
     for alias, precision in _PRECISION_ALIASES.items():
@@ -383,6 +382,26 @@ def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
     return loaded
 
 
+def _check_inputs(a: argparse.Namespace) -> None:
+    """What the flags name and can be read cheaply, refused at parse time (the dry run included):
+    blend weights (megatron asserts them on every rank), damaged or empty shards (their index
+    only) and a damaged tokenizer file."""
+    from megatron_fixedcode.data.config import parse_blend
+
+    from megatron_fixedcode.data.validate import check_shards
+
+    source = f"--data-args-path {a.data_args_path}" if a.data_args_path else "--data-path"
+    for flag, field, paths in ((source, "data_path", a.data_path), ("--valid-data-path", "valid_data_path", a.valid_data_path)):
+        if paths:
+            prefixes, _ = parse_blend(paths, flag)
+            if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
+                check_shards([p for p in prefixes if os.path.isfile(p + ".idx")], None, field)
+    if a.tokenizer_model and (not a.dry_run or Path(a.tokenizer_model).exists()):  # a login node may lack it
+        from megatron_fixedcode.tokenizers import build_tokenizer
+
+        build_tokenizer(a.tokenizer_type, a.tokenizer_model)
+
+
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     parser = build_parser()
     pre, _ = parser.parse_known_args(argv)
@@ -394,6 +413,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
 
         recipe_data = {k: parser.get_default(k) for k in ("data_path", "valid_data_path")}
         resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
+        _check_inputs(a)
     except ValueError as e:
         parser.error(str(e))
     if a.precision == "fp16":

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from megatron_fixedcode.cli.parser import let_rank0_report
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
@@ -64,6 +65,8 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     except (ValueError, FileNotFoundError) as e:
         if rank0:
             logger.error("%s", e)
+        else:
+            let_rank0_report()
         return 2
     try:
         return _train(cfg, plan)
