@@ -330,16 +330,22 @@ def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_pat
 
 def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monkeypatch):
     """Issue 25 item 7: a killed export child left a partial hf/iter_N and the trainer exited 0.
-    Here every export child is SIGKILLed as it starts (a sitecustomize that only the converter's
-    command line triggers): the step-1 export failure is logged and training goes on; the final
-    (step 2) one fails the run, exit code 4, one line naming the export and its log. No
-    directory is left under either export's name, and the checkpoints are complete."""
+    Here every export child is SIGKILLed with everything written, just before it renames
+    iter_N.partial to iter_N (a sitecustomize that only the converter's command line triggers):
+    the step-1 export failure is logged and training goes on; the final (step 2) one fails the
+    run, exit code 4, one line naming the export and its log. No directory is left under either
+    export's name, the killed exports' leftovers are removed, and the checkpoints are complete."""
     inject = tmp_path / "inject"
     inject.mkdir()
     (inject / "sitecustomize.py").write_text(
         "import os, signal, sys\n"
         "if 'megatron_fixedcode.cli.convert_checkpoint_to_hf' in sys.orig_argv:\n"
-        "    os.kill(os.getpid(), signal.SIGKILL)\n")
+        "    rename = os.rename\n"
+        "    def killed_before_rename(src, dst, *args, **kwargs):\n"
+        "        if str(src).endswith('.partial'):\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        return rename(src, dst, *args, **kwargs)\n"
+        "    os.rename = killed_before_rename\n")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])))
     ckpt = tmp_path / "ckpt"
     proc = pretrain("--train-iters", "2", "--save", str(ckpt), "--save-interval", "1", "--hf-export-interval", "1",

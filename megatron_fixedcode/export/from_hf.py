@@ -114,7 +114,8 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, seq_length: 
     if arch not in LLAMA_ARCHITECTURES:
         raise ValueError(f"{hf_dir}/config.json: architecture {arch} is not supported (Llama only)")
     try:
-        cfg = model_config_from_llama(config, seq_length=seq_length, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        cfg = model_config_from_llama(config, seq_length=seq_length,
+                                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
         code = recorded_code(config)
     except (KeyError, TypeError, ValueError, AttributeError) as e:
         raise _config_error(hf_dir, e) from None

@@ -154,6 +154,12 @@ def partial_dir(out_dir: Path) -> Path:
     return out_dir.with_name(out_dir.name + PARTIAL_SUFFIX)
 
 
+def lock_file(out_dir: Path) -> Path:
+    """The lock an export to ``out_dir`` holds while it writes ``out_dir.partial``."""
+    out_dir = Path(out_dir)
+    return out_dir.with_name(out_dir.name + ".lock")
+
+
 def begin_export(out_dir: Path) -> Path:
     """A fresh ``out_dir.partial`` (a killed export's leftover is removed) marked incomplete."""
     tmp = partial_dir(out_dir)

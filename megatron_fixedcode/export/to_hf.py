@@ -77,7 +77,7 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
     if provenance:
         config["megatron_fixedcode"] = provenance
     out.parent.mkdir(parents=True, exist_ok=True)
-    with PathLock(out.with_name(out.name + ".lock"), f"--output {out}"):  # one writer of OUT.partial at a time
+    with PathLock(hf_io.lock_file(out), f"--output {out}"):  # one writer of OUT.partial at a time
         tmp = hf_io.begin_export(out)
         try:
             hf_io.write_safetensors(tmp, tensors, max_shard_size)
@@ -89,7 +89,8 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
             if tokenizer is not None:
                 hf_io.write_tokenizer(tmp, tokenizer_type, tokenizer_model, tokenizer, cfg.seq_length)
             else:
-                logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): no tokenizer files written")
+                logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): "
+                               "no tokenizer files written")
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
             raise

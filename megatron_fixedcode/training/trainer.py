@@ -264,10 +264,11 @@ class Trainer:
         proc, self._export_proc = getattr(self, "_export_proc", None), None
         if proc is None or proc.wait() == 0:
             return
-        from megatron_fixedcode.export.hf_io import partial_dir
+        from megatron_fixedcode.export import hf_io
 
         step, out = self._export_step, self._export_out
-        shutil.rmtree(partial_dir(out), ignore_errors=True)
+        shutil.rmtree(hf_io.partial_dir(out), ignore_errors=True)  # nothing holds them: the child has exited
+        hf_io.lock_file(out).unlink(missing_ok=True)
         how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
         message = (f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
                    f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
