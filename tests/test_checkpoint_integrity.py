@@ -326,3 +326,38 @@ def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_pat
     assert record["model"] == trained["tok"] and record["vocab_size"] == 1024 and record["fingerprint"]
     assert evaluate.main(["--hf-model", str(tmp_path), "--text-files", str(text), "--tokenizer-model", other]) == 2
     assert "--tokenizer-model applies to --load" in capsys.readouterr().err
+
+
+def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monkeypatch):
+    """Issue 25 item 7: a killed export child left a partial hf/iter_N and the trainer exited 0.
+    Here every export child is SIGKILLed with everything written, just before it renames
+    iter_N.partial to iter_N (a sitecustomize that only the converter's command line triggers):
+    the step-1 export failure is logged and training goes on; the final (step 2) one fails the
+    run, exit code 4, one line naming the export and its log. No directory is left under either
+    export's name, the killed exports' leftovers are removed, and the checkpoints are complete."""
+    inject = tmp_path / "inject"
+    inject.mkdir()
+    (inject / "sitecustomize.py").write_text(
+        "import os, signal, sys\n"
+        "if 'megatron_fixedcode.cli.convert_checkpoint_to_hf' in sys.orig_argv:\n"
+        "    rename = os.rename\n"
+        "    def killed_before_rename(src, dst, *args, **kwargs):\n"
+        "        if str(src).endswith('.partial'):\n"
+        "            os.kill(os.getpid(), signal.SIGKILL)\n"
+        "        return rename(src, dst, *args, **kwargs)\n"
+        "    os.rename = killed_before_rename\n")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])))
+    ckpt = tmp_path / "ckpt"
+    proc = pretrain("--train-iters", "2", "--save", str(ckpt), "--save-interval", "1", "--hf-export-interval", "1",
+                    *_common(corpus), check=False)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-3000:]
+    assert "Traceback" not in out, out[-3000:]
+    errors = [line for line in out.splitlines() if " ERROR " in line]
+    assert len(errors) == 2, errors
+    step1, step2 = (ckpt / "hf" / f"iter_{s:07d}" for s in (1, 2))
+    assert "export of step 1 failed (killed by signal 9" in errors[0] and "(training goes on)" in errors[0]
+    assert "export of step 2 failed (killed by signal 9" in errors[1] and f"{step2}.log" in errors[1]
+    assert f"--load {ckpt} --ckpt-step 2 --output {step2}" in errors[1]
+    assert sorted(p.name for p in (ckpt / "hf").iterdir()) == ["iter_0000001.log", "iter_0000002.log"]
+    assert latest_step(ckpt) == 2 and checkpointing.verified_step(ckpt, 2) == 2

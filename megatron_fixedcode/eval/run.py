@@ -72,6 +72,9 @@ def hf_perplexity(model_dir: str, *, text_files=None, data_path=None, seq_length
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
+    from megatron_fixedcode.export import hf_io
+
+    hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
                                                  dtype=torch.float32).eval()
@@ -128,7 +131,9 @@ def hf_target_perplexity(model_dir: str, *, squad=None, sft_data=None, sft_field
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from megatron_fixedcode.eval.gold_answer import target_nll
+    from megatron_fixedcode.export import hf_io
 
+    hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback
     hf_tok = AutoTokenizer.from_pretrained(model_dir)
     tokenizer = types.SimpleNamespace(tokenize=lambda t: hf_tok(t, add_special_tokens=False)["input_ids"],
                                       eod=hf_tok.eos_token_id)

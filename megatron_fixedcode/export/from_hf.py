@@ -17,7 +17,12 @@ import torch
 
 from megatron_fixedcode.codes import CodeSpec
 from megatron_fixedcode.export import hf_io
-from megatron_fixedcode.export.llama import fixed_code_table, llama_to_megatron, model_config_from_llama
+from megatron_fixedcode.export.llama import (
+    fixed_code_table,
+    llama_tensor_shapes,
+    llama_to_megatron,
+    model_config_from_llama,
+)
 from megatron_fixedcode.export.megatron_io import build_single_rank_model, save_megatron_checkpoint
 from megatron_fixedcode.models.config import ModelConfig
 
@@ -66,17 +71,62 @@ def _tokenizer_record(model_dir: Path, vocab_size: int) -> dict[str, Any] | None
     return None
 
 
+def _config_error(hf_dir: Path, e: Exception) -> ValueError:
+    what = f"no {e.args[0]!r}" if isinstance(e, KeyError) else str(e)
+    return ValueError(f"{hf_dir}/config.json: {what}")
+
+
+def check_tensors(hf_dir: Path, config: dict[str, Any], cfg: ModelConfig, found: dict[str, list[int]],
+                  code: CodeSpec | None) -> None:
+    """Every tensor in the safetensors is used and every tensor the model needs is there, with the
+    shape config.json implies; otherwise one error naming them, before anything is loaded or
+    written (a config.json with fewer layers than the weights would drop layers silently)."""
+    expected = llama_tensor_shapes(cfg)
+    optional = set()
+    if code is not None:
+        optional.add("model.embed_tokens.weight")  # the code's rows; checked against the code when stored
+    if config.get("tie_word_embeddings", False) and "model.embed_tokens.weight" in found:
+        optional.add("lm_head.weight")  # an untied copy of the input table
+    missing = [k for k in expected if k not in found and k not in optional]
+    unused = [k for k in found if k not in expected]
+    wrong = [f"{k} {found[k]} (expected {expected[k]})" for k in expected if k in found and found[k] != expected[k]]
+    if not (missing or unused or wrong):
+        return
+    layers = {int(k.split(".")[2]) for k in found if k.startswith("model.layers.") and k.split(".")[2].isdigit()}
+    parts = [f"config.json says num_hidden_layers={cfg.num_layers}, the safetensors hold {len(layers)} layers"
+             if layers != set(range(cfg.num_layers)) else f"config.json: {cfg.num_layers} layers, hidden "
+             f"{cfg.hidden_size}, FFN {cfg.ffn_hidden_size}, vocabulary {cfg.vocab_size}"]
+    for label, names in (("not used by the model", unused), ("missing", missing), ("of another shape", wrong)):
+        if names:
+            more = f" (+{len(names) - 10} more)" if len(names) > 10 else ""
+            parts.append(f"{len(names)} tensors {label}: {', '.join(names[:10])}{more}")
+    raise ValueError(f"{hf_dir}: the weights do not fit config.json; refusing to import ({'; '.join(parts)})")
+
+
 def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, seq_length: int | None = None,
                            make_vocab_size_divisible_by: int = 128) -> Path:
-    """Write ``save/iter_0000000`` + ``latest_checkpointed_iteration.txt``; returns the iter dir."""
+    """Write ``save/iter_0000000`` + ``latest_checkpointed_iteration.txt``; returns the iter dir.
+    Everything is checked before anything is written: an incomplete directory, a config.json
+    that is not a Llama we can build, and weights that do not fit it exactly are refused."""
     hf_dir = Path(hf_dir)
-    config = hf_io.read_config(hf_dir)
+    config = hf_io.read_config(hf_dir)  # refuses an incomplete export
     arch = (config.get("architectures") or ["?"])[0]
     if arch not in LLAMA_ARCHITECTURES:
         raise ValueError(f"{hf_dir}/config.json: architecture {arch} is not supported (Llama only)")
-    cfg = model_config_from_llama(config, seq_length=seq_length, make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+    try:
+        cfg = model_config_from_llama(config, seq_length=seq_length,
+                                      make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        code = recorded_code(config)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise _config_error(hf_dir, e) from None
+    found: dict[str, list[int]] = {}
+    for name in hf_io.weight_files(hf_dir):
+        found.update(hf_io.safetensors_shapes(hf_dir / name))
+    check_tensors(hf_dir, config, cfg, found, code)
     tensors = {k: v.to(torch.float32) for k, v in hf_io.read_safetensors(hf_dir).items()}
-    code = recorded_code(config)
+    if "lm_head.weight" not in tensors:
+        logger.warning("%s ties the head to the input table; importing an untied copy of it as the head", hf_dir)
+        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     if code is not None:
         if cfg.code_spec().fingerprint != code.fingerprint:
             raise ValueError(f"{hf_dir}/config.json: fixed_code (fingerprint {code.fingerprint}) cannot be rebuilt from "
@@ -86,19 +136,12 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, seq_length: 
             bad = int((table != fixed_code_table(code)).any(dim=1).sum())
             raise ValueError(f"{hf_dir}: embed_tokens.weight differs from the fixed code {code.fingerprint} in {bad} "
                              "rows (was it fine-tuned?); refusing to import it as that code")
-    elif "model.embed_tokens.weight" not in tensors:
-        raise ValueError(f"{hf_dir}: no model.embed_tokens.weight and no fixed_code in config.json")
-    if "lm_head.weight" not in tensors:
-        if not config.get("tie_word_embeddings", False):
-            raise ValueError(f"{hf_dir}: no lm_head.weight")
-        logger.warning("%s ties the head to the input table; importing an untied copy of it as the head", hf_dir)
-        tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
     padded = cfg.padded_vocab_size(1)
     model = build_single_rank_model(cfg)
     mapped = llama_to_megatron(tensors, cfg, padded)
     missing, unexpected = model.load_state_dict(mapped, strict=False)
     missing = [k for k in missing if not k.endswith("_extra_state") and not k.startswith("embedding.")]
-    if missing or unexpected:
+    if missing or unexpected:  # check_tensors makes this unreachable unless the mapping itself is wrong
         raise ValueError(f"{hf_dir}: weights do not fit the model (missing {missing[:5]}, unexpected {unexpected[:5]})")
     state = trainer_state_for(cfg, _tokenizer_record(hf_dir, cfg.vocab_size), str(hf_dir.resolve()))
     return save_megatron_checkpoint(save, model, state)

@@ -113,6 +113,29 @@ def llama_to_megatron(hf: dict[str, torch.Tensor], cfg: ModelConfig, padded_voca
     return {k: v.to(torch.float32).contiguous() for k, v in out.items()}
 
 
+def llama_tensor_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
+    """Every tensor a Hugging Face Llama of ``cfg`` holds, with its shape (what
+    :func:`llama_to_megatron` reads)."""
+    num_groups, q_per_group, head_dim = _heads(cfg)
+    hidden, ffn, vocab = cfg.hidden_size, cfg.ffn_hidden_size, cfg.vocab_size
+    shapes = {"model.embed_tokens.weight": [vocab, hidden]}
+    for i in range(cfg.num_layers):
+        layer = HF_LAYER.format(i=i)
+        shapes.update({
+            layer + "self_attn.q_proj.weight": [num_groups * q_per_group * head_dim, hidden],
+            layer + "self_attn.k_proj.weight": [num_groups * head_dim, hidden],
+            layer + "self_attn.v_proj.weight": [num_groups * head_dim, hidden],
+            layer + "self_attn.o_proj.weight": [hidden, num_groups * q_per_group * head_dim],
+            layer + "mlp.gate_proj.weight": [ffn, hidden],
+            layer + "mlp.up_proj.weight": [ffn, hidden],
+            layer + "mlp.down_proj.weight": [hidden, ffn],
+            **{layer + hf_name: [hidden] for hf_name in _NORMS.values()},
+        })
+    shapes["model.norm.weight"] = [hidden]
+    shapes["lm_head.weight"] = [vocab, hidden]
+    return shapes
+
+
 def fixed_code_table(code: CodeSpec) -> torch.Tensor:
     """``[V, H]`` float32 rows scale·R·c~(t): the frozen lookup that equals the table-free code."""
     return torch.from_numpy(code.vectors(np.arange(code.vocab_size)).astype(np.float32))
@@ -166,7 +189,12 @@ def fixed_code_entry(cfg: ModelConfig) -> dict[str, Any]:
 
 def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = None,
                             make_vocab_size_divisible_by: int = 128) -> ModelConfig:
-    """A ModelConfig for a Llama config.json; refuses what our llama block cannot express."""
+    """A ModelConfig for a Llama config.json; refuses what our llama block cannot express (the
+    messages name the key; the caller names the file)."""
+    for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
+        value = config.get(key)
+        if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            raise ValueError(f"{key}={value!r}: expected a positive integer" if key in config else f"no {key}")
     rope = config.get("rope_parameters") or config.get("rope_scaling") or {}
     unsupported = {
         "attention_bias": config.get("attention_bias", False),
@@ -175,13 +203,16 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
         "rope scaling": rope.get("rope_type", rope.get("type", "default")) not in ("default", None),
     }
     if any(unsupported.values()):
-        raise ValueError(f"config.json: unsupported Llama features {[k for k, v in unsupported.items() if v]}")
+        raise ValueError(f"unsupported Llama features {[k for k, v in unsupported.items() if v]}")
     heads, hidden = config["num_attention_heads"], config["hidden_size"]
+    groups = config.get("num_key_value_heads", heads)
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 1 or heads % groups:
+        raise ValueError(f"num_key_value_heads={groups!r} does not divide num_attention_heads={heads}")
     if config.get("head_dim", hidden // heads) != hidden // heads:
-        raise ValueError(f"config.json: head_dim={config['head_dim']} != hidden_size/num_attention_heads")
+        raise ValueError(f"head_dim={config['head_dim']} != hidden_size/num_attention_heads")
     theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     if float(theta) != int(theta):
-        raise ValueError(f"config.json: rope_theta={theta} is not an integer (megatron's rotary_base is)")
+        raise ValueError(f"rope_theta={theta} is not an integer (megatron's rotary_base is)")
     fixed = config.get("fixed_code")
     code_fields: dict[str, Any] = {"input_embedding": "learned"}
     if fixed is not None:
@@ -193,7 +224,7 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
             code_fields["code_matrix"] = fixed["matrix"]
     return ModelConfig(
         num_layers=config["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
-        num_query_groups=config.get("num_key_value_heads", heads), ffn_hidden_size=config["intermediate_size"],
+        num_query_groups=groups, ffn_hidden_size=config["intermediate_size"],
         seq_length=seq_length or config.get("max_position_embeddings", 2048), vocab_size=config["vocab_size"],
         block="llama", norm_epsilon=config.get("rms_norm_eps", 1e-6), rotary_base=int(theta),
         init_method_std=config.get("initializer_range", 0.02), make_vocab_size_divisible_by=make_vocab_size_divisible_by,

@@ -52,13 +52,17 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
                    tokenizer_type: str | None = None, tokenizer_model: str | None = None,
                    dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
                    provenance: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
-    """Write config.json, generation_config.json, safetensors (+ index) and tokenizer files."""
+    """Write config.json, generation_config.json, safetensors (+ index) and tokenizer files into
+    ``OUT.partial`` and rename it to ``OUT`` when complete: a killed or failed export leaves no
+    directory under the final name (readers refuse the marked ``OUT.partial``)."""
+    from megatron_fixedcode.locks import PathLock
+
     out = Path(out_dir)
-    if out.exists() and any(out.iterdir()):
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
         if not overwrite:
             raise ValueError(f"--output {out} exists and is not empty (pass --overwrite to replace it)")
-        shutil.rmtree(out)
-    out.mkdir(parents=True, exist_ok=True)
+        if not out.is_dir():
+            raise ValueError(f"--output {out} is a file, not a directory")
     tokenizer = None
     if tokenizer_model:
         from megatron_fixedcode.tokenizers import build_tokenizer
@@ -72,17 +76,25 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
                                             table_free=table_free)
     if provenance:
         config["megatron_fixedcode"] = provenance
-    hf_io.write_safetensors(out, tensors, max_shard_size)
-    hf_io.write_json(out / "config.json", config)
-    hf_io.write_json(out / "generation_config.json",
-                     {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False, "_from_model_config": True})
-    if table_free:
-        shutil.copyfile(REMOTE_CODE, out / REMOTE_CODE.name)
-    if tokenizer is not None:
-        hf_io.write_tokenizer(out, tokenizer_type, tokenizer_model, tokenizer, cfg.seq_length)
-    else:
-        logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): no tokenizer files written")
-    return out
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with PathLock(hf_io.lock_file(out), f"--output {out}"):  # one writer of OUT.partial at a time
+        tmp = hf_io.begin_export(out)
+        try:
+            hf_io.write_safetensors(tmp, tensors, max_shard_size)
+            hf_io.write_json(tmp / "config.json", config)
+            hf_io.write_json(tmp / "generation_config.json",
+                             {"bos_token_id": bos, "eos_token_id": eos, "do_sample": False, "_from_model_config": True})
+            if table_free:
+                shutil.copyfile(REMOTE_CODE, tmp / REMOTE_CODE.name)
+            if tokenizer is not None:
+                hf_io.write_tokenizer(tmp, tokenizer_type, tokenizer_model, tokenizer, cfg.seq_length)
+            else:
+                logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): "
+                               "no tokenizer files written")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+            raise
+        return hf_io.finish_export(tmp, out)
 
 
 def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int | None = None,

@@ -24,3 +24,7 @@ class SaveFailed(ValueError):
     complete checkpoint is kept. One line on rank 0, exit code 2."""
 
 
+class ExportFailed(RuntimeError):
+    """The Hugging Face export of the final checkpoint (``--hf-export-interval``) failed: raised on
+    rank 0 only (the export runs there), after training and saving are done. One line naming the
+    export and its log, exit code 4; the checkpoint is complete and can be exported again."""

@@ -23,7 +23,7 @@ from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.report import model_flops_per_token
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.checkpointing import CorruptCheckpoint
-from megatron_fixedcode.training.errors import DataError, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.metrics import MetricsSink
 from megatron_fixedcode.training.rank_agreement import any_rank
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
@@ -90,6 +90,9 @@ def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
         if rank0 or e.local:
             logger.error("%s", e)
         return 3
+    except ExportFailed as e:  # rank 0 only, once training and saving are done
+        logger.error("%s", e)
+        return 4
     finally:
         destroy_distributed()
 
@@ -146,8 +149,10 @@ def train(trainer: Trainer) -> int:
             break
     if ck.save and saved_at != trainer.step:
         trainer.save(final=True)
-    trainer.wait_for_export()
-    sink.close()
+    try:
+        trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
+    finally:
+        sink.close()
     if rank0:
         logger.info("done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, a.train_tokens)
     return 0

@@ -42,7 +42,7 @@ from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.batches import pin
-from megatron_fixedcode.training.errors import DataError, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
@@ -256,10 +256,26 @@ class Trainer:
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
 
     def wait_for_export(self) -> None:
-        proc = getattr(self, "_export_proc", None)
-        if proc is not None and proc.wait() != 0:
-            logger.error("Hugging Face export failed (exit %d): see %s", proc.returncode, self._export_log)
-        self._export_proc = None
+        """Wait for the background export. A failed one leaves no directory under its name (the
+        converter writes ``OUT.partial`` and renames it when complete; a killed converter's
+        leftover is removed here). A failed intermediate export is logged and training goes on;
+        a failed final export fails the run (:class:`ExportFailed`), as it is what the run was
+        asked to deliver. No retry: a full disk or a bad tokenizer path would fail again."""
+        proc, self._export_proc = getattr(self, "_export_proc", None), None
+        if proc is None or proc.wait() == 0:
+            return
+        from megatron_fixedcode.export import hf_io
+
+        step, out = self._export_step, self._export_out
+        shutil.rmtree(hf_io.partial_dir(out), ignore_errors=True)  # nothing holds them: the child has exited
+        hf_io.lock_file(out).unlink(missing_ok=True)
+        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
+        message = (f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
+                   f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
+                   f"--load {self.cfg.args.save} --ckpt-step {step} --output {out}")
+        if self._export_final:
+            raise ExportFailed(message)
+        logger.error("%s (training goes on)", message)
 
     def _export_to_hf(self, final: bool) -> None:
         """On rank 0, convert the checkpoint just saved in a background process (training goes on;
@@ -271,6 +287,7 @@ class Trainer:
         out_root.mkdir(parents=True, exist_ok=True)
         out = out_root / f"iter_{self.step:07d}"
         self._export_log = out_root / f"iter_{self.step:07d}.log"
+        self._export_step, self._export_out, self._export_final = self.step, out, final
         cmd = [sys.executable, "-m", "megatron_fixedcode.cli.convert_checkpoint_to_hf",
                "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
