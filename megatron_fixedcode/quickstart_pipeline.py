@@ -229,7 +229,7 @@ def choose_steps(seconds_per_step: dict[str, float], minutes: float, max_steps: 
         return max_steps
     slowest = max(seconds_per_step.values())
     fits = int((60 * minutes - EVALUATIONS * eval_iters * slowest / 3) / slowest)
-    return max(MIN_STEPS, min(max_steps, fits))
+    return min(max_steps, max(MIN_STEPS, fits))
 
 
 def probe_seconds_per_step(variant: str, data: dict, args: argparse.Namespace) -> float:

@@ -112,6 +112,7 @@ def test_time_limit_chooses_one_step_count_before_training(tmp_path, monkeypatch
     # a tiny limit still trains everyone the same (floor) count; no limit: exactly --train-iters
     assert choose_steps({"binary": 30.0, "learned": 1.0}, 0.01, 1000, 20) == MIN_STEPS
     assert choose_steps({"binary": 0.5}, 0, 300, 20) == 300
+    assert choose_steps({"binary": 30.0}, 0.01, 10, 20) == 10  # --train-iters stays the ceiling
 
 
 @pytest.mark.slow
