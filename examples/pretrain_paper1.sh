@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Paper 1, 0.4B-class: VARIANT [LAYERS] on 1 node x 8 GPUs, ~17.1B tokens per seed (gf2: 16.276B).
+# Paper 1, 0.4B-class: VARIANT [LAYERS] on 1 node x 8 GPUs, 17.093B tokens per seed (gf2: stopped at 16.276B on the same schedule;
+# `--lr-decay-iters 62089` shortens its cosine to end there instead, our option).
 # Recipe: examples/recipes/paper1_0p4b_VARIANT[_L9|_L16].yaml
 #   FINEWEB_PREFIX=... COSMOPEDIA_PREFIX=... TOKENIZER=... SEED=1 sbatch examples/pretrain_paper1.sh binary 9   # from the repo root
 #   bash examples/pretrain_paper1.sh binary 9 --dry-run [trainer flags]   # resolved torchrun command + config, no Slurm needed

@@ -204,7 +204,7 @@ def test_paper1_recipes_differ_only_in_input_keys_and_depth():
     base = recipe("paper1_0p4b_learned.yaml")
     for name in names:
         r = recipe(name)
-        budget = frozenset({"train_tokens", "lr_decay_iters"}) if "_gf2" in name else frozenset()
+        budget = frozenset({"train_tokens"}) if "_gf2" in name else frozenset()  # same schedule, earlier stop
         assert _only_input_keys_differ(base, r, frozenset({"num_layers"}) | budget) == set(), name
         layers = re.search(r"_L(\d+)\.yaml$", name)
         assert r["num_layers"] == (int(layers.group(1)) if layers else 32)
@@ -227,16 +227,50 @@ def test_recipes_hold_the_spec_numbers():
                      transformer_impl="transformer_engine", recompute_granularity="selective")
     assert {k: p1[k] for k in expected1} == expected1
     assert not p1.get("bf16", False) and p1["lr_warmup_iters"] > 0
-    assert abs(p1["train_tokens"] - 17.1e9) < 1e8
+    assert p1["train_tokens"] == 17_093_000_000  # paper 1's learned and fixed budget
     affine = recipe("paper1_0p4b_gf2.yaml")  # paper 1's figure for its affine runs
     assert affine["train_tokens"] == 16_276_000_000
-    assert affine["lr_decay_iters"] == -(-affine["train_tokens"] // (affine["global_batch_size"] * affine["seq_length"]))
     assert p1["data_path"][0::2] == [0.8, 0.2]
     tiny = recipe("tiny_cpu.yaml")
     expected_tiny = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=64,
                          micro_batch_size=4, global_batch_size=8, transformer_impl="local", lr=3e-3, train_iters=50,
                          log_interval=5, eval_interval=25, eval_iters=2)
     assert {k: tiny[k] for k in expected_tiny} == expected_tiny and not tiny.get("bf16", False)
+
+
+def test_paper1_resolved_configs_are_fp32_without_tf32_and_hold_the_papers_budgets(capsys):
+    """Paper 1 trained in FP32 (TF32 off); learned/fixed train 17.093B targets, the affine run stops at
+    16.276B on the others' (unshortened) cosine. Steps are the trainer's own rounding of the budget."""
+    import argparse
+
+    from megatron_fixedcode.pretrain import main
+    from megatron_fixedcode.training.config import ScheduleConfig
+
+    def resolved(name: str, *flags: str) -> tuple[dict, int]:
+        capsys.readouterr()
+        assert main(["--config", str(RECIPES / name), *flags, "--dry-run"]) == 0
+        config = json.loads(capsys.readouterr().out)
+        steps = ScheduleConfig.from_args(argparse.Namespace(**config)).max_steps(config["global_batch_size"])
+        return config, steps
+
+    names = sorted(p.name for p in RECIPES.glob("paper1_0p4b_*.yaml"))
+    assert len(names) == 7
+    for name in names:
+        config, steps = resolved(name)
+        assert config["tf32"] is False and config["precision"] == "fp32", name
+        per_step = config["global_batch_size"] * config["seq_length"]
+        assert config["lr_decay_iters"] == 65_205, name  # one schedule for every paper-1 run
+        if "_gf2" in name:
+            assert config["train_tokens"] == 16_276_000_000
+            assert steps == 62_089 and (steps - 1) * per_step < 16_276_000_000 <= steps * per_step
+            assert steps < config["lr_decay_iters"]  # stopped before the cosine ends, as the paper's run
+        else:
+            assert config["train_tokens"] == 17_093_000_000
+            assert steps == config["lr_decay_iters"] == 65_205
+            assert (steps - 1) * per_step < 17_093_000_000 <= steps * per_step == 17_093_099_520
+    # the shortened schedule (ours) is one flag away and still stops at the same step
+    config, steps = resolved("paper1_0p4b_gf2.yaml", "--lr-decay-iters", "62089")
+    assert config["lr_decay_iters"] == steps == 62_089
 
 
 def test_every_recipe_passes_the_trainer_dry_run(capsys, tmp_path):

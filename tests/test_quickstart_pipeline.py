@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megatron_fixedcode.quickstart_pipeline import main, stdlib_documents
+from megatron_fixedcode import quickstart_pipeline
+from megatron_fixedcode.quickstart_pipeline import MIN_STEPS, choose_steps, main, stdlib_documents
 
 ROOT = Path(__file__).resolve().parents[1]
 DATA_ARGS = ["--data-only", "--corpus-mb", "0.3", "--vocab-size", "1024", "--valid-fraction", "0.2"]
@@ -70,6 +71,50 @@ def test_missing_input_is_a_clean_error(tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
 
 
+def test_time_limit_chooses_one_step_count_before_training(tmp_path, monkeypatch, capsys):
+    """A small time limit and a slow variant (the old quickstart cut it mid-cosine): the probe picks
+    one step count, every variant's command carries it and no time cap, and the table says so."""
+    base = tmp_path / "base"
+    data = {"tokenizer_model": "tok.json", "train": "corpus_train_text_document", "valid": "corpus_valid_text_document"}
+    order, commands = [], {}
+
+    def probe(variant, data, args):
+        order.append(("probe", variant))
+        return {"binary": 0.5, "learned": 0.1}[variant]  # binary 5x slower, as with a cold kernel build
+
+    def run(variant, data, args, steps):
+        order.append(("train", variant))
+        cmd = quickstart_pipeline.train_command(variant, data, args, steps)
+        commands[variant] = cmd
+        logs = Path(args.work_dir) / "logs" / variant
+        logs.mkdir(parents=True, exist_ok=True)
+        n = int(cmd[cmd.index("--train-iters") + 1])
+        record = {"step": n, "tokens": n * 512, "loss": 5.0, "val_loss": 5.5}  # the trainer's last record
+        (logs / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+        return 0
+
+    monkeypatch.setattr(quickstart_pipeline, "build_data", lambda args: data)  # the data stage has its own tests
+    monkeypatch.setattr(quickstart_pipeline, "build_kernel", lambda variants: order.append(("kernel", None)))
+    monkeypatch.setattr(quickstart_pipeline, "probe_seconds_per_step", probe)
+    monkeypatch.setattr(quickstart_pipeline, "run_variant", run)
+    capsys.readouterr()
+    rc = main(["--work-dir", str(base), "--minutes", "0.5", "--eval-iters", "3"])
+    out = capsys.readouterr().out
+    assert rc == 0, out
+    # the kernel is built before any clock, and every probe runs before any variant trains
+    assert order == [("kernel", None), ("probe", "binary"), ("probe", "learned"), ("train", "binary"), ("train", "learned")]
+    steps = choose_steps({"binary": 0.5, "learned": 0.1}, 0.5, 1000, 3)
+    assert steps == (30 - 4 * 3 * 0.5 / 3) // 0.5 == 56  # the slowest variant's pace sets everyone's steps
+    schedule = {v: [c[c.index(f) + 1] for f in ("--train-iters", "--eval-interval", "--config")] for v, c in commands.items()}
+    assert schedule["binary"] == schedule["learned"] == [str(steps), str(steps // 4), schedule["binary"][2]]
+    assert not any("--exit-duration-in-mins" in c for c in commands.values())
+    assert f"equal budget: every variant trained {steps} steps ({steps * 512:,} targets)" in out
+    # a tiny limit still trains everyone the same (floor) count; no limit: exactly --train-iters
+    assert choose_steps({"binary": 30.0, "learned": 1.0}, 0.01, 1000, 20) == MIN_STEPS
+    assert choose_steps({"binary": 0.5}, 0, 300, 20) == 300
+    assert choose_steps({"binary": 30.0}, 0.01, 10, 20) == 10  # --train-iters stays the ceiling
+
+
 @pytest.mark.slow
 def test_quick_run_trains_both_variants(tmp_path):
     work = tmp_path / "qs"
@@ -82,3 +127,4 @@ def test_quick_run_trains_both_variants(tmp_path):
         assert (work / "checkpoints" / variant).is_dir()
     table = out.stdout[out.stdout.rindex("val ppl"):]
     assert "binary" in table and "learned" in table
+    assert "equal budget: every variant trained 6 steps" in table

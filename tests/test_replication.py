@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.replication.report import gap_in_seed_ranges, ppl_table, read_curve, variant_table
+from megatron_fixedcode.replication.report import gap_percent, ppl_table, read_curve, variant_table
 from megatron_fixedcode.replication.store import ResultStore
 from megatron_fixedcode.replication.study import PLANS, VARIANTS, Run, StudyPlan
 from tests.helpers import REPO
@@ -46,6 +46,8 @@ def test_config_hash_covers_what_decides_the_numbers(tmp_path):
     different = {plan.config_hash(Run("binary", 2), "data1"), plan.config_hash(Run("learned", 1), "data1"),
                  plan.config_hash(Run("binary", 1), "data2"),
                  StudyPlan(**{**plan.__dict__, "train_iters": 11}).config_hash(Run("binary", 1), "data1")}
+    recipe.write_text("# a comment does not decide a number\nhidden_size:   64   # nor does layout\n")
+    assert plan.config_hash(Run("binary", 1), "data1") == h
     recipe.write_text("hidden_size: 96\n")
     different.add(plan.config_hash(Run("binary", 1), "data1"))
     assert h not in different and len(different) == 5
@@ -63,20 +65,20 @@ def test_store_counts_a_record_only_for_its_config_hash(tmp_path):
     assert store.current((run,), {run: "other"}) == {}
 
 
-def test_table_gap_is_in_units_of_the_learned_seed_range():
+def test_table_gives_seed_ranges_and_the_gap_in_percent_not_in_learned_seed_ranges():
     records = {Run("learned", 1): {"val_ppl": 100.0}, Run("learned", 2): {"val_ppl": 104.0},
                Run("learned", 3): {"val_ppl": 102.0}, Run("binary", 1): {"val_ppl": 110.0},
                Run("binary", 2): {"val_ppl": 112.0}, Run("random", 1): {"val_ppl": 101.0}}
     table = variant_table(records)
     assert list(table) == ["learned", "binary", "random"]
-    assert gap_in_seed_ranges(table, "binary") == pytest.approx((111.0 - 102.0) / 4.0)
-    assert gap_in_seed_ranges(table, "random") == pytest.approx(-0.25)
+    assert gap_percent(table, "binary") == pytest.approx(100 * (111.0 - 102.0) / 102.0)
+    assert gap_percent(table, "random") == pytest.approx(100 * (101.0 - 102.0) / 102.0)
     rows = ppl_table(table, [1, 2, 3])
-    assert rows[2].startswith("| learned | 100.0 | 104.0 | 102.0 | 102.0 | 4.00 | 3.92% | – |")
-    assert rows[3].startswith("| binary | 110.0 | 112.0 | – | 111.0 | 2.00 | 1.80% | +2.2 |")
-    assert rows[4].startswith("| random | 101.0 | – | – | 101.0 | n/a (1 seed) | n/a | -0.2 |")
-    assert gap_in_seed_ranges(variant_table({Run("learned", 1): {"val_ppl": 1.0}, Run("binary", 1): {"val_ppl": 2.0}}),
-                              "binary") is None
+    assert "seed range (min – max)" in rows[0] and "learned seed ranges" not in rows[0]
+    assert rows[2].startswith("| learned | 100.0 | 104.0 | 102.0 | 102.0 | 100.0 – 104.0 | 3.92% | – |")
+    assert rows[3].startswith("| binary | 110.0 | 112.0 | – | 111.0 | 110.0 – 112.0 | 1.80% | +8.8% |")
+    assert rows[4].startswith("| random | 101.0 | – | – | 101.0 | n/a (1 seed) | n/a | -1.0% |")
+    assert gap_percent(variant_table({Run("binary", 1): {"val_ppl": 2.0}}), "binary") is None  # no learned run
 
 
 def test_read_curve_keeps_the_last_line_of_a_step_logged_twice_on_resume(tmp_path):

@@ -12,8 +12,8 @@ CODE_KERNELS = ("auto", "fused", "torch")  # FixedCodeEmbedding's forward on CPU
 BLOCKS = {
     # Paper 2 (1.7B): RMSNorm, SwiGLU, RoPE, no biases.
     "llama": {"normalization": "RMSNorm", "gated_linear_unit": True, "activation": "silu"},
-    # Paper 1 (0.4B): GELU MLP, RoPE, LayerNorm with a bias (megatron's LayerNorm has weight and bias;
-    # the linear layers have none, add_bias_linear=False).
+    # The paper-1 recipes (0.4B): GELU MLP and RoPE (paper 1's); LayerNorm with a bias and no linear
+    # biases are ours, paper 1 names no norm (megatron's LayerNorm has weight and bias; add_bias_linear=False).
     "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")

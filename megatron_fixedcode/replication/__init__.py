@@ -1,6 +1,7 @@
-"""The small-scale study: learned input table vs the fixed codes (three seeds each) and the controls
-paper 2 asks for (norm-matched, centred, random, sinusoidal, learned low-dimensional, more
-recodings), in a CPU regime with the papers' proportions; resumable across sittings.
+"""The small-scale study: learned input table vs the fixed codes (three seeds each) and our controls
+(norm-matched, for the unmatched scale paper 2 names as a confound; centred, random, sinusoidal,
+learned low-dimensional, more recodings), in a CPU regime whose proportions differ from the papers'
+(d/K = 16, table share 18.6%); resumable across sittings.
 
     python -m megatron_fixedcode.replication            # trains what is not done, rewrites docs/REPLICATION.md
     python -m megatron_fixedcode.replication --quick    # CI: the same path, tiny, a temporary directory

@@ -1,6 +1,7 @@
-"""docs/REPLICATION.md from the run records alone: paper 1's table (per seed, mean, relative seed
-range), each gap in units of the learned model's seed range, loss curves, model readings. Every
-number on the page is read from a committed JSON, so re-running the report changes nothing."""
+"""docs/REPLICATION.md from the run records alone: paper 1's table format (per seed, mean, relative
+seed range), each variant's min–max seed range and its mean's difference from learned's in percent,
+loss curves, model readings. Every number on the page is read from a committed JSON (or the study's
+recipe), so re-running the report changes nothing."""
 from __future__ import annotations
 
 import json
@@ -41,13 +42,14 @@ def variant_table(records: dict[Run, dict]) -> dict[str, dict]:
     return table
 
 
-def gap_in_seed_ranges(table: dict[str, dict], variant: str, reference: str = "learned") -> float | None:
-    """(mean PPL of ``variant`` − mean of ``reference``) / the reference's seed range (max − min)."""
+def gap_percent(table: dict[str, dict], variant: str, reference: str = "learned") -> float | None:
+    """100 · (mean PPL of ``variant`` − mean of ``reference``) / mean of ``reference``. A percent of
+    the operating point, to set beside each variant's own relative seed range; not a count of one
+    variant's (here the narrowest) seed range, which made small gaps look large."""
     ref = table.get(reference)
-    if ref is None or variant not in table or len(ref["seeds"]) < 2:
+    if ref is None or variant not in table:
         return None
-    spread = ref["summary"]["max"] - ref["summary"]["min"]
-    return (table[variant]["summary"]["mean"] - ref["summary"]["mean"]) / spread if spread > 0 else None
+    return 100 * (table[variant]["summary"]["mean"] - ref["summary"]["mean"]) / ref["summary"]["mean"]
 
 
 def plot_curves(records: dict[Run, dict], out: Path) -> Path:
@@ -90,15 +92,15 @@ def _fmt(x: float | None, spec: str, none: str = "n/a") -> str:
 
 def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
     head = " | ".join(f"seed {s}" for s in seeds)
-    lines = [f"| input | {head} | mean | seed range (max − min) | rel. seed range | gap to learned (learned seed ranges) "
+    lines = [f"| input | {head} | mean | seed range (min – max) | rel. seed range | mean vs learned's mean "
              "| controls for |", "|---|" + "---|" * (len(seeds) + 5)]
     for variant, t in table.items():
         by_seed = dict(zip(t["seeds"], t["val_ppl"]))
         cells = [_fmt(by_seed.get(s), PPL, "–") for s in seeds]
         several = len(t["seeds"]) > 1
-        spread = f"{t['summary']['max'] - t['summary']['min']:.2f}" if several else "n/a (1 seed)"
+        spread = f"{t['summary']['min']:{PPL}} – {t['summary']['max']:{PPL}}" if several else "n/a (1 seed)"
         rel = f"{100 * t['summary']['relative_range']:.2f}%" if several else "n/a"
-        gap = "–" if variant == "learned" else _fmt(gap_in_seed_ranges(table, variant), "+.1f")
+        gap = "–" if variant == "learned" else _fmt(gap_percent(table, variant), "+.1f") + "%"
         lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {spread} | {rel} | {gap} | "
                      f"{VARIANTS[variant][1]} |")
     return lines
@@ -127,6 +129,15 @@ def readings_tables(records: dict[Run, dict]) -> list[str]:
     return lines
 
 
+def proportions(plan: StudyPlan, records: dict[Run, dict]) -> str:
+    """d/K and the learned table's share of parameters here, beside the papers' (SPEC.md §2)."""
+    r = yaml.safe_load(plan.recipe.read_text())
+    k = (plan.vocab_size - 1).bit_length()
+    share = [rec["parameters"] for run, rec in records.items() if run.variant == "learned"]
+    table = f"; the learned table's share of parameters {plan.vocab_size * r['hidden_size'] / share[0]:.1%}" if share else ""
+    return f"d/K = {r['hidden_size'] / k:.0f}, papers 64 and 128{table}, papers ~12% and ~5.5%"
+
+
 def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
     r = yaml.safe_load(plan.recipe.read_text())
     k = (plan.vocab_size - 1).bit_length()
@@ -136,6 +147,9 @@ def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
     table_share = (f"{plan.vocab_size * d / params['learned']:.1%} of the learned model's {params['learned']:,} parameters"
                    if "learned" in params else "")
     speed = sorted(rec["tokens_per_second"] for rec in records.values())
+    counts = sorted({rec["val_tokens"] for rec in records.values() if "val_tokens" in rec})
+    scored = ("every record has " + f"{counts[0]:,}" if len(counts) == 1 else
+              "records differ: " + ", ".join(f"{c:,}" for c in counts) if counts else "no record yet")
     measured = (f"Measured: {speed[len(speed) // 2]:,} tokens/s per run (median of {len(speed)} runs, one "
                 f"single-threaded process each, {len(speed) and min(speed):,}–{max(speed):,}), i.e. "
                 f"~{targets / speed[len(speed) // 2] / 60:.0f} min per run and "
@@ -152,15 +166,17 @@ def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
         f"{d} (d/K = {d / k:.0f} tiles), {r['num_attention_heads']} heads, FFN {r['ffn_hidden_size']}, context {seq}, "
         f"FP32, megatron-core local layers on CPU. The learned input table is {plan.vocab_size:,} × {d} = "
         f"{plan.vocab_size * d:,} parameters{', ' + table_share if table_share else ''} (paper 1: ~12%, paper 2: "
-        f"~5.5%).\n\n"
+        f"~5.5%; d/K is 64 in paper 1 and 128 in paper 2).\n\n"
         f"**Training.** Megatron's GPT dataset (documents packed end to end with an EOD token, so every position is "
-        f"a target and the budget is exact; paper 1's sampler), {gbs} sequences × {seq} tokens per step, "
+        f"a target and the budget is exact; our choice here, neither paper's: paper 2 samples windows inside one "
+        f"document and paper 1 describes no sampler), {gbs} sequences × {seq} tokens per step, "
         f"{plan.train_iters} steps = **{targets:,} prediction targets per run**. AdamW lr {r['lr']} → {r['min_lr']}, "
         f"{r['lr_warmup_iters']} warmup steps, cosine, weight decay {r['weight_decay']}, clip {r['clip_grad']}. "
         f"`--seed` sets initialization and data order: every variant sees the same batches at the same seed. "
         f"Recipe `{plan.recipe.relative_to(plan.recipe.parents[2])}`; each run's exact flags are in its record.\n\n"
-        f"**Evaluation.** Held-out perplexity on the first {plan.eval_tokens:,} target tokens of the held-out "
-        f"documents (windows of {seq}, the same for every run).\n\n{measured}")
+        f"**Evaluation.** Held-out perplexity on the held-out documents in order, EOD before each, in windows of "
+        f"{seq}, whole windows until at least {plan.eval_tokens:,} targets: {scored} scored targets "
+        f"(the same windows for every run).\n\n{measured}")
 
 
 def write_report(plan: StudyPlan, records: dict[Run, dict], data: dict, out: Path, results_dir: Path) -> Path:
@@ -189,8 +205,7 @@ the runner skips a run whose record has the current config hash. {status}
 {f"Runs landed {dates[0]} – {dates[-1]}." if dates else ""}
 
 Nothing on this page is a claim about the papers' regime (0.4–1.7B parameters, 17–100B tokens): it is a
-CPU-sized model with the papers' *proportions* (d/K, the table's share of parameters), trained for
-minutes.
+CPU-sized model trained for minutes, and its proportions differ from the papers' too ({proportions(plan, records)}).
 
 ## Setup
 
@@ -198,9 +213,11 @@ minutes.
 
 ## Held-out perplexity (paper 1's format)
 
-Per-seed held-out perplexity, the mean over seeds, the seed range (max − min, in PPL and relative to the
-mean), and the gap of the mean to learned's mean in units of learned's seed range (|gap| < 1: inside
-seed noise). The gaps use the unrounded values of the records.
+Per-seed held-out perplexity, the mean over seeds, the seed range (min – max, and max − min relative to
+the mean), and the mean's difference from learned's mean in percent, computed from the unrounded values
+of the records. Three seeds give a range, not a confidence interval; a control with one seed has no
+range of its own, so read its difference from a neighbour smaller than the fixed codes' own relative
+seed ranges as unresolved.
 
 {chr(10).join(ppl_table(table, seeds)) if table else "No run has finished yet."}
 

@@ -14,6 +14,8 @@ import json
 import re
 from pathlib import Path
 
+import yaml
+
 from megatron_fixedcode.codes import PAPER_CODE_SEED
 
 RECIPES = Path(__file__).resolve().parents[1] / "recipes"
@@ -76,8 +78,9 @@ class StudyPlan:
                 "--train-iters", str(self.train_iters)]
 
     def config_hash(self, run: Run, data_fingerprint: str) -> str:
+        # The recipe's values, not its text: a comment or layout edit does not decide a number.
         identity = {
-            "recipe": self.recipe.read_text(), "flags": self.trainer_flags(run)[2:],
+            "recipe": yaml.safe_load(self.recipe.read_text()), "flags": self.trainer_flags(run)[2:],
             "data": data_fingerprint, "eval_tokens": self.eval_tokens,
             "analysis_windows": self.analysis_windows if run in self.analysed else None,
         }
