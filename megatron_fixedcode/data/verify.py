@@ -3,10 +3,11 @@
 :func:`megatron_fixedcode.data.validate.check_shard` (run at every training start) reads only
 the ``.idx`` header and its last entries. This module reads everything once: every entry of the
 ``.idx`` (sizes, pointers and document bounds consistent with each other and with the ``.bin``),
-every token (each id < V), and compares the counts with the shard's preprocessing summary
-(documents, tokens and, where recorded, the ``.idx`` sha256 and ``.bin`` size). It reports what a
-run needs to know per shard: tokens, documents and documents long enough for one
-``seq_length + 1`` window (paper 2's eligibility).
+every byte of the ``.bin`` in one pass (each id < V when V is given, and its sha256), and compares
+them with what indexing recorded in the shard's summary or manifest entry: documents, tokens, the
+``.idx`` sha256 and the ``.bin`` sha256 (the only check that sees tokens changed within the
+vocabulary). It reports what a run needs to know per shard: tokens, documents and documents long
+enough for one ``seq_length + 1`` window (paper 2's eligibility).
 """
 
 from __future__ import annotations
