@@ -199,7 +199,7 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
             del entry[split]["bin_sha256"]
     (out / "manifest.json").write_text(json.dumps(manifest))
     rc, _, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
-    assert rc == 0 and "note: 4 shards have no recorded .bin sha256" in stderr and "error" not in stderr, stderr
+    assert rc == 0 and "note: 4 of 4 shards verified without a recorded .bin sha256" in stderr and "error" not in stderr, stderr
 
 
 def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
@@ -218,7 +218,7 @@ def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
     for path in (train, train + ".idx", out):
         rc, stdout, stderr = _verify(capsys, path, "--vocab-size", 320)
         assert rc == 0 and f"ok {train}:" in stdout and "error" not in stderr, (path, stderr)
-        assert "no recorded .bin sha256" not in stderr  # the summary beside the prefix vouches for its content
+        assert "without a recorded .bin sha256" not in stderr  # the summary beside the prefix vouches for its content
     assert merge_datasets([train], str(out / "merged"))["documents"] > 0  # the same discovery
     (out / "empty").mkdir()
     rc, _, stderr = _verify(capsys, out / "empty")

@@ -53,8 +53,9 @@ def main(argv=None) -> int:
               "recorded hashes were", file=sys.stderr)
     unhashed = [r["prefix"] for r in results if r["content"] is None]
     if unhashed:
-        print(f"note: {len(unhashed)} shards have no recorded .bin sha256 (indexed before it was recorded, or no "
-              f"summary beside them), so a change of their tokens cannot be seen: {', '.join(unhashed[:3])}"
+        print(f"note: {len(unhashed)} of {len(results)} shards verified without a recorded .bin sha256 (indexed "
+              f"before it was recorded, or no summary beside them), so a change of their tokens cannot be seen: "
+              f"{', '.join(unhashed[:3])}"
               f"{' ...' if len(unhashed) > 3 else ''}; re-index them to record it", file=sys.stderr)
     for e in errors:
         print(f"error: {e}", file=sys.stderr)

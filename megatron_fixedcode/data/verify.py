@@ -183,12 +183,17 @@ def _is_manifest(item: str) -> bool:
 
 
 def _records_beside(directory: Path) -> dict[str, dict]:
-    """Content records of every output the summaries in ``directory`` describe, by prefix."""
+    """What the summaries in ``directory`` recorded about each output they describe, by prefix
+    (a summary that cannot be read is skipped here: verifying the directory names it)."""
     records = {}
-    for summary, path in find_summaries([str(directory)]):
-        for name, prefix in (summary.get("outputs") or {}).items():
-            local = str(path.parent / os.path.basename(prefix))
-            records[local] = summary_record(summary, name, local)
+    for path in sorted(directory.glob("*_summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+            for name, prefix in summary["outputs"].items():
+                local = str(directory / os.path.basename(prefix))
+                records[local] = summary_record(summary, name, local)
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue
     return records
 
 
@@ -207,7 +212,7 @@ def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Op
         try:
             # a prefix first: once trained on, megatron's GPT index cache makes PREFIX/ a directory
             if is_dataset_prefix(prefix):
-                directory = Path(prefix).resolve().parent
+                directory = Path(prefix).parent.resolve()
                 if directory not in beside:
                     beside[directory] = _records_beside(directory)
                 record = beside[directory].get(str(directory / os.path.basename(prefix)))
@@ -231,7 +236,7 @@ def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Op
             errors.append(str(e))
             continue
         except (KeyError, ValueError) as e:  # a summary or manifest without an expected field
-            errors.append(f"{item}: unreadable record ({e!r})")
+            errors.append(f"{item}: unreadable summary or manifest ({e!r})")
             continue
         for prefix, record, split, extra in jobs:
             try:
