@@ -119,6 +119,129 @@ def test_verify_names_the_damaged_shard(indexed, capsys, damage):
     assert f"ok {valid}:" in stdout  # the good shard is still reported
 
 
+def _change_tokens_in_range(prefix: str, change: str, eod: int) -> None:
+    """Rewrite a uint16 .bin in place, same size, every id still < V: only its content differs."""
+    import numpy as np
+
+    tokens = np.fromfile(prefix + ".bin", dtype=np.uint16)
+    before = tokens.copy()
+    if change == "reversed":
+        tokens = tokens[::-1].copy()
+    elif change == "one_token":
+        tokens[50] = (tokens[50] + 1) % 300
+    else:  # replaced with EOD
+        tokens[10:60] = eod
+    assert not np.array_equal(tokens, before) and int(tokens.max()) < 320
+    tokens.tofile(prefix + ".bin")
+
+
+@pytest.mark.parametrize("change", ["reversed", "one_token", "eod"])
+def test_verify_names_a_bin_changed_in_range(indexed, small_tokenizer, capsys, change):
+    """Issue 25 item 6: tokens reversed, one changed or replaced with EOD (ids < V, same size)
+    passed the verifier, which checked structure, counts and ids but never the .bin's content.
+    Preprocessing records the .bin's sha256; the verifier names the shard whose .bin differs,
+    given its directory, its summary or the prefix itself (with or without a vocabulary)."""
+    from megatron_fixedcode.files import file_sha256
+
+    out, summary = indexed
+    train = output_prefix_for(str(out / "shard"), "train", "text")
+    valid = output_prefix_for(str(out / "shard"), "valid", "text")
+    recorded = summary["outputs_sha256"][os.path.basename(train)]
+    assert recorded["bin_sha256"] == file_sha256(train + ".bin") and recorded["idx_sha256"] == file_sha256(train + ".idx")
+    _change_tokens_in_range(train, change, build_tokenizer("HuggingFaceTokenizer", small_tokenizer).eod)
+    for argv in ([out, "--vocab-size", 320], [out / "shard_summary.json"], [train, "--vocab-size", 320]):
+        rc, stdout, stderr = _verify(capsys, *argv)
+        errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+        assert rc == 2 and len(errors) == 1, (argv, stderr)
+        assert errors[0].startswith(f"error: {train}: {train}.bin differs from the one its summary recorded"), stderr
+    assert f"ok {valid}:" in _verify(capsys, out, "--vocab-size", 320)[1]  # the good shard still passes
+
+
+def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_tokenizer, capsys):
+    """Issue 25 item 6: the shard path's summaries, the manifest and a merge's summary carry each
+    .bin's sha256; verify_dataset checks a manifest's shards against it. A shard indexed before
+    the hash was recorded verifies with a note, not an error."""
+    from megatron_fixedcode.data import shards
+    from megatron_fixedcode.data.preprocess import merge_datasets
+    from megatron_fixedcode.files import file_sha256
+
+    _write_shards(tmp_path / "in", n=2)
+    shards.run_task(_plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2), 0)
+    out = tmp_path / "out"
+    assert _write_manifest_cli(out) == 0
+    capsys.readouterr()
+    manifest = json.loads((out / "manifest.json").read_text())
+    for entry in manifest["shards"]:
+        for split in ("train", "valid"):
+            prefix = str(out / entry[split]["prefix"])
+            assert entry[split]["bin_sha256"] == file_sha256(prefix + ".bin")
+            assert entry[split]["idx_sha256"] == file_sha256(prefix + ".idx")
+    rc, stdout, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
+    assert rc == 0 and stdout.count("ok ") == 4 and "note: " not in stderr, stderr
+    # a merge records its output's hash too, and the output verifies against it
+    merged = merge_datasets([str(out / "part-000_train_text_document"), str(out / "part-001_train_text_document")],
+                            str(tmp_path / "merged"))
+    assert merged["outputs_sha256"]["merged"]["bin_sha256"] == file_sha256(tmp_path / "merged.bin")
+    assert _verify(capsys, tmp_path / "merged")[0] == 0
+    _change_tokens_in_range(str(tmp_path / "merged"), "one_token", 0)
+    rc, _, stderr = _verify(capsys, tmp_path / "merged")
+    assert rc == 2 and f"error: {tmp_path / 'merged'}: " in stderr and ".bin differs" in stderr
+
+    damaged = str(out / "part-001_valid_text_document")
+    _change_tokens_in_range(damaged, "reversed", 0)
+    rc, _, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(f"error: {damaged}: {damaged}.bin differs from the "
+                                                                  f"one manifest {out / 'manifest.json'} recorded")
+    # indexed before .bin hashes were recorded: still verified (structure, counts, .idx hash), with a note
+    for entry in manifest["shards"]:
+        for split in ("train", "valid"):
+            del entry[split]["bin_sha256"]
+    (out / "manifest.json").write_text(json.dumps(manifest))
+    rc, _, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
+    assert rc == 0 and "note: 4 of 4 shards verified without a recorded .bin sha256" in stderr and "error" not in stderr, stderr
+
+
+def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
+    """Issue 25 item 8: once a run trained on a prefix, megatron's GPT index cache makes PREFIX/
+    a directory (PREFIX/cache/GPTDataset_indices); verify_dataset took it for a shard directory
+    ("no .bin/.idx pairs matching '*'", naming a flag it lacks). The prefix, its .idx, its
+    directory and a merge of it verify; a path holding no dataset names no flag."""
+    from megatron_fixedcode.data.preprocess import merge_datasets
+    from tests.pretrain_helpers import pretrain
+
+    out, _ = indexed
+    train = output_prefix_for(str(out / "shard"), "train", "text")
+    pretrain("--dataset-type", "gpt", "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0",
+             "--data-path", train)
+    assert list(Path(train, "cache").iterdir())  # megatron's cache, named like the prefix
+    for path in (train, train + ".idx", out):
+        rc, stdout, stderr = _verify(capsys, path, "--vocab-size", 320)
+        assert rc == 0 and f"ok {train}:" in stdout and "error" not in stderr, (path, stderr)
+        assert "without a recorded .bin sha256" not in stderr  # the summary beside the prefix vouches for its content
+    assert merge_datasets([train], str(out / "merged"))["documents"] > 0  # the same discovery
+    (out / "empty").mkdir()
+    rc, _, stderr = _verify(capsys, out / "empty")
+    assert rc == 2 and stderr.strip().splitlines()[-1] == (
+        f"error: {out / 'empty'}: not a dataset: no {out / 'empty'}.bin/.idx, and no *_summary.json or .bin/.idx "
+        "pairs in this directory")
+
+
+def test_verify_without_a_vocabulary_runs_the_structural_checks(indexed, capsys):
+    """Issue 25 item 8: without --vocab-size (or a tokenizer) the verifier refused to run; it now
+    checks structure, counts and hashes (ids only when given V), and says ids went unchecked."""
+    out, _ = indexed
+    train = output_prefix_for(str(out / "shard"), "train", "text")
+    rc, stdout, stderr = _verify(capsys, out)
+    assert rc == 0 and stdout.count("ok ") == 2 and "note: token ids were not checked" in stderr
+    data = bytearray(open(train + ".idx", "rb").read())
+    data[34 + 4 * 3] ^= 0x01  # sequence 3's length
+    open(train + ".idx", "wb").write(bytes(data))
+    rc, _, stderr = _verify(capsys, train)
+    errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
+    assert rc == 2 and len(errors) == 1 and errors[0].startswith(f"error: {train}: ") and "index is damaged" in errors[0]
+
+
 # --- per-shard, resumable indexing (megatron_fixedcode/data/shards.py) ----------------------------
 
 def _write_shards(directory, n=4, docs=60):

@@ -2,11 +2,13 @@
 
     python tools/verify_dataset.py /data/shards --tokenizer-model tokenizer.json --seq-length 2048
 
-PATHS are output directories (every *_summary.json in them: each output is checked against its
-summary), summary files, or dataset prefixes. Per shard: .idx header and arrays consistent with
-the .bin, dtype able to hold the vocabulary, every token id < V, document (and token) counts equal
-to the summary. Prints tokens, documents and documents with >= seq_length + 1 tokens per shard;
-exits 2 naming every bad shard. See docs/data.md.
+PATHS are dataset prefixes (checked against the summary beside them, where one describes them),
+output directories (every *_summary.json in them; without summaries, every .bin/.idx pair),
+summary files or manifest.json files. Per shard: .idx header and arrays consistent with the .bin,
+document (and token) counts and the .bin/.idx sha256 equal to what indexing recorded; with a
+vocabulary (--tokenizer-model or --vocab-size), the dtype able to hold it and every token id < V.
+Prints tokens, documents and documents with >= seq_length + 1 tokens per shard; exits 2 naming
+every bad shard. See docs/data.md.
 """
 
 import argparse
@@ -24,9 +26,9 @@ from megatron_fixedcode.data.verify import verify_paths
 @user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", help="output directories, *_summary.json files or dataset prefixes")
+    p.add_argument("paths", nargs="+", help="dataset prefixes, output directories, *_summary.json or manifest.json files")
     p.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
-    p.add_argument("--tokenizer-model", default=None, help="gives V (the vocabulary size)")
+    p.add_argument("--tokenizer-model", default=None, help="gives V (the vocabulary size); without V ids are not checked")
     p.add_argument("--vocab-size", type=int, default=None, help="V without a tokenizer")
     p.add_argument("--seq-length", type=int, default=2048, help="eligible documents have >= seq_length + 1 tokens")
     p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
@@ -36,8 +38,6 @@ def main(argv=None) -> int:
         from megatron_fixedcode.tokenizers import build_tokenizer
 
         vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
-    if vocab_size is None:
-        p.error("give --tokenizer-model or --vocab-size (token ids are checked against V)")
     results, errors = verify_paths(args.paths, vocab_size, args.seq_length)
     for r in results:
         if args.json:
@@ -48,6 +48,15 @@ def main(argv=None) -> int:
     total = {k: sum(r[k] for r in results) for k in ("tokens", "documents", "eligible_documents")}
     print(f"{len(results)} shards ok, {len(errors)} bad: {total['tokens']} tokens, {total['documents']} documents, "
           f"{total['eligible_documents']} eligible", file=sys.stderr)
+    if vocab_size is None:
+        print("note: token ids were not checked (no --tokenizer-model or --vocab-size); structure, counts and "
+              "recorded hashes were", file=sys.stderr)
+    unhashed = [r["prefix"] for r in results if r["content"] is None]
+    if unhashed:
+        print(f"note: {len(unhashed)} of {len(results)} shards verified without a recorded .bin sha256 (indexed "
+              f"before it was recorded, or no summary beside them), so a change of their tokens cannot be seen: "
+              f"{', '.join(unhashed[:3])}"
+              f"{' ...' if len(unhashed) > 3 else ''}; re-index them to record it", file=sys.stderr)
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 2 if errors else 0

@@ -68,8 +68,11 @@ def build_manifest(output_dir: str, skip_failed: bool = False) -> dict:
             if documents != summary["documents"][split]:
                 raise ValueError(f"{output_dir}: shard {name}: {prefix} holds {documents} documents, its summary "
                                  f"says {summary['documents'][split]}; re-index it")
+            # the content record (.bin size and sha256, .idx sha256) for tools/verify_dataset.py; a shard
+            # indexed before .bin hashes were recorded carries what its summary has
+            content = summary.get("outputs_sha256", {}).get(os.path.basename(prefix), {})
             entry[split] = {"prefix": os.path.relpath(prefix, out), "documents": documents, "tokens": tokens,
-                            "eligible_documents": summary["documents_with_min_doc_tokens"][split]}
+                            "eligible_documents": summary["documents_with_min_doc_tokens"][split], **content}
         entries.append(entry)
     splits = ("train", "valid") if st["valid_fraction"] > 0 else ("train",)
     totals = {s: {k: sum(e[s][k] for e in entries) for k in ("documents", "tokens", "eligible_documents")}

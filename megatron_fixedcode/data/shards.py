@@ -7,9 +7,11 @@ a Slurm array reads the same list. Task ``i`` indexes its group shard by shard w
 ``tools/preprocess_data.py --input SHARD --output-prefix OUTPUT_DIR/NAME``).
 
 The shard's summary ``NAME_summary.json`` is its completion record, written last and atomically:
-it adds to the preprocessing summary the input's size and mtime, the tokenizer fingerprint and the
-sha256 of every ``.idx``. A shard is skipped when that record matches (input unchanged, same
-tokenizer and settings, outputs of the recorded sizes and hashes); anything else is redone, the old
+it adds to the preprocessing summary (which holds each output's ``.bin`` size and sha256 and ``.idx``
+sha256) the input's size and mtime and the tokenizer fingerprint. A shard is skipped when that
+record matches (input unchanged, same tokenizer and settings, outputs of the recorded ``.bin`` sizes
+and ``.idx`` hashes: the ``.bin`` hash is left to ``tools/verify_dataset.py``, as hashing every
+``.bin`` at each re-submission would read the whole corpus); anything else is redone, the old
 record removed first, so a killed task never leaves a shard that looks complete. A shard whose
 input is bad gets ``NAME_failed.json`` (the error, naming file and line) and the task goes on.
 """
@@ -142,9 +144,8 @@ def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tup
 
 
 def index_shard(plan: dict, input_path: str, tokenizer_fingerprint: str) -> dict:
-    """Index one shard (not checking whether it is done); returns its summary."""
-    from megatron_fixedcode.files import file_sha256
-
+    """Index one shard (not checking whether it is done); returns its summary (whose
+    ``outputs_sha256`` preprocessing recorded)."""
     cfg = shard_config(plan, input_path)
     out, name = Path(plan["output_dir"]), shard_name(input_path)
     summary_path, failed_path = out / f"{name}_summary.json", out / f"{name}_failed.json"
@@ -159,10 +160,6 @@ def index_shard(plan: dict, input_path: str, tokenizer_fingerprint: str) -> dict
         _write_json(failed_path, {**record, "error": str(e)})
         raise
     summary["shard"] = {**record, "name": name, "settings": {k: plan["settings"][k] for k in SPLIT_SETTINGS}}
-    summary["outputs_sha256"] = {
-        os.path.basename(prefix): {"bin_bytes": os.path.getsize(prefix + ".bin"), "idx_sha256": file_sha256(prefix + ".idx")}
-        for prefix in summary["outputs"].values()
-    }
     _write_json(summary_path, summary)  # the completion record, last
     return summary
 

@@ -3,14 +3,16 @@
 :func:`megatron_fixedcode.data.validate.check_shard` (run at every training start) reads only
 the ``.idx`` header and its last entries. This module reads everything once: every entry of the
 ``.idx`` (sizes, pointers and document bounds consistent with each other and with the ``.bin``),
-every token (each id < V), and compares the counts with the shard's preprocessing summary
-(documents, tokens and, where recorded, the ``.idx`` sha256 and ``.bin`` size). It reports what a
-run needs to know per shard: tokens, documents and documents long enough for one
-``seq_length + 1`` window (paper 2's eligibility).
+every byte of the ``.bin`` in one pass (each id < V when V is given, and its sha256), and compares
+them with what indexing recorded in the shard's summary or manifest entry: documents, tokens, the
+``.idx`` sha256 and the ``.bin`` sha256 (the only check that sees tokens changed within the
+vocabulary). It reports what a run needs to know per shard: tokens, documents and documents long
+enough for one ``seq_length + 1`` window (paper 2's eligibility).
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -41,12 +43,17 @@ def _read_index(prefix: str, num_sequences: int) -> tuple[numpy.ndarray, numpy.n
 
 
 def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[int] = None,
-                 summary: Optional[dict] = None, split: str = "train") -> dict:
+                 recorded: Optional[dict] = None) -> dict:
     """Check one ``prefix.bin/.idx`` completely; returns its counts or raises :class:`ShardError`.
 
-    ``summary`` is the shard's preprocessing summary (``documents[split]`` is compared, and the
-    ``outputs_sha256`` entry for the prefix when present).
+    ``recorded`` is what indexing wrote down about the shard (see :func:`summary_record`), each
+    entry optional: ``documents``, ``tokens``, ``idx_sha256``, ``bin_sha256`` and ``source`` (the
+    record's name in messages). The result's ``content`` is ``"sha256"`` when the ``.bin``'s hash
+    was compared, ``None`` when none was recorded (indexed before ``.bin`` hashes were, or not by
+    this package's tools): then an in-range change of its tokens cannot be seen.
     """
+    recorded = recorded or {}
+    source = recorded.get("source", "its summary")
     try:
         shape = check_shard(prefix, vocab_size, field="shard")
     except ValueError as e:
@@ -63,44 +70,63 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
     if len(documents) and (numpy.diff(documents) < 0).any():
         raise ShardError(f"{prefix}: {prefix}.idx document bounds decrease; the index is damaged")
     tokens = int(sizes.sum(dtype=numpy.int64))
-    if summary is not None:
-        recorded = (summary.get("outputs_sha256") or {}).get(os.path.basename(prefix))
-        if recorded and recorded["idx_sha256"] != file_sha256(prefix + ".idx"):
-            raise ShardError(f"{prefix}: {prefix}.idx differs from the one its summary recorded (sha256); "
-                             "the index was changed or damaged after indexing")
-    _scan_tokens(prefix, dtype, tokens, vocab_size)
+    if recorded.get("idx_sha256") and recorded["idx_sha256"] != file_sha256(prefix + ".idx"):
+        raise ShardError(f"{prefix}: {prefix}.idx differs from the one {source} recorded (sha256); "
+                         "the index was changed or damaged after indexing")
+    digest = _scan_bin(prefix, dtype, vocab_size, want_sha256=bool(recorded.get("bin_sha256")))
+    if digest is not None and digest != recorded["bin_sha256"]:
+        raise ShardError(f"{prefix}: {prefix}.bin differs from the one {source} recorded (sha256 {digest[:12]}..., "
+                         f"recorded {recorded['bin_sha256'][:12]}...); its tokens were changed or damaged after "
+                         "indexing: restore or re-index it")
     bounds = numpy.concatenate([[0], numpy.cumsum(sizes, dtype=numpy.int64)])  # token offset of each sequence
     doc_tokens = bounds[documents[1:]] - bounds[documents[:-1]] if len(documents) > 1 else numpy.zeros(0, numpy.int64)
     result = {"prefix": prefix, "dtype": dtype.name, "tokens": tokens, "documents": int(max(len(documents) - 1, 0)),
-              "sequences": int(len(sizes))}
+              "sequences": int(len(sizes)), "content": "sha256" if digest is not None else None}
     if seq_length is not None:
         result["eligible_documents"] = int((doc_tokens >= seq_length + 1).sum())
-    if summary is not None:
-        want = summary.get("documents", {}).get(split)
-        if want is not None and want != result["documents"]:
-            raise ShardError(f"{prefix}: holds {result['documents']} documents, its summary says {want}; "
-                             "the shard and its summary come from different runs (re-index the shard)")
-        want_tokens = summary.get("tokens", {}).get(split)  # all json keys together
-        single_key = len(summary.get("settings", {}).get("json_keys", [])) == 1
-        if single_key and want_tokens is not None and want_tokens != tokens:
-            raise ShardError(f"{prefix}: holds {tokens} tokens, its summary says {want_tokens}")
+    want = recorded.get("documents")
+    if want is not None and want != result["documents"]:
+        raise ShardError(f"{prefix}: holds {result['documents']} documents, {source} says {want}; "
+                         "the shard and its record come from different runs (re-index the shard)")
+    want_tokens = recorded.get("tokens")
+    if want_tokens is not None and want_tokens != tokens:
+        raise ShardError(f"{prefix}: holds {tokens} tokens, {source} says {want_tokens}")
     return result
 
 
-def _scan_tokens(prefix: str, dtype: numpy.dtype, tokens: int, vocab_size: Optional[int]) -> None:
-    if not tokens or vocab_size is None:
-        return
-    data = numpy.memmap(prefix + ".bin", dtype=dtype, mode="r", shape=(tokens,))
-    try:
-        for start in range(0, tokens, TOKEN_BLOCK):
-            block = data[start:start + TOKEN_BLOCK]
-            hi, lo = int(block.max()), int(block.min())
-            if hi >= vocab_size or lo < 0:
-                where = start + int(numpy.flatnonzero((block >= vocab_size) | (block < 0))[0])
-                raise ShardError(f"{prefix}: token {where} of {prefix}.bin is id {int(data[where])}, outside the "
-                                 f"vocabulary [0, {vocab_size}); indexed with another tokenizer or damaged")
-    finally:
-        del data
+def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_sha256: bool) -> Optional[str]:
+    """One pass over the ``.bin`` in blocks (bounded memory): every id in ``[0, V)`` when V is
+    known, and the file's sha256 when one was recorded (returned, else ``None``)."""
+    if vocab_size is None and not want_sha256:
+        return None
+    digest, start = hashlib.sha256(), 0
+    with open(prefix + ".bin", "rb") as f:
+        for block in iter(lambda: f.read(TOKEN_BLOCK * dtype.itemsize), b""):
+            if want_sha256:
+                digest.update(block)
+            ids = numpy.frombuffer(block, dtype, count=len(block) // dtype.itemsize)
+            if vocab_size is not None and len(ids) and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
+                where = int(numpy.flatnonzero((ids >= vocab_size) | (ids < 0))[0])
+                raise ShardError(f"{prefix}: token {start + where} of {prefix}.bin is id {int(ids[where])}, outside "
+                                 f"the vocabulary [0, {vocab_size}); indexed with another tokenizer or damaged")
+            start += len(ids)
+    return digest.hexdigest() if want_sha256 else None
+
+
+def summary_record(summary: dict, name: str, prefix: str) -> dict:
+    """What a preprocessing (or merge) summary recorded about its output ``name``: the counts it
+    can vouch for and the output's content record (``outputs_sha256``)."""
+    record = {"source": "its summary", **(summary.get("outputs_sha256") or {}).get(os.path.basename(prefix), {})}
+    keys = summary.get("settings", {}).get("json_keys")
+    if keys is None:  # tools/merge_datasets.py: one output
+        record.update(documents=summary.get("documents"), tokens=summary.get("tokens"))
+        return record
+    split, key = name.split("_", 1)
+    if key == keys[0]:  # documents are counted by the first json key
+        record["documents"] = summary.get("documents", {}).get(split)
+    if len(keys) == 1:  # tokens: all keys together
+        record["tokens"] = summary.get("tokens", {}).get(split)
+    return record
 
 
 def find_summaries(paths: Iterable[str]) -> list[tuple[dict, Path]]:
@@ -119,45 +145,104 @@ def find_summaries(paths: Iterable[str]) -> list[tuple[dict, Path]]:
 
 def verify_summary(summary: dict, path: Path, vocab_size: Optional[int], seq_length: Optional[int]
                    ) -> tuple[list[dict], list[str]]:
-    """Every output of one preprocessing summary, its counts checked against the summary."""
+    """Every output of one preprocessing summary, checked against what the summary recorded."""
     results, errors = [], []
-    first_key = summary["settings"]["json_keys"][0]
     for name, prefix in summary["outputs"].items():
-        split, key = name.split("_", 1)
         local = str(path.parent / os.path.basename(prefix))  # the directory may have moved since
         try:
-            result = verify_shard(local, vocab_size, seq_length, summary if key == first_key else None, split)
+            result = verify_shard(local, vocab_size, seq_length, summary_record(summary, name, local))
         except ShardError as e:
             errors.append(str(e))
             continue
-        results.append({**result, "split": split, "summary": str(path)})
+        results.append({**result, "split": name.split("_", 1)[0], "summary": str(path)})
     return results, errors
+
+
+def manifest_jobs(path: str) -> list[tuple[str, dict, str]]:
+    """``(prefix, recorded, split)`` for every shard of a ``manifest.json``."""
+    from megatron_fixedcode.data.manifest import load_manifest
+
+    jobs = []
+    for entry in load_manifest(path)["shards"]:
+        for split in ("train", "valid"):
+            if split in entry:
+                record = {k: v for k, v in entry[split].items() if k not in ("prefix", "eligible_documents")}
+                jobs.append((entry[split]["prefix"], {**record, "source": f"manifest {path}"}, split))
+    return jobs
+
+
+def _is_manifest(item: str) -> bool:
+    from megatron_fixedcode.data.manifest import MANIFEST_FORMAT
+
+    if not (item.endswith(".json") and os.path.isfile(item)):
+        return False
+    try:
+        return json.loads(Path(item).read_text()).get("format") == MANIFEST_FORMAT
+    except (OSError, ValueError, AttributeError):
+        return False
+
+
+def _records_beside(directory: Path) -> dict[str, dict]:
+    """What the summaries in ``directory`` recorded about each output they describe, by prefix
+    (a summary that cannot be read is skipped here: verifying the directory names it)."""
+    records = {}
+    for path in sorted(directory.glob("*_summary.json")):
+        try:
+            summary = json.loads(path.read_text())
+            for name, prefix in summary["outputs"].items():
+                local = str(directory / os.path.basename(prefix))
+                records[local] = summary_record(summary, name, local)
+        except (OSError, ValueError, KeyError, AttributeError):
+            continue
+    return records
 
 
 def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Optional[int]
                  ) -> tuple[list[dict], list[str]]:
-    """Verify directories (their summaries), summary files or prefixes; keep going past a bad
-    shard so that one run names all of them. Returns (results, error messages)."""
-    results, errors = [], []
+    """Verify dataset prefixes, directories (their summaries, else their ``.bin/.idx`` pairs),
+    summary files or manifests; keep going past a bad shard so that one run names all of them.
+    A prefix is checked against the summary beside it where one describes it. Returns (results,
+    error messages)."""
+    from megatron_fixedcode.data.preprocess.outputs import is_dataset_prefix
+
+    results, errors, beside = [], [], {}
     for item in paths:
         path = Path(item)
-        if path.is_dir() and not list(path.glob("*_summary.json")):
-            from megatron_fixedcode.data.preprocess.outputs import find_dataset_prefixes
-
-            jobs = [(p, None, None) for p in find_dataset_prefixes([item])]
-        elif path.is_dir() or item.endswith("_summary.json"):
-            jobs = [(None, s, f) for s, f in find_summaries([item])]
-        else:
-            jobs = [(item[:-4] if item.endswith((".bin", ".idx")) else item, None, None)]
-        for prefix, summary, summary_path in jobs:
-            try:
-                if summary is None:
-                    results.append(verify_shard(prefix, vocab_size, seq_length))
-                else:
+        prefix = item[:-4] if item.endswith((".bin", ".idx")) else item
+        try:
+            # a prefix first: once trained on, megatron's GPT index cache makes PREFIX/ a directory
+            if is_dataset_prefix(prefix):
+                directory = Path(prefix).parent.resolve()
+                if directory not in beside:
+                    beside[directory] = _records_beside(directory)
+                record = beside[directory].get(str(directory / os.path.basename(prefix)))
+                jobs = [(prefix, record, None, {})]
+            elif _is_manifest(item):
+                jobs = [(p, r, split, {"manifest": item}) for p, r, split in manifest_jobs(item)]
+            elif path.is_dir() and not list(path.glob("*_summary.json")):
+                found = sorted(p for p in (str(i)[: -len(".idx")] for i in path.glob("*.idx")) if is_dataset_prefix(p))
+                if not found:
+                    raise ShardError(f"{item}: not a dataset: no {item}.bin/.idx, and no *_summary.json or "
+                                     ".bin/.idx pairs in this directory")
+                jobs = [(p, None, None, {}) for p in found]
+            elif path.is_dir() or item.endswith(".json"):
+                for summary, summary_path in find_summaries([item]):
                     good, bad = verify_summary(summary, summary_path, vocab_size, seq_length)
                     results, errors = results + good, errors + bad
+                continue
+            else:  # a prefix with a file missing: named by the shard check
+                jobs = [(prefix, None, None, {})]
+        except ShardError as e:
+            errors.append(str(e))
+            continue
+        except (KeyError, ValueError) as e:  # a summary or manifest without an expected field
+            errors.append(f"{item}: unreadable summary or manifest ({e!r})")
+            continue
+        for prefix, record, split, extra in jobs:
+            try:
+                result = verify_shard(prefix, vocab_size, seq_length, record)
             except ShardError as e:
                 errors.append(str(e))
-            except (KeyError, ValueError) as e:
-                errors.append(f"{summary_path or prefix}: {e}")
+                continue
+            results.append({**result, **({"split": split} if split else {}), **extra})
     return results, errors

@@ -6,7 +6,7 @@ start-up per preprocessing run. The bytes are identical to the builder's
 """
 from __future__ import annotations
 
-import shutil
+import hashlib
 import struct
 from typing import Optional
 
@@ -51,6 +51,7 @@ class IndexedWriter:
         self._doc_ends: list[np.ndarray] = []  # sequence count at the end of each document
         self.num_sequences = 0
         self.num_tokens = 0
+        self.bin_sha256 = hashlib.sha256()  # of every byte written: the content record costs no second read
 
     @property
     def num_documents(self) -> int:
@@ -59,7 +60,9 @@ class IndexedWriter:
     def add_documents(self, ids: np.ndarray, lengths: np.ndarray, counts: np.ndarray) -> None:
         """Documents as flat token ids, their sequences' lengths and sequences per document."""
         ids = np.asarray(ids)
-        self.data_file.write(ids.astype(self.dtype, copy=False).tobytes(order="C"))
+        data = ids.astype(self.dtype, copy=False).tobytes(order="C")
+        self.data_file.write(data)
+        self.bin_sha256.update(data)
         self._lengths.append(np.asarray(lengths, dtype=np.int32))
         self._doc_ends.append(self.num_sequences + np.cumsum(counts, dtype=np.int64))
         self.num_sequences += int(np.sum(counts))
@@ -75,7 +78,9 @@ class IndexedWriter:
         self.num_sequences += len(index.sequence_lengths)
         self.num_tokens += int(index.sequence_lengths.sum(dtype=np.int64))
         with open(path_prefix + ".bin", "rb") as f:
-            shutil.copyfileobj(f, self.data_file)
+            for block in iter(lambda: f.read(1 << 22), b""):
+                self.data_file.write(block)
+                self.bin_sha256.update(block)
 
     def finalize(self, idx_path: str) -> None:
         self.data_file.close()

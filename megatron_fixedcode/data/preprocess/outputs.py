@@ -4,8 +4,15 @@ Everything is written under ``.tmp`` names; ``publish`` renames ``.bin`` then ``
 after removing the old ``.idx``, so at no moment does a prefix hold an ``.idx`` whose
 ``.bin`` belongs to another run. Failed runs delete their ``.tmp`` files and leave earlier
 outputs untouched.
+
+Every published output gets a *content record* (:meth:`AtomicIndexedOutputs.content_records`):
+its ``.bin`` size and SHA-256 (hashed as it is written, no second read) and its ``.idx`` SHA-256.
+Summaries keep it under ``outputs_sha256``, manifests carry it and ``tools/verify_dataset.py``
+checks it: an in-range change of the tokens (reversed, replaced, set to EOD) passes every
+structural check, and only the hash names it.
 """
 
+import json
 import logging
 import os
 from pathlib import Path
@@ -14,6 +21,7 @@ from typing import Sequence
 import numpy as np
 
 from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter, IndexFile
+from megatron_fixedcode.files import file_sha256
 from megatron_fixedcode.locks import lock_output_prefix
 
 logger = logging.getLogger(__name__)
@@ -50,6 +58,13 @@ class AtomicIndexedOutputs:
             os.replace(prefix + ".bin.tmp", prefix + ".bin")
             os.replace(prefix + ".idx.tmp", prefix + ".idx")
 
+    def content_records(self) -> dict:
+        """``{basename: {"bin_bytes", "bin_sha256", "idx_sha256"}}`` of the published outputs."""
+        return {os.path.basename(prefix): {"bin_bytes": os.path.getsize(prefix + ".bin"),
+                                           "bin_sha256": self.builders[name].bin_sha256.hexdigest(),
+                                           "idx_sha256": file_sha256(prefix + ".idx")}
+                for name, prefix in self.prefixes.items()}
+
     def discard(self) -> None:
         for name, prefix in self.prefixes.items():
             self.builders[name].data_file.close()
@@ -57,31 +72,44 @@ class AtomicIndexedOutputs:
                 Path(prefix + suffix).unlink(missing_ok=True)
 
 
-def find_dataset_prefixes(inputs: Sequence[str], pattern: str = "*") -> list[str]:
-    """Prefixes given directly, or every complete ``.bin/.idx`` pair in a directory (sorted)."""
+def is_dataset_prefix(prefix: str) -> bool:
+    return Path(prefix + ".bin").is_file() and Path(prefix + ".idx").is_file()
+
+
+def find_dataset_prefixes(inputs: Sequence[str], pattern: str = "*", flag: str = "--input") -> list[str]:
+    """Prefixes given directly, or every complete ``.bin/.idx`` pair in a directory (sorted).
+
+    A prefix with both files is a prefix even when a directory of the same name exists: megatron's
+    GPT index cache (``PREFIX/cache/``) creates one the first time a run trains on it. ``flag``
+    names the argument in errors (the caller's, e.g. ``--input``).
+    """
     prefixes = []
     for item in inputs:
         path = Path(item)
-        if path.is_dir():
+        prefix = item[:-4] if item.endswith((".bin", ".idx")) else item
+        if is_dataset_prefix(prefix):
+            prefixes.append(prefix)
+        elif path.is_dir():
             found = sorted(str(p)[: -len(".idx")] for p in path.glob(pattern + ".idx"))
             found = [p for p in found if Path(p + ".bin").is_file()]
             if not found:
-                raise ValueError(f"--input {item}: no .bin/.idx pairs matching {pattern!r}")
+                matching = f" matching --pattern {pattern!r}" if pattern != "*" else ""
+                raise ValueError(f"{flag} {item}: no .bin/.idx pairs{matching} in this directory")
             prefixes += found
         else:
-            prefix = item[:-4] if item.endswith((".bin", ".idx")) else item
             for suffix in (".bin", ".idx"):
                 if not Path(prefix + suffix).is_file():
-                    raise ValueError(f"--input {item}: {prefix + suffix} not found")
-            prefixes.append(prefix)
+                    raise ValueError(f"{flag} {item}: {prefix + suffix} not found")
     return prefixes
 
 
 def merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str = "*") -> dict:
     """Concatenate indexed datasets in order (Megatron-LM ``tools/merge_datasets.py``).
 
-    Returns ``{"inputs", "output_prefix", "dtype", "documents", "tokens"}``. Holds the lock
-    ``{output_prefix}.lock`` for the whole merge (a concurrent writer is refused at once).
+    Returns ``{"inputs", "output_prefix", "dtype", "documents", "tokens", "outputs_sha256"}``, also
+    written as ``{output_prefix}_summary.json`` (what ``tools/verify_dataset.py`` checks the output
+    against). Holds the lock ``{output_prefix}.lock`` for the whole merge (a concurrent writer is
+    refused at once).
     """
     with lock_output_prefix(output_prefix):
         return _merge_datasets(inputs, output_prefix, pattern)
@@ -107,5 +135,10 @@ def _merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str) -> 
     except BaseException:
         outputs.discard()
         raise
-    return {"inputs": prefixes, "output_prefix": output_prefix, "dtype": np.dtype(dtype).name,
-            "documents": documents, "tokens": tokens}
+    summary = {"inputs": prefixes, "output_prefix": output_prefix, "dtype": np.dtype(dtype).name,
+               "documents": documents, "tokens": tokens, "outputs": {"merged": output_prefix},
+               "outputs_sha256": outputs.content_records()}
+    tmp = Path(f"{output_prefix}_summary.json.tmp")
+    tmp.write_text(json.dumps(summary, indent=2) + "\n")
+    os.replace(tmp, f"{output_prefix}_summary.json")
+    return summary

@@ -156,6 +156,7 @@ def _summary(cfg, files, tokenizer, dtype, progress: _Progress, outputs: AtomicI
     return {
         "output_prefix": cfg.output_prefix,
         "outputs": {f"{s}_{k}": p for (s, k), p in outputs.prefixes.items()},
+        "outputs_sha256": outputs.content_records(),  # checked by tools/verify_dataset.py
         "dtype": np.dtype(dtype).name,
         "documents": progress.docs,
         "tokens": progress.tokens,
