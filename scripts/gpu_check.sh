@@ -166,6 +166,7 @@ finish() {
     esac
 }
 last_line() { grep -v '^\s*$' "$1" 2>/dev/null | tail -1 | cut -c1-300; }
+summary_of() { grep '^summary: ' "$1" 2>/dev/null | tail -1 | cut -c10-400; }  # a helper's own result line
 skip_rest() {  # every stage after a fatal one: not_run, with the reason; then the report
     local s
     for s in $(all_stages); do grep -q "\"stage\": \"$s\"" "$OUT/stages.jsonl" 2>/dev/null || stage "$s" not_run 0 "$1"; done
@@ -241,14 +242,14 @@ bench() {
     # the bench stops starting steps itself a few seconds before the stage's timeout
     run_stage "bench:$v" "$OUT/bench-$v.log" "$PY" "$HELPERS/bench.py" --variant "$v" --data-dir "$WORK/bench-data" \
         --num-layers "$LAYERS" --budget-s $((b - 8)) --out "$OUT/bench-$v.json" "${FUSE[@]}" "${STANDIN[@]}"
-    finish "bench:$v" "$OUT/bench-$v.log" "$(last_line "$OUT/bench-$v.log")$(fusion_note)"
+    finish "bench:$v" "$OUT/bench-$v.log" "$(summary_of "$OUT/bench-$v.log")$(fusion_note)"
 }
 for v in binary gf2 learned binary_bf16; do bench "$v"; done
 
 # --- ckpt: save + load of the distributed checkpoint, bit-identical losses after it -------------------
 run_stage ckpt "$OUT/ckpt.log" "$PY" "$HELPERS/ckpt_roundtrip.py" --data-dir "$WORK/bench-data" --work "$WORK/ckpt" \
     --out "$OUT/ckpt.json" "${FUSE[@]}" "${STANDIN[@]}"
-finish ckpt "$OUT/ckpt.log" "$(last_line "$OUT/ckpt.log")$(fusion_note)"
+finish ckpt "$OUT/ckpt.log" "$(summary_of "$OUT/ckpt.log")$(fusion_note)"
 
 # --- tests: the GPU-marked tests ----------------------------------------------------------------------
 files=$(gpu_test_files)

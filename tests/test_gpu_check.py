@@ -138,7 +138,7 @@ def test_report_lists_every_stage_and_missing_inputs(tmp_path):
     report.add_stage(tmp_path, "tests", "not_run", "0", "needs a CUDA GPU")
     r = report.write(tmp_path)
     md = (tmp_path / "gpu_check.md").read_text()
-    assert r["tests"] == {"missing": "pytest-gpu.xml"} and "| tests | not_run | 0.0 | 90 | needs a CUDA GPU |" in md
+    assert r["tests"] == {"missing": "pytest-gpu.xml"} and "| tests | not_run | 0.0 | 80 | needs a CUDA GPU |" in md
     assert "No benchmark results" in md and "No test results" in md
 
 

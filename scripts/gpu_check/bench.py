@@ -184,6 +184,9 @@ def run(a: argparse.Namespace) -> dict:
         losses.append(record["loss"])
     for h in hooks:
         h.remove()
+    from megatron_fixedcode.compat.distributed import destroy_distributed
+
+    destroy_distributed()  # as the trainer CLI does (NCCL warns at exit otherwise)
     timed = times[a.warmup:] or times[-1:]
     args = cfg.args
     flops_tok = model_flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length)
@@ -300,7 +303,7 @@ def main(argv: list[str] | None = None) -> int:
     where = result["placement"]
     print(f"placement: parameters {where['parameters']}, buffers {where['buffers']}, batch {where['batch']}")
     mfu = f"{100 * result['mfu']:.1f}%" if result["mfu"] else "— (no peak known for this device)"
-    print(f"{a.variant} {result['precision']}: {result['num_layers']} layers, {result['timed_steps']} timed steps, "
+    print(f"summary: {a.variant} {result['precision']}: {result['num_layers']} layers, {result['timed_steps']} timed steps, "
           f"{result['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, peak {result['peak_memory_allocated_gib']:.1f} GiB "
           f"allocated, first step {result['first_step_s']:.1f} s, "
           f"placement {'all on CUDA' if where['all_on_cuda'] else 'NOT all on CUDA'}")

@@ -79,7 +79,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.out).write_text(json.dumps(result, indent=1))
     if log is not sys.stdout:
         log.close()
-    summary = (f"save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
+    summary = (f"summary: save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
                f", load run exit {rc_b}" + (f" ({result['load_run_s']:.0f} s)" if rc_b is not None else "")
                + f"; steps 3-4 after the load {'bit-identical' if identical else 'DIFFER'}: "
                + "; ".join(f"step {k} {x} vs {y}" for k, (x, y) in after.items()))

@@ -35,15 +35,15 @@ STAGES = [
     ("env", 15, "always", "the python whose torch imports, CUDA/GPU, C compiler + Python.h (torch.compile), TE/FP8 -> env.json"),
     ("install", 45, "always", "only the manifest's wheels this python lacks (pip --no-index --no-deps --target SITE), "
                               "import check, random-token bench data"),
-    ("compile", 75, "C compiler + Python.h", "warm the inductor cache: 1 layer, 1 step, fp32-autocast-bf16 and --bf16 "
+    ("compile", 70, "C compiler + Python.h", "warm the inductor cache: 1 layer, 1 step, fp32-autocast-bf16 and --bf16 "
                                              "in parallel (cold torch.compile of the fused SwiGLU / bias-dropout-add)"),
     ("bench:binary", 40, "always", f"{BENCH}; fp32-autocast-bf16 (the recipe): binary code"),
     ("bench:gf2", 40, "always", f"{BENCH}; fp32-autocast-bf16: GF(2)-recoded code"),
     ("bench:learned", 40, "always", f"{BENCH}; fp32-autocast-bf16: learned table"),
     ("bench:binary_bf16", 40, "always", f"{BENCH}; --bf16 (megatron's BF16 mode): binary code"),
-    ("ckpt", 60, "always", "distributed checkpoint on the GPU: 4 steps saving at 2, then load step 2 and redo 3-4: "
+    ("ckpt", 75, "always", "distributed checkpoint on the GPU: 4 steps saving at 2, then load step 2 and redo 3-4: "
                            "losses and grad norms bit-identical"),
-    ("tests", 90, "always", "pytest -m gpu: CUDA codes vs numpy, one step on CUDA, overlap flags; the TE ones skip "
+    ("tests", 80, "always", "pytest -m gpu: CUDA codes vs numpy, one step on CUDA, overlap flags; the TE ones skip "
                             "with the reason where TE is not importable"),
     ("bench:te", 45, "TE importable", "binary with Transformer Engine layers, --bf16 (only in time left)"),
     ("bench:te_fp8", 45, "TE FP8 supported", "as bench:te with FP8 hybrid, delayed scaling (only in time left)"),
