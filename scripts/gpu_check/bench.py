@@ -203,7 +203,7 @@ def run(a: argparse.Namespace) -> dict:
         peak_alloc=torch.cuda.max_memory_allocated() if cuda else 0,
         peak_reserved=torch.cuda.max_memory_reserved() if cuda else 0,
         extra={"warmup_steps": min(a.warmup, len(times)), "timed_steps": len(times) - min(a.warmup, len(times)),
-               "first_step_s": times[0], "losses": losses, "precision": args.precision,
+               "first_step_s": times[0], "losses": losses, "precision": args.precision, "trainer_argv": argv,
                "fusions": dict(trainer.fusions), "compile_fusions": not a.no_compile_fusions, "warm": a.warm,
                "model_flops_per_token_24_layers": flops_recipe, "build_s": build_s, "wall_s": time.perf_counter() - START,
                "parameters": trainer.report, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
@@ -299,7 +299,8 @@ def main(argv: list[str] | None = None) -> int:
     result = run(a)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items() if k not in ("step_times_s", "losses", "parameters", "placement")}))
+    print(json.dumps({k: v for k, v in result.items()
+                      if k not in ("step_times_s", "losses", "parameters", "placement", "trainer_argv")}))
     where = result["placement"]
     print(f"placement: parameters {where['parameters']}, buffers {where['buffers']}, batch {where['batch']}")
     mfu = f"{100 * result['mfu']:.1f}%" if result["mfu"] else "— (no peak known for this device)"

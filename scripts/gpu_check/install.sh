@@ -47,4 +47,4 @@ fi
 mcore=$("$PY" -c 'import importlib.metadata as m, megatron.core as c; print(m.version("megatron-core"), c.__file__)') \
     || fail "megatron.core is not importable (above)"
 notes+=("megatron-core $mcore")
-echo "$(IFS=';'; echo "${notes[*]}")"
+printf '%s; ' "${notes[@]:0:${#notes[@]}-1}"; echo "${notes[-1]}"

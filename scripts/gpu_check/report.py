@@ -132,6 +132,9 @@ def markdown(r: dict) -> str:
                          f"{_fmt(b['mfu'] and 100 * b['mfu'], '.1f')}% | "
                          f"{_fmt(b.get('tokens_per_s_24_layers_at_this_mfu'), ',.0f')} | "
                          f"{b['peak_memory_allocated_gib']:.1f} | {b['peak_memory_reserved_gib']:.1f} | {place} |")
+    if r["benchmark"]:
+        lines += ["", "Trainer flags, to read against the recipe (the recipe file, then what overrides it):", ""]
+        lines += [f"- {b['variant']}: `{' '.join(b['trainer_argv'])}`" for b in r["benchmark"] if b.get("trainer_argv")]
     lines += ["", "## Compile (torch.compile of megatron-core's fused SwiGLU and bias-dropout-add)", ""]
     lines += [f"- {c['variant']} ({c.get('precision')}): first step {_fmt(c.get('first_step_s'), '.1f')} s at 1 layer "
               f"(build + cold compile), fusions {', '.join(k for k, v in (c.get('fusions') or {}).items() if v) or 'none'}"
