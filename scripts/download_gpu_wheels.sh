@@ -15,6 +15,8 @@
 #   excluded, extras not followed) the same way, until nothing is missing. Then it writes
 #   scripts/gpu_check/wheels.txt (name==version, file, bytes: commit it when it changed) and fails
 #   if the folder is over 64 MiB (what travels with the checkout to the GPU machine).
+# gpu_check.sh installs only the wheels the machine's torch python lacks (scripts/gpu_check/plan.py
+# missing; on the lent H200 image: megatron-core alone); the rest travels for a barer machine.
 # MCORE_VERSION (default 0.19.2, the newest 0.19.x on PyPI when this was written) is the megatron-core
 # for Python 3.12; the CPU test suite in .venv (Python 3.11) runs 0.16.1, the 3.12 leg of scripts/test.sh (a cached venv)
 # environments run 0.19.x. No editable install of this package is needed on the GPU machine
@@ -22,6 +24,7 @@
 #
 # Transformer Engine: megatron-core 0.19.x declares `transformer-engine[pytorch,core_cu13]` with no
 # version bound; its CI runs TE 2.17.1 (2.16.0 in its LTS image). TE_VERSION defaults to 2.17.1.
+# TE CANNOT TRAVEL to the GPU check's machine: so TE, FP8 and CP are not measured there (below).
 # PyPI has wheels of transformer_engine and transformer_engine_cu12/cu13 (each far over 64 MiB) but
 # only the *source* of transformer_engine_torch, which is compiled against the local torch (CUDA
 # toolkit and a matching torch needed; ~10-20 minutes). --build-te downloads the two wheels into

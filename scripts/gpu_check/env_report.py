@@ -1,5 +1,9 @@
-"""What this machine offers the GPU path: Python, torch/CUDA, the GPU, megatron-core, Transformer
-Engine (and which FP8 recipes it supports here), apex. Writes one JSON object.
+"""What this machine offers the GPU path: Python (which one: the check runs the python whose torch
+imports), torch/CUDA, the GPU, whether torch.compile can build kernels here (a C compiler and the
+Python headers: Triton compiles its launcher with them, and megatron-core's fused SwiGLU and
+bias-dropout-add are torch.compile'd), megatron-core, Transformer Engine (and which FP8 recipes it
+supports here), apex. Writes one JSON object; gpu_check.sh runs it as a stage (its output kept in
+env.log, a timeout recorded as the stage's failure with its reason).
 
     python scripts/gpu_check/env_report.py --out OUT/env.json
 """
@@ -8,9 +12,14 @@ from __future__ import annotations
 import argparse
 import importlib
 import importlib.metadata
+import importlib.util
 import json
+import os
 import platform
+import shutil
 import sys
+import sysconfig
+from pathlib import Path
 
 FP8_CHECKS = {"delayed": "check_fp8_support", "tensorwise": "check_fp8_support",
               "blockwise": "check_fp8_block_scaling_support", "mxfp8": "check_mxfp8_support"}
@@ -41,8 +50,19 @@ def _fp8_support() -> dict[str, str]:
     return out
 
 
+def compile_readiness() -> dict:
+    """Can torch.compile (Triton) build its kernels here? It needs a C compiler ($CC, else cc, gcc or
+    clang, as Triton looks) and Python.h of this interpreter."""
+    cc = next((p for p in (os.environ.get("CC"), "cc", "gcc", "clang") if p and shutil.which(p)), None)
+    header = Path(sysconfig.get_paths()["include"]) / "Python.h"
+    missing = ([] if cc else ["no C compiler (CC, cc, gcc, clang)"]) + ([] if header.exists() else [f"no {header}"])
+    return {"c_compiler": shutil.which(cc) if cc else None, "python_h": str(header) if header.exists() else None,
+            "ready": not missing, "reason": "; ".join(missing) or "C compiler and Python.h found"}
+
+
 def collect() -> dict:
-    env: dict = {"python": platform.python_version(), "platform": platform.platform()}
+    env: dict = {"python": platform.python_version(), "python_executable": sys.executable,
+                 "platform": platform.platform(), "compile": compile_readiness()}
     try:
         import torch
     except ImportError as e:
@@ -62,7 +82,10 @@ def collect() -> dict:
         env["transformer_engine_error"] = f"{type(e).__name__}: {e}"[:500]
     if env["transformer_engine_importable"] and env.get("cuda_available"):
         env["fp8_support"] = _fp8_support()
-    env["apex"] = importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.optimizers") is not None
+    try:
+        env["apex"] = importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.optimizers") is not None
+    except (ImportError, ValueError):  # the unrelated PyPI "apex" may have no optimizers package
+        env["apex"] = False
     return env
 
 
