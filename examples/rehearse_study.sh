@@ -164,6 +164,7 @@ SHIM_FAIL_ONCE=$FAIL_ONCE "${study[@]}"
 if [[ ! -f $STUDY/report/report.json ]]; then
     outputs >"$WORK/outputs-run1.sha256"
     log "run 1 ended without a report ($(grep -c . "$WORK/outputs-run1.sha256") output files); run 2: the same command"
+    echo "# run 2" >>"$SHIM_DIR/submitted.log"
     "${study[@]}"
     [[ -f $STUDY/report/report.json ]] || { log "run 2 ended without a report"; exit 1; }
     outputs >"$WORK/outputs-run2.sha256"

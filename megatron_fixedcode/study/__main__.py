@@ -12,6 +12,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import os
+import shlex
+import subprocess
 import sys
 from pathlib import Path
 
@@ -56,6 +58,17 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _array_plan(submit: str) -> str:
+    """The index array's plan (examples/preprocess_shards.sh --dry-run), where the inputs are readable here."""
+    cmd = shlex.split(submit)
+    cmd.insert(cmd.index("--"), "--dry-run")
+    res = subprocess.run(cmd, capture_output=True, text=True)
+    if res.returncode != 0:
+        why = (res.stderr.strip().splitlines() or ["?"])[-1]
+        return f"\n## the index array's plan: not available here ({why}); it is made at submission"
+    return "\n## the index array's plan (examples/preprocess_shards.sh --dry-run)\n" + res.stdout.rstrip()
+
+
 @user_errors
 def main(argv=None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -77,6 +90,9 @@ def main(argv=None) -> int:
     jobs = build_graph(opts)
     if a.dry_run:
         print(format_graph(jobs), end="")
+        index = next((j for j in jobs if j.name == "index" and not j.done), None)
+        if index is not None:
+            print(_array_plan(index.script))
         return 0
     save_options(opts)
     ids = submit(opts, jobs)
