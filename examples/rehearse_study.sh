@@ -6,7 +6,7 @@
 #
 #   bash examples/rehearse_study.sh                              # the whole study, to its report
 #   bash examples/rehearse_study.sh --fail-once train-binary     # that job fails once; run 2 resumes
-#   bash examples/rehearse_study.sh --work-dir /tmp/st --variants learned binary
+#   bash examples/rehearse_study.sh --work-dir /tmp/st --variants learned binary --stages index train
 #
 # The sbatch shim runs each job when it is submitted (the study submits in dependency order), in
 # the foreground, and records its state for sacct: COMPLETED, FAILED, or CANCELLED when an
@@ -22,13 +22,14 @@
 # tokenizers/smollm2 and the eval/ files.
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
-WORK= FAIL_ONCE= VARIANTS=(learned binary gf2) STEPS=4
+WORK= FAIL_ONCE= VARIANTS=(learned binary gf2) STEPS=4 STAGES=(index train export eval report)
 while (($#)); do
     case $1 in
         --work-dir) WORK=$2; shift 2 ;;
         --fail-once) FAIL_ONCE=$2; shift 2 ;;
         --steps) STEPS=$2; shift 2 ;;
         --variants) shift; VARIANTS=(); while (($#)) && [[ $1 != --* ]]; do VARIANTS+=("$1"); shift; done ;;
+        --stages) shift; STAGES=(); while (($#)) && [[ $1 != --* ]]; do STAGES+=("$1"); shift; done ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;
         *) echo "error: unknown argument $1 (see --help)" >&2; exit 2 ;;
     esac
@@ -150,7 +151,7 @@ STUDY=$WORK/study
 study=(bash "$ROOT/examples/paper2_study.sh" --study-dir "$STUDY" --input "$WORK"/corpus/*.jsonl
        --tokenizer-model "$SHARED/tokenizers/smollm2" --shards-per-task 2 --index-cpus 1 --max-parallel 0
        --index-flags "--id-key id --append-eod --valid-fraction 0.05 --split-seed 1234"
-       --variants "${VARIANTS[@]}" --recipe examples/recipes/tiny_cpu.yaml --train-nodes 1 --gpus-per-node 0
+       --variants "${VARIANTS[@]}" --stages "${STAGES[@]}" --recipe examples/recipes/tiny_cpu.yaml --train-nodes 1 --gpus-per-node 0
        --cpus-per-task 1 --eval-tasks piqa_local,arc_easy_local,lambada_local,wikitext2_local --eval-limit 4
        --eval-batch-size 4 --eval-gpus 0
        -- --train-iters "$STEPS" --log-interval 1 --eval-interval 2 --eval-iters 1)
@@ -161,7 +162,7 @@ outputs() { (cd "$STUDY" 2>/dev/null && find . -type f ! -path './logs/*' ! -pat
 
 log "run 1${FAIL_ONCE:+ (job $FAIL_ONCE fails once)}: study in $STUDY"
 SHIM_FAIL_ONCE=$FAIL_ONCE "${study[@]}"
-if [[ ! -f $STUDY/report/report.json ]]; then
+if [[ ! -f $STUDY/report/report.json && " ${STAGES[*]} " == *" report "* ]]; then
     outputs >"$WORK/outputs-run1.sha256"
     log "run 1 ended without a report ($(grep -c . "$WORK/outputs-run1.sha256") output files); run 2: the same command"
     echo "# run 2" >>"$SHIM_DIR/submitted.log"

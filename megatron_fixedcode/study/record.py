@@ -6,7 +6,7 @@ what the study *meant* to run:
 
 * ``recipe``, ``run_config`` (the resolved trainer flags as the checkpoint saved them) and
   ``config_hash`` (sha256 of ``run_config``);
-* ``data_manifest_fingerprint`` (sha256 of the manifest the run trained on) and
+* ``data_manifest_fingerprint`` (sha256 of the manifests the run trained on, its --data-manifest) and
   ``tokenizer_fingerprint`` (the trainer's, saved in the checkpoint identity);
 * ``tokens`` and ``step``: the realized budget, read from the checkpoint counters (paper 2 counts
   processed prediction targets), beside ``planned_steps``;
@@ -92,7 +92,9 @@ def build_record(*, variant: str, recipe: str, ckpt_dir: Path, manifest: Path, e
     state = training_state(ckpt_dir)
     if state is None:
         raise ValueError(f"{ckpt_dir}: no complete checkpoint; the training of {variant} has not finished")
-    run_config = {k: v for k, v in state["run_config"].items()}
+    run_config = dict(state["run_config"])
+    trained_on = run_config.get("data_manifest") or [str(manifest)]  # what the trainer was given
+    manifests = [trained_on] if isinstance(trained_on, str) else list(trained_on)
     return {
         "variant": variant,
         "recipe": recipe,
@@ -100,8 +102,9 @@ def build_record(*, variant: str, recipe: str, ckpt_dir: Path, manifest: Path, e
         "config_hash": sha256_json(run_config),
         "input_embedding": state["identity"]["input_embedding"],
         "code_fingerprint": state["identity"]["code_fingerprint"],
-        "data_manifest": str(manifest),
-        "data_manifest_fingerprint": sha256_file(manifest),
+        "data_manifest": manifests,
+        "data_manifest_fingerprint": sha256_json([sha256_file(m) for m in manifests]),
+        "data_fingerprint": state.get("data_fingerprint"),
         "tokenizer_fingerprint": state["identity"]["tokenizer_fingerprint"],
         "step": state["step"],
         "planned_steps": planned_steps(state),
