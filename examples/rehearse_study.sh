@@ -173,4 +173,5 @@ if [[ ! -f $STUDY/report/report.json && " ${STAGES[*]} " == *" report "* ]]; the
     [[ -z $changed ]] || { log "outputs of run 1 changed or vanished in run 2: $changed"; exit 1; }
     log "run 2 finished the study; all $(grep -c . "$WORK/outputs-run1.sha256") output files of run 1 are byte-identical"
 fi
-log "report: $STUDY/report/report.md (jobs: $SHIM_DIR/submitted.log)"
+[[ -f $STUDY/report/report.md ]] && log "report: $STUDY/report/report.md"
+log "jobs submitted: $SHIM_DIR/submitted.log"

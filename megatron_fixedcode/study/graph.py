@@ -244,6 +244,8 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
         if j.done:
             log(f"{j.name}: done ({', '.join(j.outputs)})")
             continue
+        if j.name == "manifest" and "manifest" in ids:
+            continue  # submitted with the array just now
         id_file = layout.jobs / f"{j.name}.id"
         if id_file.is_file():
             old = id_file.read_text().strip()
@@ -255,7 +257,7 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
             if state is not None:
                 log(f"{j.name}: job {old} ended {state}: resubmitting")
         if j.name == "manifest":
-            continue  # submitted with the array
+            continue  # examples/preprocess_shards.sh submits it with the array (the index job, resubmitted)
         deps = [ids[d] for d in j.deps if d in ids]
         if j.stage == "index":
             res = subprocess.run(shlex.split(j.script), capture_output=True, text=True)
