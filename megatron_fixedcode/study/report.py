@@ -50,9 +50,12 @@ def _fmt(x: float) -> str:
 
 def markdown(data: dict[str, Any]) -> str:
     runs, refs = list(data["runs"]), list(data["references"])
-    lines = ["# Paper-2 study report", "", STDERR_NOTE,
-             "Reference columns are other models evaluated with the same local protocol: references, not controls.", "",
-             "## Runs", "", "| run | recipe | input | steps | prediction targets (checkpoint counter) | config sha256 |",
+    lines = ["# Paper-2 study report", "", STDERR_NOTE]
+    if refs:
+        differ = data["reference_request_sets_differ"]
+        lines.append("Columns marked (reference) are other models' result files evaluated with the same protocol: "
+                     "references, not controls." + (f" Their request sets differ on: {', '.join(differ)}." if differ else ""))
+    lines += ["", "## Runs", "", "| run | recipe | input | steps | prediction targets (checkpoint counter) | config sha256 |",
              "|---|---|---|---|---|---|"]
     for run, rec in data["runs"].items():
         lines.append(f"| {run} | {rec['recipe']} | {rec['input_embedding']} | {rec['step']} / {rec['planned_steps']} | "
