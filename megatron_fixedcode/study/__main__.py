@@ -1,11 +1,11 @@
-"""Paper 2 as one command: submit (or continue) the study's Slurm job graph.
+r"""Paper 2 as one command: submit (or continue) the study's Slurm job graph.
 
     bash examples/paper2_study.sh --study-dir /data/study --input '/data/fwe/*.parquet' \
         --tokenizer-model /models/smollm2 [--dry-run]
 
 Re-running the same command continues the study: finished stages (found by their outputs) are not
 resubmitted, jobs still queued or running are left alone, failed ones are resubmitted.
-See docs/study.md.
+Trainer flags for every variant (they override the recipe) go after `--`. See docs/study.md.
 """
 from __future__ import annotations
 
@@ -54,7 +54,6 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--reference", dest="references", action="append", default=[],
                    help="an external model's result JSON (tools/evaluate.py --output), shown as a reference column")
     p.add_argument("--dry-run", action="store_true", help="print the job graph and the commands; submit nothing")
-    p.add_argument("train_flags", nargs="*", help="after --: trainer flags for every variant (override the recipe)")
     return p
 
 
