@@ -23,16 +23,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from megatron_fixedcode.files import file_sha256
+
 # The fields that must be equal for runs to stand side by side in one table.
 COMPARED_FIELDS = ("data_manifest_fingerprint", "tokenizer_fingerprint", "eval_protocol_hash")
-
-
-def sha256_file(path: str | Path) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def sha256_json(data: Any) -> str:
@@ -57,7 +51,7 @@ def eval_protocol(tasks: str, limit: float | None, tasks_dir: str | Path | None 
         lm_eval_version = None
     files = {}
     if tasks_dir and Path(tasks_dir).is_dir():
-        files = {p.name: sha256_file(p) for p in sorted(Path(tasks_dir).iterdir())
+        files = {p.name: file_sha256(p) for p in sorted(Path(tasks_dir).iterdir())
                  if p.suffix in (".yaml", ".py")}
     return {"tasks": tasks, "limit": limit, "lm_eval": lm_eval_version, "task_files": files,
             "chat_template": False, "add_bos_token": False, "prefix_token": "eod"}
@@ -103,7 +97,7 @@ def build_record(*, variant: str, recipe: str, ckpt_dir: Path, manifest: Path, e
         "input_embedding": state["identity"]["input_embedding"],
         "code_fingerprint": state["identity"]["code_fingerprint"],
         "data_manifest": manifests,
-        "data_manifest_fingerprint": sha256_json([sha256_file(m) for m in manifests]),
+        "data_manifest_fingerprint": sha256_json([file_sha256(m) for m in manifests]),
         "data_fingerprint": state.get("data_fingerprint"),
         "tokenizer_fingerprint": state["identity"]["tokenizer_fingerprint"],
         "step": state["step"],
