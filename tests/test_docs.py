@@ -190,3 +190,46 @@ def test_every_doc_block_is_marked():
         except (ValueError, AssertionError) as e:
             problems.append(str(e))
     assert not problems, "\n".join(problems)
+
+
+def _test_names(path: Path) -> set[str]:
+    return {n.name for n in ast.walk(ast.parse(path.read_text())) if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+
+
+def guarantee_test_problems(text: str, root: Path = REPO) -> list[str]:
+    """Every test a row of docs/guarantees.md names exists: `tests/f.py::t`, `::t` (the file named
+    last in the row), `tests/f.py`, or a bare `test_x` (the section's default file or the row's)."""
+    problems, default = [], None
+    for line in text.splitlines():
+        m = re.match(r"Tests are in `(tests/\S+\.py)` unless named", line)
+        if line.startswith("## "):
+            default = None
+        if m:
+            default = m.group(1)
+        if not line.startswith("| ") or line.startswith("| promise"):
+            continue
+        files = [default] if default else []
+        for token in re.findall(r"`([^`]+)`", re.split(r"(?<!\\)\|", line)[-2]):
+            file, sep, name = token.partition("::")
+            if file.startswith("tests/") and file.endswith(".py"):
+                if not (root / file).is_file():
+                    problems.append(f"no file {file}")
+                    continue
+                files.append(file)
+            elif not (file == "" and sep) and not token.startswith("test_"):
+                continue
+            name = name if sep else (token if token.startswith("test_") else "")
+            if name and not any(name in _test_names(root / f) for f in files):
+                problems.append(f"no test {token} (looked in {', '.join(files) or 'no file'})")
+    return problems
+
+
+def test_every_guarantee_names_a_test_that_exists():
+    assert not guarantee_test_problems((REPO / "docs" / "guarantees.md").read_text())
+
+
+def test_guarantee_check_catches_a_renamed_test(tmp_path):
+    root = _fake_repo(tmp_path, "")
+    text = ("## A\n\nTests are in `tests/test_x.py` unless named.\n\n| promise | test |\n|---|---|\n"
+            "| ok | `test_y`, `tests/test_x.py::TestZ`, `::test_w` |\n| gone | `test_renamed` |\n")
+    assert guarantee_test_problems(text, root) == ["no test test_renamed (looked in tests/test_x.py)"]
