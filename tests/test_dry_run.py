@@ -11,6 +11,7 @@ import sys
 import pytest
 
 from megatron_fixedcode.training.arguments import parse_pretrain_args
+from megatron_fixedcode.te_install import TE_INSTALL_HINT
 from megatron_fixedcode.training.dry_run import GB, plan
 from tests.helpers import REPO
 
@@ -63,6 +64,6 @@ def test_dry_run_prints_plan_and_te_warning():
     warned = [line for line in err if line.startswith("warning:")]
     assert warned == ([] if HAS_TE else [
         "warning: this run asks for Transformer Engine (--transformer-impl transformer_engine, --fp8-format hybrid), "
-        "which is not installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)"])
+        f"which is not installed here: the compute nodes will need it ({TE_INSTALL_HINT})"])
     assert "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16" in err
     assert any(line.startswith("dry run: memory per GPU") and line.endswith("~54.8 GB") for line in err), err

@@ -19,27 +19,9 @@ from megatron_fixedcode.compat.autocast import keep_residual_stream_fp32
 from megatron_fixedcode.models.code_embeddings import embedding_class
 from megatron_fixedcode.models.config import BLOCKS, ModelConfig
 from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedding
+from megatron_fixedcode.te_install import TE_INSTALL_HINT
 
 logger = logging.getLogger(__name__)
-
-
-def supported_te_range(mcore_version: str) -> str:
-    """The Transformer Engine releases a megatron-core line is built and tested against
-    (its package metadata and CI pins; docs/SCALING.md has the table)."""
-    major_minor = tuple(int(x) for x in mcore_version.split(".")[:2])
-    return ">=2.16,<2.18" if major_minor >= (0, 19) else ">=2.9,<2.12"
-
-
-def _te_install_hint() -> str:
-    from megatron.core import __version__ as mcore_version
-
-    return ("install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
-            f"'transformer_engine[pytorch]{supported_te_range(mcore_version)}' (the range megatron-core "
-            f"{mcore_version} supports; it builds against the installed torch; or use an NGC PyTorch "
-            "container, which ships it)")
-
-
-TE_INSTALL_HINT = _te_install_hint()
 
 
 def transformer_engine_available() -> bool:

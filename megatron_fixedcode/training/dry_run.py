@@ -11,6 +11,8 @@ import json
 import math
 from pathlib import Path
 
+from megatron_fixedcode.te_install import TE_INSTALL_HINT
+
 GB = 1e9
 RUNTIME_BYTES = 3 * GB  # CUDA context, cuBLAS/NCCL workspaces (docs/SCALING.md)
 
@@ -44,7 +46,7 @@ def te_warning(a: argparse.Namespace) -> str | None:
              f"--fp8-format {a.fp8_format}" if a.fp8_format else None,
              "--tp-comm-overlap" if a.tp_comm_overlap else None]
     return (f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
-            "installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)")
+            f"installed here: the compute nodes will need it ({TE_INSTALL_HINT})")
 
 
 def plan(a: argparse.Namespace, world_size: int) -> dict:
