@@ -143,6 +143,9 @@ def train(trainer: Trainer) -> int:
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
             trainer.save(final=stop or trainer.step == trainer.max_steps)
             saved_at = trainer.step
+            # A signal that came during the save (seconds, at scale) would otherwise cost one
+            # more step and one more save inside the grace window: this checkpoint is the last.
+            stop = stop or any_rank(exit_request.flag, trainer.device)
         if stop:
             if rank0:
                 logger.info("exiting at step %d (%s)", trainer.step, "signal/duration" if not ck.exit_interval else "exit interval")
