@@ -21,6 +21,8 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from megatron_fixedcode.finite import check_finite_loss
+
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
 
 
@@ -97,6 +99,7 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
     if count == 0:
         raise ValueError("no tokens to evaluate (empty documents?)")
     loss = total / count
+    check_finite_loss(loss, "evaluation")
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "documents": len(docs),
             "windows": num_windows, "seq_length": seq_length, "eod": eod}
 

@@ -397,6 +397,7 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    _refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
     if scope.optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
     elif optimizer is not None and scope.reload_main_weights:
@@ -411,6 +412,18 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
+
+
+def _refuse_non_finite_weights(target: Path, chunks, action: str) -> None:
+    """Every rank checks the weights it loaded; one with a NaN/Inf stops them all (exit 2, rank 0
+    names the tensor): a checkpoint whose weights are not finite is not trained on."""
+    from megatron_fixedcode.finite import non_finite
+    from megatron_fixedcode.training.rank_agreement import raise_if_any_rank_failed
+
+    bad = non_finite((n, p) for c in chunks for n, p in unwrap(c).named_parameters())
+    error = None if bad is None else (f"{target}: tensor {bad} is not finite; refusing to {action} it "
+                                      "(an older checkpoint loads with --ckpt-step N)")
+    raise_if_any_rank_failed(error, next(chunks[0].parameters()).device, CorruptCheckpoint)
 
 
 def _ranks() -> dict:
