@@ -90,3 +90,15 @@ def test_finetune_from_a_checkpoint_with_nan_weights_is_refused_naming_the_tenso
     errors = [line for line in out.splitlines() if " ERROR " in line]
     assert len(errors) == 1 and POISONED in errors[0] and "not finite" in errors[0], errors
     assert not list((tmp_path / "ft").glob("iter_*"))
+
+
+def test_evaluate_refuses_an_empty_text_file_naming_it(tmp_path):
+    """Issue 34 item 6: an empty --text-files file was refused without naming it (or, beside
+    others, silently scored nothing)."""
+    from megatron_fixedcode.eval.perplexity import text_documents
+
+    full, empty = tmp_path / "a.txt", tmp_path / "empty.txt"
+    full.write_text("some words")
+    empty.write_text("")
+    with pytest.raises(ValueError, match=rf"^--text-files {empty}: empty"):
+        text_documents([full, empty], lambda text: list(text.encode()))

@@ -41,6 +41,8 @@ def text_documents(paths: Iterable[str | Path], tokenize: Callable[[str], list[i
         if not Path(path).is_file():
             raise ValueError(f"--text-files: no such file {path}")
         docs.append(tokenize(read_text(path)))
+        if not docs[-1]:
+            raise ValueError(f"--text-files {path}: empty (no tokens to evaluate)")
     return docs
 
 
