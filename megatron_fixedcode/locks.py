@@ -318,7 +318,22 @@ def stale_reason(holder: dict, lock_file: str) -> Optional[str]:
     started = _pid_start_time(pid)
     if holder.get("pid_start") is not None and started is not None and started != holder["pid_start"]:
         return f"pid {pid} is now another process (started at tick {started}, the holder at {holder['pid_start']})"
+    if holder.get("pid_start") is None and started is not None:  # a lock recorded without it: its time
+        try:
+            locked_at = datetime.datetime.fromisoformat(holder["started"]).timestamp()
+            process_at = _boot_time() + started / os.sysconf("SC_CLK_TCK")
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        if process_at > locked_at + 2:
+            return f"pid {pid} is now another process (it started after the lock was taken)"
     return None
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
 
 
 def _holder_pid(fd: int) -> int:

@@ -140,3 +140,22 @@ def test_without_flock_the_same_slurm_job_requeued_on_another_node_takes_over(tm
     recorded = json.loads(lock_file.read_text())
     assert recorded["slurm_job_id"] == "777" and recorded["pid_start"] == locks._pid_start_time(recorded["pid"])
     lock.release()
+
+
+def test_without_flock_a_lock_recorded_without_a_start_time_is_judged_by_its_time(tmp_path, no_flock, caplog):
+    """A lock written before start times were recorded: its pid is another process when that
+    process started after the lock was taken."""
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock_file = _lock_file(tmp_path, json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
+                                                     "started": "2020-01-01T00:00:00+00:00"}))
+        caplog.set_level(logging.WARNING)
+        lock_save_dir(tmp_path / "ckpt").release()
+        assert f"pid {sleeper.pid} is now another process (it started after the lock was taken)" in caplog.text
+        lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
+                                         "started": "2999-01-01T00:00:00+00:00"}))
+        with pytest.raises(LockHeld, match=rf"pid {sleeper.pid} .*if that run is gone, remove {lock_file}"):
+            lock_save_dir(tmp_path / "ckpt")
+    finally:
+        sleeper.kill()
+        sleeper.wait()

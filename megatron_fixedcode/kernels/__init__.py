@@ -48,7 +48,10 @@ def fixed_code_cpu_kernel() -> ModuleType | None:
 
 _BUILD = """
 import ctypes, json, signal, sys
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the build dies with the process that asked for it
+try:  # PR_SET_PDEATHSIG (Linux): the build dies with the process that asked for it
+    ctypes.CDLL(None).prctl(1, signal.SIGKILL)
+except AttributeError:
+    pass
 from torch.utils.cpp_extension import load
 load(**json.loads(sys.argv[1]), verbose=False)
 """
