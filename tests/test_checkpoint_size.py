@@ -11,7 +11,7 @@ import pytest
 from megatron_fixedcode.training import save_checks
 from tests.pretrain_helpers import data_args, pretrain, write_corpus
 
-# Big enough that the tensors dominate the files (2.6M parameters), small enough for one CPU step.
+# Big enough that the tensors dominate the files (2.36M parameters), small enough for one CPU step.
 SIZE = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "4"]
 MODES = {  # name: (flags, estimate_checkpoint_bytes keywords)
     "fp32_distopt": (["--use-distributed-optimizer"], dict(distributed_optimizer=True)),

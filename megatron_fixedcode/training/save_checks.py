@@ -61,7 +61,8 @@ def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
 
 
 # Bytes per parameter of one checkpoint (torch_dist format), by (optimizer, weights); measured from
-# real saves (issue 34 item 2; tests/test_checkpoint_size.py saves each and compares). The one place
+# real saves (issue 34 item 2; tests/test_checkpoint_size.py saves each and compares: 16.08, 14.08, 12.07,
+# plain BF16 14.08, dp_reshardable FP32 16.08 B/param on disk at 2.36M parameters). The one place
 # these numbers live: the start-up free-space warning and docs/study.md's disk figures use them.
 #   distributed/fully_reshardable FP32: FP32 weights 4 + Adam moments 8 + its FP32 parameter copy 4
 #   (fp32-autocast-bf16, paper 2's recipes, is this case); BF16: BF16 weights 2 + FP32 main 4 + 8;
@@ -72,7 +73,7 @@ CHECKPOINT_BYTES_PER_PARAM = {
     ("plain", "fp32"): 12.0, ("plain", "bf16"): 14.0,
     ("none", "fp32"): 4.0, ("none", "bf16"): 2.0,
 }
-CHECKPOINT_OVERHEAD = (0.01, 1 << 20)  # metadata, RNG and scheduler state: 1% + 1 MiB (measured < 0.5%)
+CHECKPOINT_OVERHEAD = (0.01, 1 << 20)  # metadata, RNG, scheduler: 1% + 1 MiB (measured 0.5-0.6% of 2.36M params)
 
 
 def estimate_checkpoint_bytes(num_parameters: int, *, bf16: bool = False, optimizer: bool = True,
