@@ -373,6 +373,7 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
     from megatron_fixedcode.compat.rng import restore_rng_state
+    from megatron_fixedcode.training.load_checks import log_precision_change, refuse_non_finite_weights
 
     step = resolve_step(root, step)
     if step is None:
@@ -397,8 +398,8 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
-    _refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
-    _log_precision_change(trainer_state, chunks)
+    refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
+    log_precision_change(trainer_state, chunks)
     if scope.optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
     elif optimizer is not None and scope.reload_main_weights:
@@ -413,28 +414,6 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
-
-
-def _refuse_non_finite_weights(target: Path, chunks, action: str) -> None:
-    """Every rank checks the weights it loaded; one with a NaN/Inf stops them all (exit 2, rank 0
-    names the tensor): a checkpoint whose weights are not finite is not trained on."""
-    from megatron_fixedcode.finite import non_finite
-    from megatron_fixedcode.training.rank_agreement import raise_if_any_rank_failed
-
-    bad = non_finite((n, p) for c in chunks for n, p in unwrap(c).named_parameters())
-    error = None if bad is None else (f"{target}: tensor {bad} is not finite; refusing to {action} it "
-                                      "(an older checkpoint loads with --ckpt-step N)")
-    raise_if_any_rank_failed(error, next(chunks[0].parameters()).device, CorruptCheckpoint)
-
-
-def _log_precision_change(trainer_state: dict, chunks) -> None:
-    """One line when the checkpoint's weights were saved in another precision than this run's."""
-    saved = (trainer_state.get("run_config") or {}).get("bf16", (trainer_state.get("model_config") or {}).get("bf16"))
-    now = next(unwrap(chunks[0]).parameters()).dtype == torch.bfloat16
-    if saved is not None and bool(saved) != now and dist.get_rank() == 0:
-        name = {True: "BF16 weights (--bf16)", False: "FP32 weights (no --bf16)"}
-        logger.warning("precision changed: the checkpoint was saved with %s, this run trains with %s; its weights are "
-                       "cast%s", name[bool(saved)], name[now], " (rounded to BF16)" if now else "")
 
 
 def _ranks() -> dict:
