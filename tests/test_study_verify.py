@@ -89,3 +89,12 @@ def test_the_eval_stage_rewrites_a_corrupt_record(tmp_path, monkeypatch, capsys)
     out = capsys.readouterr().out
     assert f"{layout.record('binary')}: cannot parse it" in out and "writing the study record of binary again" in out
     assert _eval_job(opts, "binary").done
+
+
+def test_an_export_with_a_damaged_config_is_named_and_redone(tmp_path):
+    opts = StudyOptions(study_dir=str(tmp_path), mfc_root=str(REPO), variants=["binary"], stages=["export"])
+    config = StudyLayout(tmp_path).export("binary") / "config.json"
+    config.parent.mkdir(parents=True)
+    config.write_text('{"architectures": ["LlamaForCausalLM"], "hidden_')
+    job = build_graph(opts)[0]
+    assert not job.done and str(config) in job.problem and "cannot parse it" in job.problem

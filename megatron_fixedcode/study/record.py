@@ -189,15 +189,15 @@ def eval_stage_state(result_path: Path, record_path: Path) -> tuple[bool, str | 
 
 
 def export_stage_state(out: Path) -> tuple[bool, str | None]:
-    """(done, problem) of an export: a config.json that parses and weight files that are whole."""
-    from megatron_fixedcode.export import hf_io
-
+    """(done, problem) of an export: its config.json parses (the eval stage's reader checks the
+    weight files) and it is not marked incomplete."""
     if not (out / "config.json").is_file():
         return False, None
-    try:
-        hf_io.read_config(out)
-    except ValueError as e:
-        return False, str(e)
+    config, problem = _parsed(out / "config.json")
+    if problem or not isinstance(config, dict):
+        return False, problem or f"{out / 'config.json'}: not a JSON object"
+    if (out / "EXPORT_INCOMPLETE").exists():
+        return False, f"{out}: marked EXPORT_INCOMPLETE (its writer stopped before finishing)"
     return True, None
 
 
