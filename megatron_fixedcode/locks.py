@@ -41,6 +41,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from pathlib import Path
 from typing import Optional
 
@@ -70,7 +71,35 @@ def _holder_info() -> dict:
         "user": user,
         "command": " ".join([os.path.basename(sys.executable)] + sys.argv)[:500],
         "started": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+        # What the lock without flock needs to tell a live holder from a pid the kernel reused, and
+        # a requeue of the same Slurm job (on another node) from another job.
+        "pid_start": _pid_start_time(os.getpid()),
+        "boot_id": _boot_id(),
+        "slurm_job_id": os.environ.get("SLURM_JOB_ID"),
+        "slurm_restart_count": os.environ.get("SLURM_RESTART_COUNT"),
     }
+
+
+EMPTY_LOCK_GRACE_S = 30.0
+"""Without flock: a lock file that records no holder (its creator was killed between creating it
+and writing itself into it) is taken over once it is older than this."""
+
+
+def _pid_start_time(pid: int) -> Optional[int]:
+    """The process's start time (clock ticks after boot, ``/proc/PID/stat`` field 22); None where
+    there is no /proc or no such process. A pid the kernel gave to another process differs in it."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _boot_id() -> Optional[str]:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return None
 
 
 def _read_holder(path: str) -> dict:
@@ -118,6 +147,9 @@ class PathLock:
         self._fd: Optional[int] = None
         self.took_over: Optional[dict] = None
         """Holder recorded by a previous run that died holding the lock (if any)."""
+        self.take_over_reason: Optional[str] = None
+        """Without flock: why the lock file found there was taken over (logged)."""
+        self._logged_take_over = False
 
     @property
     def held(self) -> bool:
@@ -134,7 +166,7 @@ class PathLock:
                         "create of %s instead", self.what, self.lock_file)
             fd = self._acquire_exclusive_create()
         previous = _read_holder(self.lock_file) if self.took_over is None else self.took_over
-        if previous.get("pid") and previous.get("pid") != os.getpid():
+        if previous.get("pid") and previous.get("pid") != os.getpid() and not self._logged_take_over:
             self.took_over = previous
             logger.warning("%s: taking over the lock left by a run that ended without releasing it (%s)",
                            self.what, describe_holder(previous, held=False))
@@ -168,22 +200,21 @@ class PathLock:
         raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")  # pragma: no cover
 
     def _acquire_exclusive_create(self) -> int:
-        """Without flock: the lock is the file's existence (``O_CREAT | O_EXCL``). The take-over rule
-        is flock's, as far as it can be checked: a lock whose holder ran on this host and has exited
-        is taken over; one held from another host is refused, naming the file to remove if that run
-        is gone (no kernel on this host can tell)."""
+        """Without flock: the lock is the file's existence (``O_CREAT | O_EXCL``). A lock file found
+        there is taken over (logged, with the reason) only when its holder provably is no live
+        run writing this directory (:func:`stale_reason`); otherwise the refusal names the holder
+        and the file to remove if that run is gone."""
         for _ in range(100):
             try:
                 return os.open(self.lock_file, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
             except FileExistsError:
                 pass
             holder = _read_holder(self.lock_file)
-            if not holder.get("pid") or holder.get("host") != socket.gethostname() or _pid_alive(int(holder["pid"])):
-                error = self._refusal(holder)
-                if holder.get("host") not in (None, socket.gethostname()):
-                    error = LockHeld(f"{error}; if that run is gone, remove {self.lock_file}", holder, self.lock_file)
-                raise error
-            stale = f"{self.lock_file}.stale.{os.getpid()}"
+            reason = stale_reason(holder, self.lock_file)
+            if reason is None:
+                raise LockHeld(f"{self._refusal(holder)}; if that run is gone, remove {self.lock_file}",
+                               holder, self.lock_file)
+            stale = f"{self.lock_file}.stale.{socket.gethostname()}.{os.getpid()}"
             try:  # one taker wins the rename; a loser finds the path gone and retries the create
                 os.rename(self.lock_file, stale)
             except FileNotFoundError:
@@ -196,7 +227,9 @@ class PathLock:
                 os.unlink(stale)
                 raise self._refusal(_read_holder(self.lock_file))
             os.unlink(stale)
-            self.took_over = holder
+            self.took_over, self.take_over_reason, self._logged_take_over = holder, reason, True
+            logger.warning("%s: taking over the lock file %s: %s (%s)", self.what, self.lock_file, reason,
+                           describe_holder(holder, held=False))
         raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")  # pragma: no cover
 
     def release(self) -> None:
@@ -248,6 +281,59 @@ def _flock_works(directory: Path) -> bool:
             os.unlink(probe)
         except FileNotFoundError:
             pass
+
+
+def stale_reason(holder: dict, lock_file: str) -> Optional[str]:
+    """Why the holder recorded in ``lock_file`` (no flock) cannot be a live run writing the
+    directory, or None when it may be one (then the lock is refused):
+
+    * no holder recorded (empty or unparsable file) and the file is older than
+      :data:`EMPTY_LOCK_GRACE_S` — its creator died before writing itself into it;
+    * the same Slurm job (``SLURM_JOB_ID``) on another node or in another incarnation
+      (``SLURM_RESTART_COUNT``): a requeue, and Slurm ends a job's processes before requeuing it;
+    * on this host: the machine rebooted since (``boot_id``), the pid has exited, or the pid now
+      belongs to another process (its start time differs from the recorded one).
+    """
+    if not holder.get("pid"):
+        try:
+            age = time.time() - os.stat(lock_file).st_mtime
+        except FileNotFoundError:
+            return None  # gone meanwhile: the create is retried
+        if age < EMPTY_LOCK_GRACE_S:
+            return None
+        return f"it records no holder and is {age:.0f} s old (its creator died before recording itself)"
+    job = os.environ.get("SLURM_JOB_ID")
+    if job and holder.get("slurm_job_id") == job:
+        if holder.get("host") != socket.gethostname():
+            return f"it was left by this Slurm job ({job}) on node {holder.get('host')} (a requeue)"
+        if str(holder.get("slurm_restart_count")) != str(os.environ.get("SLURM_RESTART_COUNT")):
+            return f"it was left by an earlier run of this Slurm job ({job}, requeued)"
+    if holder.get("host") != socket.gethostname():
+        return None  # no kernel here can tell whether that run is alive
+    pid = int(holder["pid"])
+    if holder.get("boot_id") and _boot_id() and holder["boot_id"] != _boot_id():
+        return "this host has rebooted since it was written"
+    if not _pid_alive(pid):
+        return f"pid {pid} has exited"
+    started = _pid_start_time(pid)
+    if holder.get("pid_start") is not None and started is not None and started != holder["pid_start"]:
+        return f"pid {pid} is now another process (started at tick {started}, the holder at {holder['pid_start']})"
+    if holder.get("pid_start") is None and started is not None:  # a lock recorded without it: its time
+        try:
+            locked_at = datetime.datetime.fromisoformat(holder["started"]).timestamp()
+            process_at = _boot_time() + started / os.sysconf("SC_CLK_TCK")
+        except (KeyError, TypeError, ValueError, OSError):
+            return None
+        if process_at > locked_at + 2:
+            return f"pid {pid} is now another process (it started after the lock was taken)"
+    return None
+
+
+def _boot_time() -> float:
+    for line in Path("/proc/stat").read_text().splitlines():
+        if line.startswith("btime "):
+            return float(line.split()[1])
+    raise ValueError("no btime in /proc/stat")
 
 
 def _holder_pid(fd: int) -> int:

@@ -25,6 +25,7 @@ import torch
 
 from megatron_fixedcode.data.jsonl import jsonl_records
 from megatron_fixedcode.eval.perplexity import LogitsFn
+from megatron_fixedcode.finite import check_finite_loss
 
 SQUAD_PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
 
@@ -116,5 +117,6 @@ def target_nll(logits_fn: LogitsFn, examples: list[tuple[list[int], list[int]]],
                                                          ignore_index=-100, reduction="sum"))
         count += int((tgt_BS != -100).sum())
     loss = total / count
+    check_finite_loss(loss, "evaluation")
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "examples": len(fitted),
             "truncated": truncated, "seq_length": seq_length}

@@ -21,6 +21,8 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
+from megatron_fixedcode.finite import check_finite_loss
+
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
 
 
@@ -39,6 +41,8 @@ def text_documents(paths: Iterable[str | Path], tokenize: Callable[[str], list[i
         if not Path(path).is_file():
             raise ValueError(f"--text-files: no such file {path}")
         docs.append(tokenize(read_text(path)))
+        if not docs[-1]:
+            raise ValueError(f"--text-files {path}: empty (no tokens to evaluate)")
     return docs
 
 
@@ -97,6 +101,7 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
     if count == 0:
         raise ValueError("no tokens to evaluate (empty documents?)")
     loss = total / count
+    check_finite_loss(loss, "evaluation")
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "documents": len(docs),
             "windows": num_windows, "seq_length": seq_length, "eod": eod}
 

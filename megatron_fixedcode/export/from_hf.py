@@ -24,6 +24,7 @@ from megatron_fixedcode.export.llama import (
     model_config_from_llama,
 )
 from megatron_fixedcode.export.megatron_io import build_single_rank_model, save_megatron_checkpoint
+from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -124,6 +125,7 @@ def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, seq_length: 
         found.update(hf_io.safetensors_shapes(hf_dir / name))
     check_tensors(hf_dir, config, cfg, found, code)
     tensors = {k: v.to(torch.float32) for k, v in hf_io.read_safetensors(hf_dir).items()}
+    refuse_non_finite(sorted(tensors.items()), str(hf_dir), "import it")
     if "lm_head.weight" not in tensors:
         logger.warning("%s ties the head to the input table; importing an untied copy of it as the head", hf_dir)
         tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()

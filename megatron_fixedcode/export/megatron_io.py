@@ -16,6 +16,7 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
+from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
 from megatron_fixedcode.training import checkpointing
 
@@ -78,6 +79,7 @@ def load_megatron_checkpoint(root: str | Path, step: int | None = None, verify: 
     model = build_single_rank_model(cfg, saved_padded_vocab(path))
     loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
     model.load_state_dict(loaded["model"])
+    refuse_non_finite(model.state_dict().items(), f"--load {path}", "use these weights")
     model.eval()
     return LoadedCheckpoint(model=model, model_cfg=cfg, trainer_state=trainer_state, step=step, path=path)
 

@@ -19,6 +19,7 @@ from megatron_fixedcode.export import hf_io
 from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
 from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
 from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
 
 logger = logging.getLogger(__name__)
@@ -45,7 +46,9 @@ def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, b
         config.update(architectures=["FixedCodeLlamaForCausalLM"], model_type="fixedcode_llama",
                       auto_map={"AutoConfig": "modeling_fixedcode.FixedCodeLlamaConfig",
                                 "AutoModelForCausalLM": "modeling_fixedcode.FixedCodeLlamaForCausalLM"})
-    return {k: v.to(hf_io.DTYPES[dtype]) for k, v in tensors.items()}, config
+    out = {k: v.to(hf_io.DTYPES[dtype]) for k, v in tensors.items()}
+    refuse_non_finite(out.items(), f"export (--dtype {dtype})", "export it")
+    return out, config
 
 
 def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *,

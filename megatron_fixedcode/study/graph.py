@@ -91,6 +91,7 @@ class Job:
     script: str        # the batch script (jobs/<name>.sh); for the index stage: the submit command
     done: bool
     outputs: list[str]
+    problem: str | None = None  # an output that is there but does not verify (it is redone)
 
 
 def _q(args) -> str:
@@ -133,20 +134,10 @@ def _common(opts: StudyOptions, layout: StudyLayout, name: str) -> list[str]:
     return out
 
 
-def _exists_all(paths) -> bool:
-    return all(Path(p).exists() for p in paths)
-
-
-def _report_done(layout: StudyLayout, variants: list[str]) -> bool:
-    path = layout.report_dir / "report.json"
-    if not path.is_file():
-        return False
-    return sorted(json.loads(path.read_text()).get("runs", {})) == sorted(variants)
-
-
 def build_graph(opts: StudyOptions, *, check_outputs: bool = True) -> list[Job]:
     """The jobs in submission (topological) order; ``done`` from the outputs on disk."""
-    from megatron_fixedcode.study.record import training_finished
+    from megatron_fixedcode.study.record import (eval_stage_state, export_stage_state, report_stage_state,
+                                                 training_finished)
 
     layout = StudyLayout(Path(opts.study_dir))
     jobs: list[Job] = []
@@ -180,21 +171,24 @@ def build_graph(opts: StudyOptions, *, check_outputs: bool = True) -> list[Job]:
             sb = [*_common(opts, layout, f"export-{v}"), "--nodes=1", "--ntasks=1", "--cpus-per-task=8",
                   f"--time={opts.export_time}"]
             out = layout.export(v)
+            done, problem = export_stage_state(out)
             jobs.append(Job(f"export-{v}", "export", [f"train-{v}"] if "train" in opts.stages else [], sb,
-                            _stage_script(opts, "export", v), _exists_all([out / "config.json"]), [str(out)]))
+                            _stage_script(opts, "export", v), done, [str(out)], problem))
         if "eval" in opts.stages:
             sb = [*_common(opts, layout, f"eval-{v}"), "--nodes=1", "--ntasks=1", "--cpus-per-task=8",
                   f"--time={opts.eval_time}"]
             sb += [f"--gpus-per-node={opts.eval_gpus}"] if opts.eval_gpus else []
             outs = [layout.eval_result(v), layout.record(v)]
+            done, problem = eval_stage_state(*outs)  # the records parse and carry the hashes they claim
             jobs.append(Job(f"eval-{v}", "eval", [f"export-{v}"] if "export" in opts.stages else [], sb,
-                            _stage_script(opts, "eval", v), _exists_all(outs), [str(p) for p in outs]))
+                            _stage_script(opts, "eval", v), done, [str(p) for p in outs], problem))
     if "report" in opts.stages:
         sb = [*_common(opts, layout, "report"), "--nodes=1", "--ntasks=1", "--cpus-per-task=2",
               f"--time={opts.report_time}"]
         deps = [f"eval-{v}" for v in opts.variants] if "eval" in opts.stages else []
-        jobs.append(Job("report", "report", deps, sb, _stage_script(opts, "report"),
-                        _report_done(layout, opts.variants), [str(layout.report_dir)]))
+        done, problem = report_stage_state(layout.report_dir / "report.json", opts.variants)
+        jobs.append(Job("report", "report", deps, sb, _stage_script(opts, "report"), done,
+                        [str(layout.report_dir)], problem))
     names = {j.name for j in jobs}
     for j in jobs:
         j.deps = [d for d in j.deps if d in names]
@@ -206,7 +200,8 @@ def format_graph(jobs: list[Job]) -> str:
     lines = [f"# paper-2 study: {len(jobs)} jobs ({sum(j.done for j in jobs)} done)", "# graph:"]
     for j in jobs:
         dep = " ".join(f"afterok:{d}" if j.name != "manifest" else f"afterany:{d}" for d in j.deps) or "-"
-        lines.append(f"#   {j.name:<16} after {dep:<40} {'done' if j.done else 'to submit'}")
+        lines.append(f"#   {j.name:<16} after {dep:<40} {'done' if j.done else 'to submit'}"
+                     + (f" (redo: {j.problem})" if j.problem else ""))
     for j in jobs:
         lines += ["", f"## job {j.name} ({'done: ' + ', '.join(j.outputs) if j.done else 'to submit'})",
                   f"# depends on: {', '.join(j.deps) or 'nothing'}",
@@ -244,6 +239,8 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
         if j.done:
             log(f"{j.name}: done ({', '.join(j.outputs)})")
             continue
+        if j.problem:
+            log(f"{j.name}: {j.problem}: redoing it")
         if j.name == "manifest" and "manifest" in ids:
             continue  # submitted with the array just now
         id_file = layout.jobs / f"{j.name}.id"

@@ -118,3 +118,95 @@ def check_comparable(records: list[dict[str, Any]]) -> None:
             listed = ", ".join(f"{v} {str(h)[:16]}" for v, h in values.items())
             raise ValueError(f"the runs differ in {field} ({listed}): they are not one study; "
                              "the report does not put them side by side")
+
+
+# --- a stage is done when its outputs verify (issue 34 item 4) -----------------------------------
+
+RECORD_KEYS = ("variant", "run_config", "config_hash", "eval_protocol", "eval_protocol_hash", "step", "tokens",
+               "data_manifest_fingerprint", "tokenizer_fingerprint")
+
+
+def read_json(path: str | Path) -> Any:
+    """The parsed file, or a one-line ``ValueError`` naming it (a half-written or damaged output)."""
+    path = Path(path)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"{path}: cannot parse it ({type(e).__name__}: {e}); it is damaged: remove it and "
+                         "re-run the study to redo the stage that wrote it") from None
+
+
+def _parsed(path: Path) -> tuple[Any, str | None]:
+    try:
+        return read_json(path), None
+    except ValueError as e:
+        return None, str(e).split("; it is damaged")[0]
+
+
+def eval_result_problem(path: str | Path) -> str | None:
+    """Why ``eval/<v>.json`` is not a finished evaluation (None: it is)."""
+    result, problem = _parsed(Path(path))
+    if problem:
+        return problem
+    if not isinstance(result, dict) or not isinstance(result.get("results"), dict):
+        return f"{path}: no 'results' in it (not a finished evaluation)"
+    return None
+
+
+def record_problem(path: str | Path, result_path: str | Path | None = None) -> str | None:
+    """Why ``records/<v>.json`` does not verify (None: it does): it must parse, hold every field,
+    carry the hashes it claims (``config_hash`` of its ``run_config``, ``eval_protocol_hash`` of its
+    ``eval_protocol``) and, beside its evaluation result, that result's protocol and request sets."""
+    record, problem = _parsed(Path(path))
+    if problem:
+        return problem
+    if not isinstance(record, dict):
+        return f"{path}: not a study record (a JSON object)"
+    missing = [k for k in RECORD_KEYS if k not in record]
+    if missing:
+        return f"{path}: no {', '.join(missing)} in it (not a complete study record)"
+    for field, of in (("config_hash", "run_config"), ("eval_protocol_hash", "eval_protocol")):
+        if record[field] != sha256_json(record[of]):
+            return f"{path}: {field} {str(record[field])[:16]} is not the sha256 of its {of} ({sha256_json(record[of])[:16]})"
+    if result_path is not None and Path(result_path).is_file():
+        result, problem = _parsed(Path(result_path))
+        if problem or not isinstance(result, dict):
+            return problem or f"{result_path}: not an evaluation result"
+        if "eval_protocol" in result and sha256_json(result["eval_protocol"]) != record["eval_protocol_hash"]:
+            return f"{path}: eval_protocol_hash differs from that of {result_path}'s protocol"
+        sets = {task: a.get("sha256") for task, a in (result.get("requests") or {}).items() if isinstance(a, dict)}
+        if record.get("eval_request_sets", sets) != sets:
+            return f"{path}: eval_request_sets differ from the request sets of {result_path}"
+    return None
+
+
+def eval_stage_state(result_path: Path, record_path: Path) -> tuple[bool, str | None]:
+    """(done, why not where an output is there but does not verify) of a study's eval stage."""
+    if not (result_path.is_file() and record_path.is_file()):
+        return False, None
+    problem = eval_result_problem(result_path) or record_problem(record_path, result_path)
+    return problem is None, problem
+
+
+def export_stage_state(out: Path) -> tuple[bool, str | None]:
+    """(done, problem) of an export: its config.json parses (the eval stage's reader checks the
+    weight files) and it is not marked incomplete."""
+    if not (out / "config.json").is_file():
+        return False, None
+    config, problem = _parsed(out / "config.json")
+    if problem or not isinstance(config, dict):
+        return False, problem or f"{out / 'config.json'}: not a JSON object"
+    if (out / "EXPORT_INCOMPLETE").exists():
+        return False, f"{out}: marked EXPORT_INCOMPLETE (its writer stopped before finishing)"
+    return True, None
+
+
+def report_stage_state(report_json: Path, variants: list[str]) -> tuple[bool, str | None]:
+    """(done, problem) of the report: ``report.json`` parses and covers exactly ``variants``."""
+    if not report_json.is_file():
+        return False, None
+    data, problem = _parsed(report_json)
+    if problem:
+        return False, problem
+    runs = data.get("runs") if isinstance(data, dict) else None
+    return isinstance(runs, dict) and sorted(runs) == sorted(variants), None

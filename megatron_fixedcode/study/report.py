@@ -3,13 +3,12 @@ error), reference columns from their own result files, the realized budgets, the
 and the loss curves. Refuses runs that are not one study (:func:`record.check_comparable`)."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from megatron_fixedcode.eval.audit import differing_request_sets
 from megatron_fixedcode.study.layout import StudyLayout
-from megatron_fixedcode.study.record import check_comparable, write_json_atomic
+from megatron_fixedcode.study.record import check_comparable, read_json, write_json_atomic
 
 STDERR_NOTE = ("± values are evaluation standard errors of one run (lm-eval's stderr over the examples), "
                "not seed variability: each variant is one training run.")
@@ -125,11 +124,11 @@ def write_report(layout: StudyLayout, variants: list[str], reference_files: list
     missing = [str(layout.record(v)) for v in variants if not layout.record(v).is_file()]
     if missing:
         raise ValueError(f"no study record for {', '.join(missing)}: the evaluation of that run has not finished")
-    records = {v: json.loads(layout.record(v).read_text()) for v in variants}
-    results = {v: json.loads(layout.eval_result(v).read_text()) for v in variants}
+    records = {v: read_json(layout.record(v)) for v in variants}  # a damaged file: one line naming it
+    results = {v: read_json(layout.eval_result(v)) for v in variants}
     references = {}
     for path in reference_files:
-        r = json.loads(Path(path).read_text())
+        r = read_json(path)
         references[r.get("label") or Path(path).stem] = {**r, "reference": True}
     data = build(records, results, references)
     out = layout.report_dir

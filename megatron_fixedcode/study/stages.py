@@ -18,8 +18,8 @@ from pathlib import Path
 from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
 from megatron_fixedcode.study.graph import load_options
 from megatron_fixedcode.study.layout import StudyLayout
-from megatron_fixedcode.study.record import (build_record, eval_protocol, training_finished,
-                                             write_json_atomic)
+from megatron_fixedcode.study.record import (build_record, eval_protocol, eval_result_problem, export_stage_state,
+                                             read_json, record_problem, training_finished, write_json_atomic)
 
 
 def _finished_training(layout: StudyLayout, variant: str) -> Path:
@@ -33,9 +33,13 @@ def export(layout: StudyLayout, variant: str) -> None:
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
     out = layout.export(variant)
-    if (out / "config.json").is_file():
+    done, problem = export_stage_state(out)
+    if done:
         print(f"{out}: already exported")
         return
+    if problem:  # there but damaged: not a finished export
+        print(f"{problem}: exporting {variant} again")
+        shutil.rmtree(out)
     ckpt = _finished_training(layout, variant)
     partial = out.with_name(out.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
@@ -45,15 +49,16 @@ def export(layout: StudyLayout, variant: str) -> None:
 
 
 def evaluate(layout: StudyLayout, variant: str) -> None:
-    import json
-
     from megatron_fixedcode.eval.harness import LOCAL_TASKS_DIR, run_harness
 
     opts = load_options(layout.root)
     result_path, record_path = layout.eval_result(variant), layout.record(variant)
     protocol = eval_protocol(opts.eval_tasks, opts.eval_limit, LOCAL_TASKS_DIR)
-    if result_path.is_file():
-        result = json.loads(result_path.read_text())
+    problem = eval_result_problem(result_path) if result_path.is_file() else None
+    if problem:
+        print(f"{problem}: evaluating {variant} again")
+    if result_path.is_file() and not problem:
+        result = read_json(result_path)
         print(f"{result_path}: already evaluated")
     else:
         import torch
@@ -64,7 +69,10 @@ def evaluate(layout: StudyLayout, variant: str) -> None:
         result.update(label=variant, eval_protocol=protocol)
         write_json_atomic(result_path, result)
         print(f"evaluated {layout.export(variant)} -> {result_path}")
-    if not record_path.is_file():
+    problem = record_problem(record_path, result_path) if record_path.is_file() else None
+    if problem:  # a record counts only when it parses and carries the hashes it claims
+        print(f"{problem}: writing the study record of {variant} again")
+    if problem or not record_path.is_file():
         record = build_record(variant=variant, recipe=opts.recipe_of(variant), ckpt_dir=layout.checkpoints(variant),
                               manifest=layout.manifest, eval_result=result, protocol=protocol)
         write_json_atomic(record_path, record)

@@ -373,6 +373,7 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
     from megatron_fixedcode.compat.rng import restore_rng_state
+    from megatron_fixedcode.training.load_checks import log_precision_change, refuse_non_finite_weights
 
     step = resolve_step(root, step)
     if step is None:
@@ -397,6 +398,8 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
+    log_precision_change(trainer_state, chunks)
     if scope.optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
     elif optimizer is not None and scope.reload_main_weights:

@@ -117,7 +117,9 @@ def train(trainer: Trainer) -> int:
         sch = trainer.scheduler  # after loading: the values actually in force
         logger.info("%s", describe_schedule({k: getattr(sch, k) for k in trainer.plan.schedule}, trainer.plan.schedule_source))
         if ck.save and not a.skip_train:  # a warning, logged: room for fewer than two checkpoints
-            free_space_warning(ck.save, estimate_checkpoint_bytes(trainer.report["total_params"], bf16=a.bf16))
+            free_space_warning(ck.save, estimate_checkpoint_bytes(
+                trainer.report["total_params"], bf16=a.bf16, distributed_optimizer=a.use_distributed_optimizer,
+                fully_reshardable=a.dist_ckpt_optim_fully_reshardable))
     flops_per_token = model_flops_per_token(trainer.report, a.num_layers, a.hidden_size, a.seq_length)
     sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=trainer.max_steps, flops_per_token=flops_per_token,
                        num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
@@ -143,6 +145,9 @@ def train(trainer: Trainer) -> int:
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
             trainer.save(final=stop or trainer.step == trainer.max_steps)
             saved_at = trainer.step
+            # A signal that came during the save (seconds, at scale) would otherwise cost one
+            # more step and one more save inside the grace window: this checkpoint is the last.
+            stop = stop or any_rank(exit_request.flag, trainer.device)
         if stop:
             if rank0:
                 logger.info("exiting at step %d (%s)", trainer.step, "signal/duration" if not ck.exit_interval else "exit interval")

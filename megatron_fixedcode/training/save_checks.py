@@ -6,9 +6,10 @@ found only at the first save (after that many steps), the last as
 
 * :func:`check_save_dir_writable` — create the directory and write/fsync/remove a probe file;
   refuse with ``ValueError("--save PATH: reason (OS error)")``.
-* :func:`estimate_checkpoint_bytes` / :func:`free_space_warning` — a checkpoint is about
-  ``params x (4 weights + 8 Adam moments [+ 4 FP32 main params with BF16])`` bytes; warn when the
-  filesystem has room for fewer than two (the new one is written before the old one is pruned).
+* :func:`estimate_checkpoint_bytes` / :func:`free_space_warning` — a checkpoint is
+  ``params x`` :data:`CHECKPOINT_BYTES_PER_PARAM` (measured from real saves for each optimizer,
+  precision and format); warn when the filesystem has room for fewer than two (the new one is
+  written before the old one is pruned).
 * :func:`checkpoint_write_error` — turn an exception raised while saving into a one-line
   ``ValueError`` naming the path and the OS error ("no space left on device" for torch's
   ``unexpected pos`` when the disk is full). The last good checkpoint stays as it is: ``latest``
@@ -59,11 +60,30 @@ def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
     return path
 
 
-def estimate_checkpoint_bytes(num_parameters: int, *, bf16: bool = False, optimizer: bool = True) -> int:
-    """Bytes of one checkpoint: FP32 weights, Adam's two moments, FP32 main params with BF16,
-    plus 5% for metadata and RNG/scheduler state."""
-    per_param = 4 + (8 if optimizer else 0) + (4 if bf16 and optimizer else 0)
-    return int(num_parameters * per_param * 1.05) + (1 << 20)
+# Bytes per parameter of one checkpoint (torch_dist format), by (optimizer, weights); measured from
+# real saves (issue 34 item 2; tests/test_checkpoint_size.py saves each and compares: 16.08, 14.08, 12.07,
+# plain BF16 14.08, dp_reshardable FP32 16.08 B/param on disk at 2.36M parameters). The one place
+# these numbers live: the start-up free-space warning and docs/study.md's disk figures use them.
+#   distributed/fully_reshardable FP32: FP32 weights 4 + Adam moments 8 + its FP32 parameter copy 4
+#   (fp32-autocast-bf16, paper 2's recipes, is this case); BF16: BF16 weights 2 + FP32 main 4 + 8;
+#   plain Adam FP32: 4 + 8; plain BF16: 2 + FP32 main 4 + 8; weights only: 4 or 2.
+CHECKPOINT_BYTES_PER_PARAM = {
+    ("distributed", "fp32"): 16.0, ("distributed", "bf16"): 14.0,
+    ("distributed_dp_reshardable", "fp32"): 16.0, ("distributed_dp_reshardable", "bf16"): 14.0,
+    ("plain", "fp32"): 12.0, ("plain", "bf16"): 14.0,
+    ("none", "fp32"): 4.0, ("none", "bf16"): 2.0,
+}
+CHECKPOINT_OVERHEAD = (0.01, 1 << 20)  # metadata, RNG, scheduler: 1% + 1 MiB (measured 0.5-0.6% of 2.36M params)
+
+
+def estimate_checkpoint_bytes(num_parameters: int, *, bf16: bool = False, optimizer: bool = True,
+                              distributed_optimizer: bool = False, fully_reshardable: bool = True) -> int:
+    """Bytes of one checkpoint of ``num_parameters`` (:data:`CHECKPOINT_BYTES_PER_PARAM`)."""
+    kind = "none" if not optimizer else (("distributed" if fully_reshardable else "distributed_dp_reshardable")
+                                         if distributed_optimizer else "plain")
+    per_param = CHECKPOINT_BYTES_PER_PARAM[(kind, "bf16" if bf16 else "fp32")]
+    fraction, fixed = CHECKPOINT_OVERHEAD
+    return int(num_parameters * per_param * (1 + fraction)) + fixed
 
 
 def free_space_warning(save_dir: str | os.PathLike, checkpoint_bytes: int, copies: int = 2) -> Optional[str]:
