@@ -43,7 +43,7 @@ from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
-from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
@@ -67,6 +67,7 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
     te_layers = use_transformer_engine(plan.model_cfg)
     fusions = fusion_settings(a, te_layers=te_layers, gated_linear_unit=BLOCKS[plan.model_cfg.block]["gated_linear_unit"])
     config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
+                                      **loss_config_fields(a.dataset_type),
                                       **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
     chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
                                 use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
