@@ -136,6 +136,34 @@ def test_every_recipe_that_turns_tf32_off_gets_it(capsys):
     assert checked >= 8  # the seven paper-1 pretraining recipes and paper 1's SFT
 
 
+def test_wgrad_fusion_is_tes_own_where_te_is_used_and_apexs_for_local_layers(monkeypatch):
+    """Without apex, megatron's linear layers cannot fuse the weight-gradient accumulation (its
+    ColumnParallelLinear refuses); TE's layers can, in any precision mode."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_features, "_importable", lambda module: module == "transformer_engine")  # no apex
+    a = _args(gradient_accumulation_fusion=True, bias_swiglu_fusion=True, bias_dropout_fusion=True,
+              rope_fusion=True, masked_softmax_fusion=True)
+    for te_layers in (True, False):
+        assert gpu_features.fusion_settings(a, te_layers=te_layers, gated_linear_unit=True)["gradient_accumulation_fusion"] is False
+    assert gpu_features.te_wgrad_fusion(a, te_layers=True) is True
+    assert gpu_features.te_wgrad_fusion(a, te_layers=False) is False
+    assert gpu_features.te_wgrad_fusion(_args(gradient_accumulation_fusion=False), te_layers=True) is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_features.te_wgrad_fusion(a, te_layers=True) is False  # CPU: no TE at all
+
+
+def test_te_wgrad_fusion_reaches_every_te_linear_and_only_them(single_rank):
+    class FakeTELinear(torch.nn.Linear):  # what TE's Linear / LayerNormLinear keep: read at each forward
+        fuse_wgrad_accumulation = False
+
+    model = torch.nn.Sequential(FakeTELinear(4, 4), torch.nn.Linear(4, 4), torch.nn.Sequential(FakeTELinear(4, 4)))
+    assert builder.fuse_te_wgrad_accumulation(model) == 2
+    assert [getattr(m, "fuse_wgrad_accumulation", None) for m in model.modules()] == [None, True, None, None, True]
+    cfg = tiny_model(transformer_impl="local")
+    with pytest.raises(ValueError, match="needs Transformer Engine layers"):
+        builder.build_gpt_model(cfg, build_transformer_config(cfg, ParallelLayout()), single_rank, te_wgrad_fusion=True)
+
+
 def test_model_without_te_refuses_te_and_fp8():
     for cfg in (tiny_model(transformer_impl="transformer_engine"), tiny_model(bf16=True, fp8="hybrid")):
         with pytest.raises(ValueError, match="needs .*Transformer Engine.*pip install"):

@@ -149,6 +149,14 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
     return settings
 
 
+def te_wgrad_fusion(a: argparse.Namespace, *, te_layers: bool) -> bool:
+    """TE's ``fuse_wgrad_accumulation`` for the TE layers: their weight-gradient GEMM writes into
+    megatron's FP32 ``main_grad`` (no apex needed, BF16 or FP32 inputs, so under autocast too).
+    ``fusion_settings``' ``gradient_accumulation_fusion`` stays apex's, for megatron's own linear
+    layers (the local layers and the output layer, which refuse it without apex's kernel)."""
+    return torch.cuda.is_available() and te_layers and a.gradient_accumulation_fusion
+
+
 # cuBLAS's and cuDNN's process-wide switch: "0" keeps every FP32 GEMM off TF32, whatever the caller
 # asks for (TE's cuBLASLt compute type included). Read by the libraries, so it belongs in the
 # environment the process starts with.
