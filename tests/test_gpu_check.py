@@ -230,7 +230,7 @@ def test_cpu_standin_runs_every_stage_command(tmp_path):
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-standin", "--out", str(out), "--site", str(tmp_path / "site"),
                            "--work", str(tmp_path / "work"), "--wheels", str(tmp_path / "no-wheels")],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)  # ckpt:2ranks: two torchruns
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert proc.returncode == 0, (proc.stderr[-3000:], stages)
     assert list(stages) == [s for s, _, _, _ in plan.STAGES if s not in (*plan.TE_STAGES, "report")] + [

@@ -46,7 +46,7 @@ STAGES = [
     # hashing at ~0.6 GB/s and a few s of I/O per run; ~70 s on a warm page cache, the rest for a cold disk
     ("ckpt", 110, "always", "distributed checkpoint on the GPU: 4 steps saving at 2, then load step 2 and redo 3-4: "
                             "losses and grad norms bit-identical"),
-    ("ckpt:2ranks", 120, ">= 2 GPUs", "as ckpt on 2 ranks (NCCL reduce-scatter/all-gather, fully parallel save and "
+    ("ckpt:2ranks", 150, ">= 2 GPUs", "as ckpt on 2 ranks (NCCL reduce-scatter/all-gather, fully parallel save and "
                                       "load); one GPU: not run, NCCL refuses two ranks on one device"),
     ("tests", 80, "always", "pytest -m gpu: CUDA codes vs numpy, one step on CUDA, overlap flags; the TE ones skip "
                             "with the reason where TE is not importable"),
