@@ -229,7 +229,8 @@ def test_cpu_standin_runs_every_stage_command(tmp_path):
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHON": sys.executable}
     proc = subprocess.run(["bash", str(SCRIPT), "--cpu-standin", "--out", str(out), "--site", str(tmp_path / "site"),
-                           "--work", str(tmp_path / "work"), "--wheels", str(tmp_path / "no-wheels")],
+                           "--work", str(tmp_path / "work"), "--wheels", str(tmp_path / "no-wheels"),
+                           "--budget-s", "840"],  # toy sizes on a shared CPU: the GPU's 480 s is not the point here
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=900)  # ckpt:2ranks: two torchruns
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert proc.returncode == 0, (proc.stderr[-3000:], stages)
