@@ -1,6 +1,12 @@
 #!/usr/bin/env bash
 # Every GPU check in one run, in under 8 minutes (install included) on one H100/H200, for whoever is lent a GPU:
 #
+# PREPARATION (once, on a machine with network; the lent GPU machine has none):
+#   bash scripts/download_gpu_wheels.sh     # -> wheels/ (~31 MiB, checked against the 64 MiB carry), git-ignored
+# then run it with the wheels carried next to the checkout (the device tool: carry ["wheels"]):
+#   bash scripts/gpu_check.sh --dry-run     # here: the plan, the budgets, the carried size, the wiring
+#   bash scripts/gpu_check.sh --out $OUT/gpu_check   # there
+#
 #   bash scripts/gpu_check.sh [--out DIR] [--wheels DIR] [--site DIR] [--work DIR] [--budget-s S] [--bench-layers N]
 #                             [--dry-run] [--install-only] [--cpu-standin] [--help]
 #
@@ -44,13 +50,20 @@
 #   bench:*       the paper-2 recipe as written (h 2048, FFN 8192 SwiGLU, 32 heads, seq 2048, micro batch 8,
 #                 distributed optimizer with overlap, recompute none, fusions on) at 4 of its 24 layers with
 #                 local layers and the real trainer: binary, gf2 and learned in the recipe's
-#                 fp32-autocast-bf16, and binary in --bf16: tokens/s, model TFLOP/s, MFU (over 989.4 TFLOP/s,
-#                 the H100/H200 SXM dense BF16 peak), peak memory, the first step (compile), and the device of
+#                 fp32-autocast-bf16, and binary in --bf16: tokens/s, model TFLOP/s, MFU (over the dense BF16
+#                 peak of the exact device name: 989.4 TFLOP/s H100/H200 SXM, 835.5 H100 NVL / H200 NVL,
+#                 756.5 H100 PCIe), peak memory, the first step (compile), and the device of
 #                 every parameter, buffer and batch tensor (all must be on CUDA: a CPU tensor fails the stage)
 #   ckpt          the distributed checkpoint on the GPU: 4 steps saving at step 2, then load step 2 and redo
-#                 steps 3-4: losses and grad norms bit-identical
+#                 steps 3-4: losses and grad norms bit-identical (110 s: two trainer starts, ~2.7 GB written,
+#                 read and hashed)
+#   ckpt:2ranks   the same on 2 ranks under torchrun (NCCL reduce-scatter/all-gather, fully parallel save and
+#                 load) where 2 GPUs are; on one GPU not run: NCCL refuses two ranks on one device
+#                 ("Duplicate GPU detected", ncclInvalidUsage; plan.py says why no workaround is used)
 #   tests         pytest -m gpu on the files with GPU-marked tests (the TE ones skip, with the reason)
-#   bench:te(_fp8) binary with TE layers (and FP8 hybrid) where TE imports, only in the time left
+#   bench:te_autocast, bench:te, bench:te_fp8
+#                 binary with TE layers: in the recipe's fp32-autocast-bf16 (first: the recipe's exact path),
+#                 in --bf16, and FP8 hybrid, where TE imports, only in the time left
 #   report        gpu_check.json + gpu_check.md; printed at the end
 # Every stage is recorded as ok / failed / skipped / not_run with the reason; nothing is skipped silently,
 # no stage's output is discarded. Exit status: 0 when no stage failed.
@@ -250,6 +263,14 @@ for v in binary gf2 learned binary_bf16; do bench "$v"; done
 run_stage ckpt "$OUT/ckpt.log" "$PY" "$HELPERS/ckpt_roundtrip.py" --data-dir "$WORK/bench-data" --work "$WORK/ckpt" \
     --out "$OUT/ckpt.json" "${FUSE[@]}" "${STANDIN[@]}"
 finish ckpt "$OUT/ckpt.log" "$(summary_of "$OUT/ckpt.log")$(fusion_note)"
+# --- ckpt:2ranks: the same on 2 ranks (NCCL collectives, fully parallel save/load), where 2 GPUs are ---
+if ((CPU_STANDIN)) || (($(env_field "int(e.get('gpu_count', 0))") >= 2)); then
+    run_stage ckpt:2ranks "$OUT/ckpt-2ranks.log" "$PY" "$HELPERS/ckpt_roundtrip.py" --nproc 2 --data-dir "$WORK/bench-data" \
+        --work "$WORK/ckpt" --out "$OUT/ckpt-2ranks.json" "${FUSE[@]}" "${STANDIN[@]}"
+    finish ckpt:2ranks "$OUT/ckpt-2ranks.log" "$(summary_of "$OUT/ckpt-2ranks.log")$(fusion_note)"
+else
+    stage ckpt:2ranks not_run 0 "$("$PY" -c "import sys; sys.path.insert(0, '$HELPERS'); import plan; print(plan.ONE_GPU_NO_NCCL_PAIR)")"
+fi
 
 # --- tests: the GPU-marked tests ----------------------------------------------------------------------
 files=$(gpu_test_files)
@@ -261,11 +282,14 @@ finish tests "$OUT/pytest-gpu.log" "$(last_line "$OUT/pytest-gpu.log")$(fusion_n
 te_why="Transformer Engine cannot travel (wheels far over the 64 MiB carry) and is not importable here"
 if [[ $(env_field "int(bool(e.get('transformer_engine_importable')))") != 1 ]]; then
     stage bench:te not_run 0 "$te_why: $(env_field "e.get('transformer_engine_error', 'env.json missing')")"
+    stage bench:te_autocast not_run 0 "$te_why: no TE layers under fp32-autocast-bf16"
     stage bench:te_fp8 not_run 0 "$te_why: no TE, no FP8"
-elif (($(left) < $(budget_of bench:te) + $(budget_of report))); then
-    for v in te te_fp8; do stage "bench:$v" not_run 0 "TE is here, but only $(left)s of --budget-s $BUDGET are left"; done
 else
-    bench te
+    # the recipe's exact path first (TE under fp32-autocast-bf16: never run before), then --bf16, then FP8
+    for v in te_autocast te; do
+        if (($(left) >= $(budget_of "bench:$v") + $(budget_of report))); then bench "$v"
+        else stage "bench:$v" not_run 0 "TE is here, but only $(left)s of --budget-s $BUDGET are left"; fi
+    done
     if [[ $(env_field "e.get('fp8_support', {}).get('delayed')") == yes ]] && (($(left) >= $(budget_of bench:te_fp8) + $(budget_of report))); then
         bench te_fp8
     else stage bench:te_fp8 not_run 0 "FP8 not supported here or no time left (env.json fp8_support: $(env_field "e.get('fp8_support')"))"; fi

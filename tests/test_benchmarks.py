@@ -143,3 +143,12 @@ def test_checkpoint_io_benchmark():
     assert sum(two["bytes_written_by_rank"].values()) == pytest.approx(one["bytes_written_by_rank"]["0"], rel=0.05)
     assert 1.0 <= r["write_balance_2_ranks"] <= 1.5
     assert all(p["save_s"] > 0 and p["verify_s"] > 0 and p["load_s"] > 0 for p in r["phases"])
+
+
+def test_checkpoint_format_benchmark():
+    """--formats: one save per distributed-optimizer format on 2 ranks, host memory per rank."""
+    r = run_benchmark("checkpoint_io.py", "--formats")
+    assert [p["format"] for p in r["phases"]] == ["fully_reshardable", "dp_reshardable"]
+    for p in r["phases"]:
+        assert p["ranks"] == 2 and len(p["save_added_rss_by_rank"]) == 2 and p["save_s"] > 0
+        assert p["optimizer_state_bytes"] == 12 * p["params"] == 2 * p["rank_share_bytes"]

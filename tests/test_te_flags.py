@@ -65,7 +65,7 @@ def test_cpu_refuses_gpu_features_at_launch_with_what_to_install(caplog, flags):
 
 def _args(**kw) -> argparse.Namespace:
     base = dict(transformer_impl="auto", fp8_format=None, fp8_recipe="delayed", tp_comm_overlap=False,
-                overlap_grad_reduce=False, overlap_param_gather=False)
+                overlap_grad_reduce=False, overlap_param_gather=False, tf32=True, precision="fp32")
     return argparse.Namespace(**{**base, **kw})
 
 
@@ -84,6 +84,84 @@ def test_gpu_without_fp8_support_refuses_with_the_reason(monkeypatch):
     monkeypatch.setattr(gpu_features, "_fp8_support", lambda recipe: (False, "Device compute capability 8.9 or higher required"))
     with pytest.raises(ValueError, match=r"not supported on NVIDIA A100.*8\.9 or higher"):
         gpu_features.check_gpu_features(_args(fp8_format="e4m3"))
+
+
+@pytest.mark.parametrize("tf32,precision,te_layers,environ,refused", [
+    (False, "fp32", True, {}, "--transformer-impl local"),  # TE's FP32 GEMMs run in TF32 regardless
+    (False, "fp32", True, {"NVIDIA_TF32_OVERRIDE": "0"}, None),  # cuBLAS's own off switch covers TE
+    (False, "fp32", True, {"NVIDIA_TF32_OVERRIDE": "1"}, "NVIDIA_TF32_OVERRIDE=0"),
+    (True, "fp32", True, {}, None),  # TF32 wanted: nothing to refuse
+    (False, "fp32-autocast-bf16", True, {}, None),  # TE's GEMMs are BF16 under autocast
+    (False, "bf16", True, {}, None),
+    (False, "fp32", False, {}, None),  # local layers honour torch's flag
+    (False, "fp32", False, {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1"}, "unset it"),  # NGC containers
+    (False, "fp32", False, {"TORCH_ALLOW_TF32_CUBLAS_OVERRIDE": "1", "NVIDIA_TF32_OVERRIDE": "0"}, None),
+])
+def test_tf32_off_is_refused_where_it_would_not_hold(tf32, precision, te_layers, environ, refused):
+    message = gpu_features.tf32_refusal(tf32=tf32, fp32_gemms=precision == "fp32", te_layers=te_layers, environ=environ)
+    assert (message is None) if refused is None else (refused in message and "\n" not in message), message
+
+
+def test_gpu_launch_refuses_no_tf32_with_te_layers_in_one_line(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: object())
+    monkeypatch.delenv("NVIDIA_TF32_OVERRIDE", raising=False)
+    for impl in ("transformer_engine", "auto"):  # auto picks TE where it is importable
+        with pytest.raises(ValueError, match=r"^--no-tf32 with Transformer Engine layers.*--transformer-impl local"):
+            gpu_features.check_gpu_features(_args(transformer_impl=impl, tf32=False))
+    gpu_features.check_gpu_features(_args(transformer_impl="local", tf32=False))
+    gpu_features.check_gpu_features(_args(transformer_impl="transformer_engine", tf32=False, precision="fp32-autocast-bf16"))
+    monkeypatch.setenv("NVIDIA_TF32_OVERRIDE", "0")
+    gpu_features.check_gpu_features(_args(transformer_impl="transformer_engine", tf32=False))
+
+
+def test_every_recipe_that_turns_tf32_off_gets_it(capsys):
+    """Paper 1's recipes ask for FP32 without TF32: they use the local layers, which honour it."""
+    import pathlib
+
+    names = sorted(p.name for p in pathlib.Path("examples/recipes").glob("*.yaml"))
+    checked = 0
+    for name in names:
+        try:
+            if main(["--config", f"examples/recipes/{name}", "--dry-run"]) != 0:
+                continue
+        except SystemExit:  # a partial recipe (the study's), completed by its launcher
+            capsys.readouterr()
+            continue
+        config = json.loads(capsys.readouterr().out)
+        te_layers = config["transformer_impl"] == "transformer_engine" or config.get("fp8_format") is not None
+        assert gpu_features.tf32_refusal(tf32=config["tf32"], fp32_gemms=config["precision"] == "fp32",
+                                         te_layers=te_layers, environ={}) is None, name
+        checked += not config["tf32"]
+    assert checked >= 8  # the seven paper-1 pretraining recipes and paper 1's SFT
+
+
+def test_wgrad_fusion_is_tes_own_where_te_is_used_and_apexs_for_local_layers(monkeypatch):
+    """Without apex, megatron's linear layers cannot fuse the weight-gradient accumulation (its
+    ColumnParallelLinear refuses); TE's layers can, in any precision mode."""
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(gpu_features, "_importable", lambda module: module == "transformer_engine")  # no apex
+    a = _args(gradient_accumulation_fusion=True, bias_swiglu_fusion=True, bias_dropout_fusion=True,
+              rope_fusion=True, masked_softmax_fusion=True)
+    for te_layers in (True, False):
+        assert gpu_features.fusion_settings(a, te_layers=te_layers, gated_linear_unit=True)["gradient_accumulation_fusion"] is False
+    assert gpu_features.te_wgrad_fusion(a, te_layers=True) is True
+    assert gpu_features.te_wgrad_fusion(a, te_layers=False) is False
+    assert gpu_features.te_wgrad_fusion(_args(gradient_accumulation_fusion=False), te_layers=True) is False
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert gpu_features.te_wgrad_fusion(a, te_layers=True) is False  # CPU: no TE at all
+
+
+def test_te_wgrad_fusion_reaches_every_te_linear_and_only_them(single_rank):
+    class FakeTELinear(torch.nn.Linear):  # what TE's Linear / LayerNormLinear keep: read at each forward
+        fuse_wgrad_accumulation = False
+
+    model = torch.nn.Sequential(FakeTELinear(4, 4), torch.nn.Linear(4, 4), torch.nn.Sequential(FakeTELinear(4, 4)))
+    assert builder.fuse_te_wgrad_accumulation(model) == 2
+    assert [getattr(m, "fuse_wgrad_accumulation", None) for m in model.modules()] == [None, True, None, None, True]
+    cfg = tiny_model(transformer_impl="local")
+    with pytest.raises(ValueError, match="needs Transformer Engine layers"):
+        builder.build_gpt_model(cfg, build_transformer_config(cfg, ParallelLayout()), single_rank, te_wgrad_fusion=True)
 
 
 def test_model_without_te_refuses_te_and_fp8():

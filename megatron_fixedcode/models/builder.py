@@ -119,6 +119,17 @@ def build_embedding_factory(cfg: ModelConfig):
     return functools.partial(embedding_class(code_spec), code_spec=code_spec, kernel=cfg.code_kernel)
 
 
+def fuse_te_wgrad_accumulation(model: torch.nn.Module) -> int:
+    """Turn on TE's ``fuse_wgrad_accumulation`` in every TE linear of ``model`` (read by TE at each
+    forward; megatron's DDP gives the weights their ``main_grad``). Megatron passes
+    ``config.gradient_accumulation_fusion`` to TE at construction, but that field also reaches the
+    output layer, a megatron ColumnParallelLinear that refuses it without apex. Returns the count."""
+    modules = [m for m in model.modules() if getattr(m, "fuse_wgrad_accumulation", None) is False]
+    for module in modules:
+        module.fuse_wgrad_accumulation = True
+    return len(modules)
+
+
 def build_gpt_model(
     cfg: ModelConfig,
     config: TransformerConfig,
@@ -127,8 +138,10 @@ def build_gpt_model(
     pre_process: bool = True,
     post_process: bool = True,
     vp_stage: int | None = None,
+    te_wgrad_fusion: bool = False,
 ) -> InputInterfaceGPTModel:
-    """One model chunk (a pipeline stage) on this rank."""
+    """One model chunk (a pipeline stage) on this rank. ``te_wgrad_fusion``: TE's weight-gradient
+    accumulation into ``main_grad`` (:func:`fuse_te_wgrad_accumulation`; TE layers only)."""
     model = InputInterfaceGPTModel(
         embedding_factory=build_embedding_factory(cfg),
         config=config,
@@ -145,4 +158,8 @@ def build_gpt_model(
     )
     if config.enable_autocast:
         keep_residual_stream_fp32(model)  # paper 2's mode: the residual stream stays FP32 under autocast
+    if te_wgrad_fusion:
+        if config.transformer_impl != "transformer_engine":
+            raise ValueError("te_wgrad_fusion needs Transformer Engine layers")
+        fuse_te_wgrad_accumulation(model)
     return model

@@ -4,6 +4,13 @@ A microbatch is a dict with ``tokens``, ``labels``, ``loss_mask`` ``[b, s]`` and
 ``position_ids``, as collated (on the CPU, pinned on GPU runs); the forward step moves it to the
 model's device and, under context parallelism, keeps this rank's positions. The loss is the mean
 next-token NLL over all loss-mask positions of the batch.
+
+Each microbatch's loss function returns (NLL sum, token count). Megatron's schedule then either
+divides each microbatch by its own count and by the number of microbatches (the default: a mean of
+per-microbatch means, which equals the token mean only when every microbatch counts the same number
+of tokens, as packed pretraining does), or, with ``calculate_per_token_loss``, back-propagates the
+sums and ``finalize_model_grads`` divides the data-parallel-summed gradient by the global token
+count: the gradient of the mean over all loss positions, whatever the microbatch split.
 """
 from __future__ import annotations
 
@@ -17,6 +24,14 @@ from megatron.core.utils import get_model_config
 from megatron_fixedcode.compat import runtime_device
 from megatron_fixedcode.compat.autocast import forward_autocast
 from megatron_fixedcode.training.batches import split_for_context_parallel, to_device
+
+
+def loss_config_fields(dataset_type: str) -> dict[str, bool]:
+    """TransformerConfig fields for the loss: each token weighted equally (megatron's
+    ``calculate_per_token_loss``) where loss masks differ between samples (SFT: response tokens
+    only). Packed pretraining counts every position, so there both ways are the same mean and the
+    default is kept (its losses stay bit-identical)."""
+    return {"calculate_per_token_loss": dataset_type == "sft"}
 
 
 def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):

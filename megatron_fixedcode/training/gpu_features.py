@@ -12,6 +12,8 @@ import contextlib
 import importlib
 import importlib.util
 import logging
+import os
+from typing import Mapping
 
 import torch
 
@@ -48,6 +50,10 @@ def check_gpu_features(a: argparse.Namespace) -> None:
         return
     if wants_te and not has_te:
         raise ValueError(f"{', '.join(wants_te)} needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}")
+    te_layers = bool(wants_te) or (a.transformer_impl == "auto" and has_te)
+    refusal = tf32_refusal(tf32=a.tf32, fp32_gemms=a.precision == "fp32", te_layers=te_layers, environ=os.environ)
+    if refusal:
+        raise ValueError(refusal)
     if a.fp8_format:
         ok, reason = _fp8_support(a.fp8_recipe)
         if not ok:
@@ -141,6 +147,39 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
         if wanted and not available:
             logger.info("%s off: this machine lacks its kernel", field)
     return settings
+
+
+def te_wgrad_fusion(a: argparse.Namespace, *, te_layers: bool) -> bool:
+    """TE's ``fuse_wgrad_accumulation`` for the TE layers: their weight-gradient GEMM writes into
+    megatron's FP32 ``main_grad`` (no apex needed, BF16 or FP32 inputs, so under autocast too).
+    ``fusion_settings``' ``gradient_accumulation_fusion`` stays apex's, for megatron's own linear
+    layers (the local layers and the output layer, which refuse it without apex's kernel)."""
+    return torch.cuda.is_available() and te_layers and a.gradient_accumulation_fusion
+
+
+# cuBLAS's and cuDNN's process-wide switch: "0" keeps every FP32 GEMM off TF32, whatever the caller
+# asks for (TE's cuBLASLt compute type included). Read by the libraries, so it belongs in the
+# environment the process starts with.
+NVIDIA_TF32_OVERRIDE = "NVIDIA_TF32_OVERRIDE"
+# Set by NGC PyTorch containers: torch's cuBLAS matmuls use TF32 whatever torch.backends says.
+TORCH_TF32_OVERRIDE = "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE"
+
+
+def tf32_refusal(*, tf32: bool, fp32_gemms: bool, te_layers: bool, environ: Mapping[str, str]) -> str | None:
+    """Why ``--no-tf32`` would not be honoured here, or None. Transformer Engine's GEMM
+    (``common/gemm/cublaslt_gemm.cu``, 2.9 to 2.17) picks ``CUBLAS_COMPUTE_32F_FAST_TF32`` for every
+    FP32 GEMM and reads neither torch's flag nor any NVTE_ variable; only cuBLAS's own
+    ``NVIDIA_TF32_OVERRIDE=0`` turns it off. Under BF16 (``--bf16``, autocast) TE's GEMMs are not FP32."""
+    if tf32 or not fp32_gemms or environ.get(NVIDIA_TF32_OVERRIDE) == "0":
+        return None
+    if te_layers:
+        return ("--no-tf32 with Transformer Engine layers: TE's cuBLASLt GEMMs run FP32 in TF32 whatever torch's "
+                "flag (TE has no switch); use --transformer-impl local (megatron-core's layers honour --no-tf32), "
+                f"or launch with {NVIDIA_TF32_OVERRIDE}=0 in the environment (cuBLAS's process-wide TF32 off switch)")
+    if environ.get(TORCH_TF32_OVERRIDE, "0").lower() not in ("0", "", "false", "off", "no"):
+        return (f"--no-tf32 but {TORCH_TF32_OVERRIDE}={environ[TORCH_TF32_OVERRIDE]} (NGC containers set it) turns "
+                f"TF32 back on for torch's matmuls: unset it, or launch with {NVIDIA_TF32_OVERRIDE}=0")
+    return None
 
 
 def configure_tf32(a: argparse.Namespace) -> bool:

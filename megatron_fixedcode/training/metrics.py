@@ -17,7 +17,10 @@ from megatron_fixedcode.training.config import LoggingConfig
 logger = logging.getLogger(__name__)
 
 # Dense BF16 peak per GPU, for the MFU estimate.
-_PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12}
+# Dense BF16 peaks (datasheets' sparse figures halved). SXM parts report "H100 80GB HBM3" / "H200";
+# the PCIe and NVL boards run at lower clocks and power and report their form factor in the name.
+_PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12,
+                    "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12, "H200 NVL": 835.5e12}
 
 
 def require_logging_backends(cfg: LoggingConfig) -> None:

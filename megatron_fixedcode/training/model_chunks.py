@@ -27,6 +27,7 @@ def build_model_chunks(
     overlap_param_gather: bool = False,
     check_for_nan_in_grad: bool = False,
     device: torch.device | str | None = None,
+    te_wgrad_fusion: bool = False,
 ) -> list[torch.nn.Module]:
     """One chunk per virtual pipeline stage; the first stage embeds, the last has the head.
 
@@ -50,6 +51,7 @@ def build_model_chunks(
                     pre_process=pp_rank == 0 and vp_stage == 0,
                     post_process=pp_rank == pp_size - 1 and vp_stage == num_vp - 1,
                     vp_stage=vp_stage if layout.virtual_pipeline_model_parallel_size else None,
+                    te_wgrad_fusion=te_wgrad_fusion,
                 )
             )
     device = runtime_device() if device is None else torch.device(device)

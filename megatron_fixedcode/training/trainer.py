@@ -43,13 +43,14 @@ from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
-from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
     fusion_settings,
     initialize_tp_comm_overlap,
     params_synced,
+    te_wgrad_fusion,
     use_fused_adamw,
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
@@ -66,14 +67,17 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
     a = cfg.args
     te_layers = use_transformer_engine(plan.model_cfg)
     fusions = fusion_settings(a, te_layers=te_layers, gated_linear_unit=BLOCKS[plan.model_cfg.block]["gated_linear_unit"])
+    te_wgrad = te_wgrad_fusion(a, te_layers=te_layers)
     config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
+                                      **loss_config_fields(a.dataset_type),
                                       **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
     chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
                                 use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
                                 overlap_grad_reduce=a.overlap_grad_reduce,
                                 overlap_param_gather=a.overlap_param_gather,
-                                check_for_nan_in_grad=a.check_for_nan_in_loss_and_grad)
-    return chunks, fusions
+                                check_for_nan_in_grad=a.check_for_nan_in_loss_and_grad,
+                                te_wgrad_fusion=te_wgrad)
+    return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
 
 
 def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | None = None):

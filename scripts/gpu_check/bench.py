@@ -55,6 +55,7 @@ VARIANTS = {  # name -> (recipe input, extra trainer flags)
     "learned": ("learned", LOCAL),
     "binary_bf16": ("binary", [*BF16, *LOCAL]),
     "te": ("binary", [*BF16, *TE]),
+    "te_autocast": ("binary", TE),  # the recipe's exact path: TE layers under fp32-autocast-bf16
     "te_fp8": ("binary", [*BF16, *TE, "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len",
                           "1024", "--fp8-amax-compute-algo", "max"]),
 }

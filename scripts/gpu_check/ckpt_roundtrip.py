@@ -30,8 +30,9 @@ from bench import ROOT, STANDIN_VOCAB, make_data, trainer_argv  # noqa: E402
 KEYS = ("loss", "grad_norm")
 
 
-def run_trainer(argv: list[str], log) -> tuple[int, float]:
-    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", *argv]
+def run_trainer(argv: list[str], log, nproc: int = 1) -> tuple[int, float]:
+    launch = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
+    cmd = [sys.executable, *launch, "-m", "megatron_fixedcode.pretrain", *argv]
     log.write(f"$ {' '.join(cmd)}\n")
     log.flush()
     t = time.perf_counter()
@@ -53,6 +54,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--no-compile-fusions", action="store_true")
     p.add_argument("--cpu-standin", action="store_true", help="toy size on CPU (the CPU test)")
+    p.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; data parallel, the global batch scaled "
+                   "with them): NCCL on GPUs (one GPU each), gloo with --cpu-standin")
     a = p.parse_args(argv)
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
@@ -60,17 +63,20 @@ def main(argv: list[str] | None = None) -> int:
     prefix = make_data(Path(a.data_dir), *((100_000, STANDIN_VOCAB) if a.cpu_standin else ()))
     base = trainer_argv("binary", prefix, 4, num_layers=a.num_layers, compile_fusions=not a.no_compile_fusions,
                         cpu_standin=a.cpu_standin) + ["--log-interval", "1", "--eval-iters", "1"]
+    if a.nproc > 1:  # the same micro batch on each rank: the global batch grows with the ranks
+        gbs = int(base[len(base) - 1 - base[::-1].index("--global-batch-size") + 1])
+        base += ["--global-batch-size", str(gbs * a.nproc)]
     ckpt = work / "ckpt"
     log = open(a.log, "a") if a.log else sys.stdout
     layers = int(base[len(base) - 1 - base[::-1].index("--num-layers") + 1])  # the last one given wins
-    result: dict = {"trainer_argv": base, "num_layers": layers}
+    result: dict = {"trainer_argv": base, "num_layers": layers, "ranks": a.nproc}
     rc_a, result["save_run_s"] = run_trainer([*base, "--save", str(ckpt), "--save-interval", "2",
-                                              "--metrics-file", str(work / "a.jsonl")], log)
+                                              "--metrics-file", str(work / "a.jsonl")], log, a.nproc)
     result["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) if ckpt.exists() else 0
     rc_b = None
     if rc_a == 0:
         rc_b, result["load_run_s"] = run_trainer([*base, "--load", str(ckpt), "--ckpt-step", "2",
-                                                  "--metrics-file", str(work / "b.jsonl")], log)
+                                                  "--metrics-file", str(work / "b.jsonl")], log, a.nproc)
     first, second = records(work / "a.jsonl"), records(work / "b.jsonl")
     after = {step: (first.get(step), second.get(step)) for step in (3, 4)}
     identical = rc_a == 0 and rc_b == 0 and all(x is not None and x == y for x, y in after.values())
@@ -79,7 +85,7 @@ def main(argv: list[str] | None = None) -> int:
     Path(a.out).write_text(json.dumps(result, indent=1))
     if log is not sys.stdout:
         log.close()
-    summary = (f"summary: save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
+    summary = (f"summary: {a.nproc} rank(s): save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
                f", load run exit {rc_b}" + (f" ({result['load_run_s']:.0f} s)" if rc_b is not None else "")
                + f"; steps 3-4 after the load {'bit-identical' if identical else 'DIFFER'}: "
                + "; ".join(f"step {k} {x} vs {y}" for k, (x, y) in after.items()))
