@@ -11,7 +11,7 @@ import sys
 import pytest
 
 from megatron_fixedcode.training.arguments import parse_pretrain_args
-from megatron_fixedcode.training.dry_run import GB, plan
+from megatron_fixedcode.training.dry_run import GB, plan, te_extra
 from tests.helpers import REPO
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
@@ -63,6 +63,7 @@ def test_dry_run_prints_plan_and_te_warning():
     warned = [line for line in err if line.startswith("warning:")]
     assert warned == ([] if HAS_TE else [
         "warning: this run asks for Transformer Engine (--transformer-impl transformer_engine, --fp8-format hybrid), "
-        "which is not installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)"])
+        "which is not installed here: the compute nodes will need it (pip install --no-build-isolation "
+        f"'megatron-fixedcode[{te_extra()}]' on a GPU machine)"])
     assert "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16" in err
     assert any(line.startswith("dry run: memory per GPU") and line.endswith("~54.8 GB") for line in err), err

@@ -36,6 +36,14 @@ def uses_transformer_engine(a: argparse.Namespace) -> bool:
     return a.transformer_impl == "transformer_engine" or bool(a.fp8_format) or bool(a.tp_comm_overlap)
 
 
+def te_extra() -> str:
+    """The extra of pyproject.toml that brings the Transformer Engine of the installed megatron-core line."""
+    from importlib.metadata import version
+
+    major_minor = tuple(int(x) for x in version("megatron-core").split(".")[:2])
+    return "te-mcore019" if major_minor >= (0, 19) else "te-mcore016"
+
+
 def te_warning(a: argparse.Namespace) -> str | None:
     """A warning (not an error: login nodes often lack GPUs and TE) when the recipe needs TE here absent."""
     if not uses_transformer_engine(a) or importlib.util.find_spec("transformer_engine") is not None:
@@ -44,7 +52,8 @@ def te_warning(a: argparse.Namespace) -> str | None:
              f"--fp8-format {a.fp8_format}" if a.fp8_format else None,
              "--tp-comm-overlap" if a.tp_comm_overlap else None]
     return (f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
-            "installed here: the compute nodes will need it (pip install '.[te]' on a GPU machine)")
+            f"installed here: the compute nodes will need it (pip install --no-build-isolation "
+            f"'megatron-fixedcode[{te_extra()}]' on a GPU machine)")
 
 
 def plan(a: argparse.Namespace, world_size: int) -> dict:
