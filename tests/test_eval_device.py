@@ -134,3 +134,15 @@ def test_harness_gets_device_dtype_and_batch_size(export, monkeypatch):
     assert seen["extra"]["device"] == "cpu" and seen["model_args"]["dtype"] == "float32"
     with pytest.raises(ValueError, match="--dtype 'float64'"):
         run_harness(export[1], "local", dtype="float64")
+
+
+def test_eval_memory_benchmark_runs():
+    """benchmarks/eval_memory.py --smoke: both reductions, the same sum, the chunked one smaller."""
+    proc = subprocess.run([sys.executable, "benchmarks/eval_memory.py", "--smoke", "--json"], cwd=REPO,
+                          capture_output=True, text=True, timeout=300,
+                          env={"PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    before, after = r["variants"]["before"], r["variants"]["after"]
+    assert r["nll_relative_difference"] < 1e-12
+    assert after["tensor_peak_bytes"] < before["tensor_peak_bytes"] and before["tensor_peak_bytes"] >= 2 * before["logits_bytes"] * 2

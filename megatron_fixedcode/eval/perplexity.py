@@ -46,8 +46,10 @@ def summed_nll(logits_BSV: torch.Tensor, tgt_BS: torch.Tensor) -> tuple[float, i
         keep_n = t_n != -100
         if not bool(keep_n.any()):
             continue
-        logp_nV = torch.log_softmax(logits_NV[start : start + rows][keep_n].double(), dim=-1)
-        total -= logp_nV.gather(1, t_n[keep_n].unsqueeze(1)).sum()
+        # log p(t) = x_t - logsumexp(x); no boolean-indexed copy of the rows (it fragments the heap)
+        x_nV = logits_NV[start : start + rows].double()
+        logp_n = x_nV.gather(1, t_n.clamp(min=0).unsqueeze(1)).squeeze(1) - torch.logsumexp(x_nV, dim=-1)
+        total -= torch.where(keep_n, logp_n, 0.0).sum()
     return float(total), int((tgt_N != -100).sum())
 
 
