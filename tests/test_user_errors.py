@@ -69,3 +69,23 @@ def test_verify_dataset_prints_progress(tmp_path):
     lines = [line for line in proc.stderr.splitlines() if line.startswith("verify: ")]
     assert lines[-1].startswith("verify: 3/3 shards,") and "(100%)" in lines[-1] and "ETA 00:00:00" in lines[-1], lines
     assert any(line.startswith("verify: 1/3 shards,") for line in lines)
+
+
+def test_missing_optional_package_names_its_extra(monkeypatch):
+    import pytest
+
+    from megatron_fixedcode._lazy import MissingExtra, require
+    from megatron_fixedcode.training.config import LoggingConfig
+    from megatron_fixedcode.training.metrics import require_logging_backends
+
+    for module in ("wandb", "matplotlib", "lm_eval", "transformers"):
+        monkeypatch.setitem(sys.modules, module, None)  # "import module" raises ImportError
+    with pytest.raises(ValueError, match=r"--wandb-project needs the wandb package.*pip install 'megatron-fixedcode\[wandb\]'"):
+        require_logging_backends(LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None,
+                                               wandb_project="p"))
+    with pytest.raises(MissingExtra, match=r"pip install 'megatron-fixedcode\[plots\]'"):
+        require("matplotlib", "plots", "the report")
+    from megatron_fixedcode.eval.run import hf_perplexity
+
+    with pytest.raises(ValueError, match=r"pip install 'megatron-fixedcode\[hf\]'"):
+        hf_perplexity(str(REPO / "no-such-export"))

@@ -139,14 +139,14 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     (work / "text" / "doc.txt").write_text(TEXT)
     _run([str(bin_ / "mfc-train-tokenizer"), "--input", str(work / "text"), "--output", "tok", "--vocab-size", "300"], ctx)
     _run([str(bin_ / "mfc-preprocess-data"), "--input", str(corpus), "--output-prefix", "data/corpus",
-          "--tokenizer-model", "tok", "--append-eod", "--workers", "1"], ctx)
-    prefix = str(work / "data" / "corpus_text_document")
+          "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok", "--append-eod", "--workers", "1"], ctx)
+    prefix = str(work / "data" / "corpus_train_text_document")
     assert Path(prefix + ".bin").is_file() and Path(prefix + ".idx").is_file()
     recipe = Path(_site_packages(ctx["python"])) / "megatron_fixedcode" / "recipes" / "tiny_cpu.yaml"
     _run([str(bin_ / "mfc-pretrain"), "--config", str(recipe), "--data-path", prefix, "--tokenizer-model", "tok",
-          "--train-iters", "2", "--eval-iters", "0", "--seq-length", "32", "--micro-batch-size", "2",
+          "--split", "90,10,0", "--train-iters", "2", "--eval-iters", "1", "--seq-length", "32", "--micro-batch-size", "2",
           "--global-batch-size", "2", "--save", "ckpt", "--save-interval", "2"], ctx)
-    _run([str(bin_ / "mfc-convert-checkpoint-to-hf"), "--load", "ckpt", "--save", "hf"], ctx)
+    _run([str(bin_ / "mfc-convert-checkpoint-to-hf"), "--load", "ckpt", "--output", "hf"], ctx)
     assert (work / "hf" / "config.json").is_file()
     out = json.loads(_run([str(bin_ / "mfc-evaluate"), "--load", "ckpt", "--text-files", "text/doc.txt", "--json"],
                           ctx).stdout)

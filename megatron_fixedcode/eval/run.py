@@ -42,8 +42,8 @@ def _hf_model(model_dir: str, *, trust_remote_code: bool, device: str | None, dt
     from megatron_fixedcode._lazy import require
     from megatron_fixedcode.export import hf_io
 
-    hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback
     transformers = require("transformers", "hf", "evaluate --hf-model")
+    hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code,
                                                               dtype=_torch_dtype(dtype))
     return transformers.AutoTokenizer.from_pretrained(model_dir), model.to(device or default_device()).eval()
