@@ -26,3 +26,17 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         return sorted(set(namespace) | set(exports))
 
     return __getattr__, __dir__
+
+
+class MissingExtra(ImportError, ValueError):
+    """An optional dependency is not installed. A ``ValueError`` too, so that a command prints it as
+    one line (a user error: the fix is an install line), naming the extra that brings it."""
+
+
+def require(module: str, extra: str, needed_for: str) -> Any:
+    """``import module``, or :class:`MissingExtra` naming ``pip install 'megatron-fixedcode[extra]'``."""
+    try:
+        return importlib.import_module(module)
+    except ImportError as e:
+        raise MissingExtra(f"{needed_for} needs the {module.split('.')[0]} package, which does not import here "
+                           f"({e}): pip install 'megatron-fixedcode[{extra}]'") from e

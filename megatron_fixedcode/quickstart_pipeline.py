@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, report_error
 
 logger = logging.getLogger(__name__)
 
@@ -342,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = build_data(args)
     except ValueError as e:
-        print(f"error: {e}", file=sys.stderr)
+        report_error(e)
         return 2
     print(f"tokenizer {data['tokenizer_model']}\ntrain {data['train']}\nvalid {data['valid']}", flush=True)
     if args.data_only:

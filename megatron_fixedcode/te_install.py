@@ -13,6 +13,12 @@ def supported_te_range(mcore_version: str) -> str:
     return ">=2.16,<2.18" if major_minor >= (0, 19) else ">=2.9,<2.12"
 
 
+def te_extra(mcore_version: str) -> str:
+    """The extra of pyproject.toml that brings the Transformer Engine of a megatron-core line."""
+    major_minor = tuple(int(x) for x in mcore_version.split(".")[:2])
+    return "te-mcore019" if major_minor >= (0, 19) else "te-mcore016"
+
+
 def te_install_hint() -> str:
     try:
         mcore_version = version("megatron-core")
@@ -20,6 +26,7 @@ def te_install_hint() -> str:
         return ("install megatron-core, then Transformer Engine on the CUDA machine: pip install "
                 "--no-build-isolation 'transformer_engine[pytorch]' (or use an NGC PyTorch container, which ships it)")
     return ("install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
+            f"'megatron-fixedcode[{te_extra(mcore_version)}]' or "
             f"'transformer_engine[pytorch]{supported_te_range(mcore_version)}' (the range megatron-core "
             f"{mcore_version} supports; it builds against the installed torch; or use an NGC PyTorch "
             "container, which ships it)")

@@ -5,9 +5,9 @@ from pathlib import Path
 
 
 def plot_report(report: dict, out: Path) -> list[Path]:
-    import matplotlib
+    from megatron_fixedcode._lazy import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", "plots", "analyze_model plots").use("Agg")
     import matplotlib.pyplot as plt
 
     title = f"{report['input_embedding']} @ step {report['step']}"

@@ -1,5 +1,7 @@
 """User errors of the command lines, one line each, exit code 2: an ``argparse.ArgumentParser`` whose
-own errors read ``prog: error: ...``, and :func:`user_errors` for the library's ``ValueError``."""
+own errors read ``prog: error: ...``, and :func:`user_errors` for the library's ``ValueError``.
+``MFC_TRACEBACK=1`` in the environment prints the full traceback above that line (every command, every
+rank): for an error that is a bug of ours rather than an input to fix."""
 from __future__ import annotations
 
 import argparse
@@ -7,10 +9,25 @@ import functools
 import os
 import sys
 import time
-from typing import Callable, NoReturn
+import traceback
+from typing import Callable, NoReturn, TextIO
 
 
 RANK0_REPORT_GRACE_S = 30.0
+TRACEBACK_ENV = "MFC_TRACEBACK"
+
+
+def traceback_requested() -> bool:
+    """``MFC_TRACEBACK`` set to anything but empty, 0, false or no."""
+    return os.environ.get(TRACEBACK_ENV, "").strip().lower() not in ("", "0", "false", "no")
+
+
+def report_error(e: BaseException, stream: TextIO | None = None) -> None:
+    """``error: <message>`` on one line; with ``MFC_TRACEBACK=1`` the traceback first."""
+    stream = stream or sys.stderr
+    if traceback_requested():
+        traceback.print_exception(e, file=stream)
+    print(f"error: {e}", file=stream)
 
 
 def is_rank0() -> bool:
@@ -42,14 +59,15 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def user_errors(main: Callable[..., int]) -> Callable[..., int]:
     """The library raises ``ValueError`` for input a user can fix (it names the file, line or
-    flag): print it as ``error: ...`` and return exit code 2 instead of a traceback."""
+    flag): print it as ``error: ...`` and return exit code 2 instead of a traceback (shown with
+    ``MFC_TRACEBACK=1``)."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
         try:
             return main(*args, **kwargs)
         except ValueError as e:
-            print(f"error: {e}", file=sys.stderr)
+            report_error(e)
             return 2
 
     return wrapped

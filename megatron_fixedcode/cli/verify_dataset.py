@@ -8,7 +8,7 @@ summary files or manifest.json files. Per shard: .idx header and arrays consiste
 document (and token) counts and the .bin/.idx sha256 equal to what indexing recorded; with a
 vocabulary (--tokenizer-model or --vocab-size), the dtype able to hold it and every token id < V.
 Prints tokens, documents and documents with >= seq_length + 1 tokens per shard; exits 2 naming
-every bad shard. See docs/data.md.
+every bad shard. A long run prints its progress on stderr (--progress-interval). See docs/data.md.
 """
 
 import argparse
@@ -32,13 +32,17 @@ def main(argv=None) -> int:
     p.add_argument("--vocab-size", type=int, default=None, help="V without a tokenizer")
     p.add_argument("--seq-length", type=int, default=2048, help="eligible documents have >= seq_length + 1 tokens")
     p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
+    p.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
+                   help="at most one progress line (shards, bytes, rate, ETA) on stderr this often; the first "
+                        "after this long, so a short run prints none (default 10; negative: never)")
     args = p.parse_args(argv)
     vocab_size = args.vocab_size
     if vocab_size is None and args.tokenizer_model:
         from megatron_fixedcode.tokenizers import build_tokenizer
 
         vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
-    results, errors = verify_paths(args.paths, vocab_size, args.seq_length)
+    interval = args.progress_interval if args.progress_interval >= 0 else None
+    results, errors = verify_paths(args.paths, vocab_size, args.seq_length, progress_interval_s=interval)
     for r in results:
         if args.json:
             print(json.dumps(r))

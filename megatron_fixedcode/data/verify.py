@@ -15,8 +15,10 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import sys
+import time
 from pathlib import Path
-from typing import Iterable, Optional
+from typing import Callable, Iterable, Optional, TextIO
 
 import numpy
 
@@ -31,6 +33,63 @@ class ShardError(ValueError):
     """A shard failed verification; the message starts with the shard's prefix."""
 
 
+def _size(num_bytes: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if num_bytes < 1000 or unit == "TB":
+            return f"{num_bytes:.1f} {unit}" if unit != "B" else f"{int(num_bytes)} B"
+        num_bytes /= 1000
+    raise AssertionError
+
+
+class Progress:
+    """Progress of a long verification on ``stream`` (stderr): shards and bytes done of the total,
+    rate and ETA, at most one line per ``interval_s`` (the first after ``interval_s``, so that a
+    short run prints none)."""
+
+    def __init__(self, num_shards: int, total_bytes: int, interval_s: float = 10.0, stream: TextIO | None = None,
+                 clock: Callable[[], float] = time.monotonic):
+        self.num_shards, self.total_bytes, self.interval_s = num_shards, total_bytes, interval_s
+        self.stream, self.clock = stream or sys.stderr, clock
+        self.shards_done = self.bytes_done = self.current = self.lines = 0
+        self.start = self.last = clock()
+
+    def block(self, num_bytes: int) -> None:
+        """``num_bytes`` of the current shard were read."""
+        self.current += num_bytes
+        self._maybe_print()
+
+    def shard_done(self, shard_bytes: int) -> None:
+        self.shards_done += 1
+        self.bytes_done += shard_bytes
+        self.current = 0
+        self._maybe_print()
+
+    def line(self) -> str:
+        done = self.bytes_done + self.current
+        elapsed = max(self.clock() - self.start, 1e-9)
+        rate = done / elapsed
+        eta = (self.total_bytes - done) / rate if rate > 0 else float("inf")
+        eta_text = "?" if eta == float("inf") else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
+        pct = 100.0 * done / self.total_bytes if self.total_bytes else 100.0
+        return (f"verify: {self.shards_done}/{self.num_shards} shards, {_size(done)} of {_size(self.total_bytes)} "
+                f"({pct:.0f}%), {_size(rate)}/s, ETA {eta_text}")
+
+    def finish(self) -> None:
+        """The closing line, where progress was shown at all."""
+        if self.lines:
+            self._print()
+
+    def _maybe_print(self) -> None:
+        now = self.clock()
+        if now - self.last >= self.interval_s:
+            self.last = now
+            self._print()
+
+    def _print(self) -> None:
+        self.lines += 1
+        print(self.line(), file=self.stream, flush=True)
+
+
 def _read_index(prefix: str, num_sequences: int) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
     """Sizes, pointers and document bounds (the layout megatron-core's ``_IndexWriter`` writes)."""
     with open(prefix + ".idx", "rb") as f:
@@ -43,7 +102,7 @@ def _read_index(prefix: str, num_sequences: int) -> tuple[numpy.ndarray, numpy.n
 
 
 def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[int] = None,
-                 recorded: Optional[dict] = None) -> dict:
+                 recorded: Optional[dict] = None, on_block: Optional[Callable[[int], None]] = None) -> dict:
     """Check one ``prefix.bin/.idx`` completely; returns its counts or raises :class:`ShardError`.
 
     ``recorded`` is what indexing wrote down about the shard (see :func:`summary_record`), each
@@ -73,7 +132,7 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
     if recorded.get("idx_sha256") and recorded["idx_sha256"] != file_sha256(prefix + ".idx"):
         raise ShardError(f"{prefix}: {prefix}.idx differs from the one {source} recorded (sha256); "
                          "the index was changed or damaged after indexing")
-    digest = _scan_bin(prefix, dtype, vocab_size, want_sha256=bool(recorded.get("bin_sha256")))
+    digest = _scan_bin(prefix, dtype, vocab_size, want_sha256=bool(recorded.get("bin_sha256")), on_block=on_block)
     if digest is not None and digest != recorded["bin_sha256"]:
         raise ShardError(f"{prefix}: {prefix}.bin differs from the one {source} recorded (sha256 {digest[:12]}..., "
                          f"recorded {recorded['bin_sha256'][:12]}...); its tokens were changed or damaged after "
@@ -94,7 +153,8 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
     return result
 
 
-def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_sha256: bool) -> Optional[str]:
+def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_sha256: bool,
+              on_block: Optional[Callable[[int], None]] = None) -> Optional[str]:
     """One pass over the ``.bin`` in blocks (bounded memory): every id in ``[0, V)`` when V is
     known, and the file's sha256 when one was recorded (returned, else ``None``)."""
     if vocab_size is None and not want_sha256:
@@ -110,6 +170,8 @@ def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_s
                 raise ShardError(f"{prefix}: token {start + where} of {prefix}.bin is id {int(ids[where])}, outside "
                                  f"the vocabulary [0, {vocab_size}); indexed with another tokenizer or damaged")
             start += len(ids)
+            if on_block is not None:
+                on_block(len(block))
     return digest.hexdigest() if want_sha256 else None
 
 
@@ -143,18 +205,38 @@ def find_summaries(paths: Iterable[str]) -> list[tuple[dict, Path]]:
     return found
 
 
+def summary_jobs(summary: dict, path: Path) -> list[tuple[str, dict, str, dict]]:
+    """``(prefix, recorded, split, extra)`` for every output of one preprocessing summary."""
+    jobs = []
+    for name, prefix in summary["outputs"].items():
+        local = str(path.parent / os.path.basename(prefix))  # the directory may have moved since
+        jobs.append((local, summary_record(summary, name, local), name.split("_", 1)[0], {"summary": str(path)}))
+    return jobs
+
+
 def verify_summary(summary: dict, path: Path, vocab_size: Optional[int], seq_length: Optional[int]
                    ) -> tuple[list[dict], list[str]]:
     """Every output of one preprocessing summary, checked against what the summary recorded."""
+    return _verify_jobs(summary_jobs(summary, path), vocab_size, seq_length, None)
+
+
+def _shard_bytes(prefix: str) -> int:
+    return sum(os.path.getsize(prefix + ext) for ext in (".bin", ".idx") if os.path.isfile(prefix + ext))
+
+
+def _verify_jobs(jobs: list, vocab_size: Optional[int], seq_length: Optional[int], progress: Optional[Progress]
+                 ) -> tuple[list[dict], list[str]]:
     results, errors = [], []
-    for name, prefix in summary["outputs"].items():
-        local = str(path.parent / os.path.basename(prefix))  # the directory may have moved since
+    for prefix, record, split, extra in jobs:
         try:
-            result = verify_shard(local, vocab_size, seq_length, summary_record(summary, name, local))
+            result = verify_shard(prefix, vocab_size, seq_length, record, on_block=progress and progress.block)
         except ShardError as e:
             errors.append(str(e))
             continue
-        results.append({**result, "split": name.split("_", 1)[0], "summary": str(path)})
+        finally:
+            if progress is not None:
+                progress.shard_done(_shard_bytes(prefix))
+        results.append({**result, **({"split": split} if split else {}), **extra})
     return results, errors
 
 
@@ -197,15 +279,16 @@ def _records_beside(directory: Path) -> dict[str, dict]:
     return records
 
 
-def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Optional[int]
-                 ) -> tuple[list[dict], list[str]]:
+def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Optional[int],
+                 progress_interval_s: Optional[float] = None) -> tuple[list[dict], list[str]]:
     """Verify dataset prefixes, directories (their summaries, else their ``.bin/.idx`` pairs),
     summary files or manifests; keep going past a bad shard so that one run names all of them.
-    A prefix is checked against the summary beside it where one describes it. Returns (results,
-    error messages)."""
+    A prefix is checked against the summary beside it where one describes it. With
+    ``progress_interval_s``, a :class:`Progress` line on stderr at most that often. Returns
+    (results, error messages)."""
     from megatron_fixedcode.data.preprocess.outputs import is_dataset_prefix
 
-    results, errors, beside = [], [], {}
+    all_jobs, errors, beside = [], [], {}
     for item in paths:
         path = Path(item)
         prefix = item[:-4] if item.endswith((".bin", ".idx")) else item
@@ -226,10 +309,8 @@ def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Op
                                      ".bin/.idx pairs in this directory")
                 jobs = [(p, None, None, {}) for p in found]
             elif path.is_dir() or item.endswith(".json"):
-                for summary, summary_path in find_summaries([item]):
-                    good, bad = verify_summary(summary, summary_path, vocab_size, seq_length)
-                    results, errors = results + good, errors + bad
-                continue
+                jobs = [job for summary, summary_path in find_summaries([item])
+                        for job in summary_jobs(summary, summary_path)]
             else:  # a prefix with a file missing: named by the shard check
                 jobs = [(prefix, None, None, {})]
         except ShardError as e:
@@ -238,11 +319,11 @@ def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Op
         except (KeyError, ValueError) as e:  # a summary or manifest without an expected field
             errors.append(f"{item}: unreadable summary or manifest ({e!r})")
             continue
-        for prefix, record, split, extra in jobs:
-            try:
-                result = verify_shard(prefix, vocab_size, seq_length, record)
-            except ShardError as e:
-                errors.append(str(e))
-                continue
-            results.append({**result, **({"split": split} if split else {}), **extra})
-    return results, errors
+        all_jobs += jobs
+    progress = None
+    if progress_interval_s is not None:
+        progress = Progress(len(all_jobs), sum(_shard_bytes(job[0]) for job in all_jobs), progress_interval_s)
+    results, shard_errors = _verify_jobs(all_jobs, vocab_size, seq_length, progress)
+    if progress is not None:
+        progress.finish()
+    return results, errors + shard_errors

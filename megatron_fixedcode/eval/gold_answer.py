@@ -24,7 +24,7 @@ from typing import Callable, Iterable
 import torch
 
 from megatron_fixedcode.data.jsonl import jsonl_records
-from megatron_fixedcode.eval.perplexity import LogitsFn
+from megatron_fixedcode.eval.perplexity import LogitsFn, summed_nll
 from megatron_fixedcode.finite import check_finite_loss
 
 SQUAD_PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
@@ -112,10 +112,9 @@ def target_nll(logits_fn: LogitsFn, examples: list[tuple[list[int], list[int]]],
         for b, (ids, target) in enumerate(batch):
             ids_BS[b, : len(ids) - 1] = torch.tensor(ids[:-1])
             tgt_BS[b, : len(ids) - 1] = torch.tensor([t if m else -100 for t, m in zip(ids[1:], target[1:])])
-        logits_BSV = logits_fn(ids_BS).double()
-        total += float(torch.nn.functional.cross_entropy(logits_BSV.flatten(0, 1), tgt_BS.flatten(),
-                                                         ignore_index=-100, reduction="sum"))
-        count += int((tgt_BS != -100).sum())
+        nll, num_targets = summed_nll(logits_fn(ids_BS), tgt_BS)
+        total += nll
+        count += num_targets
     loss = total / count
     check_finite_loss(loss, "evaluation")
     return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "examples": len(fitted),

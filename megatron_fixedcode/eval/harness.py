@@ -12,6 +12,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from megatron_fixedcode._lazy import require
 from megatron_fixedcode.eval.audit import RequestAudit
 from megatron_fixedcode.export import hf_io
 
@@ -51,19 +52,24 @@ def flatten_results(results: dict[str, Any], num_fewshot: int) -> dict[str, dict
 
 
 def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None = None, batch_size: int = 8,
-                device: str = "cpu", include_path: str | Path | None = LOCAL_TASKS_DIR,
+                device: str | None = None, dtype: str = "float32", include_path: str | Path | None = LOCAL_TASKS_DIR,
                 trust_remote_code: bool = False) -> dict[str, Any]:
-    """Run every (task, shots) of ``tasks``; returns ``{"model", "results", "config"}``."""
-    try:
-        import lm_eval
-        from lm_eval.api.registry import get_model
-        from lm_eval.tasks import TaskManager
-    except ImportError as e:  # the eval extra
-        raise ValueError("the LM Evaluation Harness is not installed: pip install 'megatron-fixedcode[eval]'") from e
+    """Run every (task, shots) of ``tasks``; returns ``{"model", "results", "config"}``. ``device``:
+    default CUDA when torch sees a GPU (:func:`~megatron_fixedcode.eval.perplexity.default_device`);
+    ``dtype``: the weights' dtype in the harness (float32, bfloat16 or float16)."""
+    from megatron_fixedcode.eval.perplexity import default_device
+    from megatron_fixedcode.eval.run import DTYPES
+
+    if dtype not in DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of {', '.join(DTYPES)}")
+    device = device or default_device()
+    lm_eval = require("lm_eval", "eval", "evaluate --tasks (the LM Evaluation Harness)")
+    from lm_eval.api.registry import get_model
+    from lm_eval.tasks import TaskManager
     model_dir = Path(model_dir)
     config = hf_io.read_config(model_dir)
     eod = config.get("eos_token_id")
-    model_args = {"pretrained": str(model_dir), "dtype": "float32", "trust_remote_code": trust_remote_code,
+    model_args = {"pretrained": str(model_dir), "dtype": dtype, "trust_remote_code": trust_remote_code,
                   "add_bos_token": False}
     if eod is not None:
         model_args["prefix_token_id"] = eod
@@ -86,6 +92,7 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
             "code_fingerprint": fixed["fingerprint"] if fixed else None,
             "provenance": config.get("megatron_fixedcode"), "results": rows, "requests": requests,
             "config": {"tasks": tasks, "limit": limit, "prefix_token_id": eod, "chat_template": False,
+                       "device": device, "dtype": dtype, "batch_size": batch_size,
                        "bos": "none; empty contexts get the EOD token as prefix"}}
 
 

@@ -24,6 +24,35 @@ import torch
 from megatron_fixedcode.finite import check_finite_loss
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
+NLL_CHUNK_BYTES = 64 << 20  # float64 log-probabilities held at once: ~170 positions at V = 49,152
+
+
+def default_device() -> str:
+    """``cuda`` when torch sees a GPU, else ``cpu``: what ``--device`` means when not given."""
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+def summed_nll(logits_BSV: torch.Tensor, tgt_BS: torch.Tensor) -> tuple[float, int]:
+    """(sum of -log p(target), number of targets) over the positions whose target is not -100.
+
+    The log-softmax runs in float64 (as one float64 cross-entropy over the batch did) but on at most
+    ``NLL_CHUNK_BYTES`` of positions at a time, on the logits' device and from their own dtype: the
+    peak is the logits plus one chunk, not a float64 copy of the whole ``[B, S, V]`` batch (6.4 GB
+    at B = 8, S = 2048, V = 49,152) and its float64 log-softmax beside it."""
+    logits_NV = logits_BSV.flatten(0, 1)
+    tgt_N = tgt_BS.flatten().to(logits_NV.device)
+    rows = max(1, NLL_CHUNK_BYTES // (8 * logits_NV.shape[-1]))
+    total = torch.zeros((), dtype=torch.float64, device=logits_NV.device)
+    for start in range(0, logits_NV.shape[0], rows):
+        t_n = tgt_N[start : start + rows]
+        keep_n = t_n != -100
+        if not bool(keep_n.any()):
+            continue
+        # log p(t) = x_t - logsumexp(x); no boolean-indexed copy of the rows (it fragments the heap)
+        x_nV = logits_NV[start : start + rows].double()
+        logp_n = x_nV.gather(1, t_n.clamp(min=0).unsqueeze(1)).squeeze(1) - torch.logsumexp(x_nV, dim=-1)
+        total -= torch.where(keep_n, logp_n, 0.0).sum()
+    return float(total), int((tgt_N != -100).sum())
 
 
 def read_text(path: str | Path) -> str:
@@ -82,11 +111,9 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
         for b, (x, y) in enumerate(pending):
             ids_BS[b, : len(x)] = torch.tensor(x)
             tgt_BS[b, : len(y)] = torch.tensor(y)
-        logits_BSV = logits_fn(ids_BS).double()
-        nll = torch.nn.functional.cross_entropy(logits_BSV.flatten(0, 1), tgt_BS.flatten(), ignore_index=-100,
-                                                reduction="sum")
-        total += float(nll)
-        count += int((tgt_BS != -100).sum())
+        nll, num_targets = summed_nll(logits_fn(ids_BS), tgt_BS)
+        total += nll
+        count += num_targets
         pending.clear()
 
     for x, y in windows(docs, seq_length, eod):
@@ -109,8 +136,11 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
 def megatron_logits_fn(model: torch.nn.Module, vocab_size: int) -> LogitsFn:
     from megatron_fixedcode.export.megatron_io import megatron_logits
 
-    return lambda ids_BS: megatron_logits(model, ids_BS, vocab_size)
+    device = next(model.parameters()).device
+    return lambda ids_BS: megatron_logits(model, ids_BS.to(device), vocab_size)
 
 
 def hf_logits_fn(model: torch.nn.Module) -> LogitsFn:
-    return lambda ids_BS: model(ids_BS).logits.float()
+    """Logits in the model's dtype (bfloat16 under ``--dtype bfloat16``): :func:`summed_nll` upcasts
+    them a chunk at a time."""
+    return lambda ids_BS: model(ids_BS.to(model.device)).logits

@@ -104,6 +104,6 @@ def save_megatron_checkpoint(root: str | Path, model: torch.nn.Module, trainer_s
 def megatron_logits(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """``[B, S, V]`` float logits of a single-rank model (vocabulary padding removed)."""
     ids_BS = ids_BS.to(torch.int64)
-    position_ids = torch.arange(ids_BS.shape[1]).expand_as(ids_BS)
+    position_ids = torch.arange(ids_BS.shape[1], device=ids_BS.device).expand_as(ids_BS)
     logits_BSV = model(ids_BS, position_ids, None)
     return logits_BSV[..., :vocab_size].float()

@@ -89,9 +89,9 @@ def plot_losses(curves: dict[str, Path], out: Path) -> Path | None:
     curves = {run: p for run, p in curves.items() if p.is_file()}
     if not curves:
         return None
-    import matplotlib
+    from megatron_fixedcode._lazy import require
 
-    matplotlib.use("Agg")
+    require("matplotlib", "plots", "the study report's loss curves").use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(8, 5))

@@ -61,11 +61,9 @@ def evaluate(layout: StudyLayout, variant: str) -> None:
         result = read_json(result_path)
         print(f"{result_path}: already evaluated")
     else:
-        import torch
-
         limit = int(opts.eval_limit) if opts.eval_limit and opts.eval_limit >= 1 else opts.eval_limit
-        result = run_harness(layout.export(variant), opts.eval_tasks, limit=limit, batch_size=opts.eval_batch_size,
-                             device="cuda" if torch.cuda.is_available() else "cpu")
+        # tools/evaluate.py's path and defaults: the GPU when torch sees one, float32
+        result = run_harness(layout.export(variant), opts.eval_tasks, limit=limit, batch_size=opts.eval_batch_size)
         result.update(label=variant, eval_protocol=protocol)
         write_json_atomic(result_path, result)
         print(f"evaluated {layout.export(variant)} -> {result_path}")

@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from megatron_fixedcode.cli.parser import let_rank0_report
+from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
@@ -64,7 +64,7 @@ def run_pretraining(cfg: PretrainConfig) -> int:
             save_lock = lock_save_dir(cfg.checkpoint.save)
     except (ValueError, FileNotFoundError) as e:
         if rank0:
-            logger.error("%s", e)
+            logger.error("%s", e, exc_info=traceback_requested())
         else:
             let_rank0_report()
         return 2
@@ -84,14 +84,14 @@ def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
         return train(trainer)
     except (DataError, SaveFailed, CorruptCheckpoint) as e:  # every rank raises them alike (see where they are raised)
         if rank0:
-            logger.error("%s", e)
+            logger.error("%s", e, exc_info=traceback_requested())
         return 2
     except NonFiniteTraining as e:
         if rank0 or e.local:
-            logger.error("%s", e)
+            logger.error("%s", e, exc_info=traceback_requested())
         return 3
     except ExportFailed as e:  # rank 0 only, once training and saving are done
-        logger.error("%s", e)
+        logger.error("%s", e, exc_info=traceback_requested())
         return 4
     finally:
         destroy_distributed()

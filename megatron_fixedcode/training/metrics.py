@@ -31,10 +31,9 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
         except ImportError as e:
             raise ValueError(f"--tensorboard-dir needs the tensorboard package: pip install 'megatron-fixedcode[tb]' ({e})")
     if cfg.wandb_project:
-        try:
-            import wandb  # noqa: F401
-        except ImportError as e:
-            raise ValueError(f"--wandb-project needs the wandb package: pip install wandb ({e})")
+        from megatron_fixedcode._lazy import require
+
+        require("wandb", "wandb", "--wandb-project")
 
 
 def peak_bf16_flops(device_name: str) -> float | None:

@@ -31,6 +31,9 @@ _WORKER: dict = {}
 
 def sentence_splitter():
     """nltk punkt if its data is installed; never downloads (falls back to untrained punkt)."""
+    from megatron_fixedcode._lazy import require
+
+    require("nltk", "data", "--split-sentences")
     from nltk.tokenize.punkt import PunktSentenceTokenizer
 
     try:

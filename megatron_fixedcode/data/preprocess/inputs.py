@@ -74,7 +74,9 @@ def _jsonl_chunks(path: Path, cfg: PreprocessConfig, bytes_before: int) -> Itera
 
 
 def _parquet_chunks(path: Path, cfg: PreprocessConfig, bytes_before: int) -> Iterator[Chunk]:
-    import pyarrow
+    from megatron_fixedcode._lazy import require
+
+    pyarrow = require("pyarrow", "data", f"reading parquet ({path})")
     import pyarrow.parquet as pq
 
     columns = list(dict.fromkeys([*cfg.json_keys, *([cfg.id_key] if cfg.id_key else [])]))
