@@ -117,7 +117,7 @@ mfc_check_env() {
             [[ " ${missing[*]} " == *" $var "* ]] || missing+=("$var")
         done
     done < <(sed 's/#.*//' "$MFC_ROOT/$RECIPE")
-    ((${#missing[@]} == 0)) || mfc_die "$RECIPE needs ${missing[*]} exported before sbatch (e.g. ${missing[0]}=... sbatch $(basename "$0"); see examples/slurm_common.sh)"
+    ((${#missing[@]} == 0)) || mfc_die "$RECIPE needs ${missing[*]} exported before sbatch (see the launcher's header and examples/slurm_common.sh)"
 }
 
 mfc_set_env() {
