@@ -225,3 +225,39 @@ def test_study_state_reads_every_array_task_and_falls_back_without_accounting(sl
         assert said and "squeue/scontrol" in said[0] and "accounting storage is disabled" in said[0]
     finally:
         subprocess.run(["scancel", job])
+
+
+def _study(study: Path, **env) -> str:
+    res = subprocess.run(["bash", str(ROOT / "examples" / "paper2_study.sh"), "--study-dir", str(study),
+                          "--stages", "report"], env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
+                                                       "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+                                                       **env},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    return res.stdout
+
+
+def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm, tmp_path):
+    """examples/paper2_study.sh under sbatch: a re-run while the report job is queued submits nothing; the job
+    fails (runs that differ in their tokenizer); after the fix the next re-run resubmits it alone; then done."""
+    from megatron_fixedcode.study.layout import StudyLayout
+    from megatron_fixedcode.study.record import write_json_atomic
+    from tests.test_paper2_study import _record, _result
+
+    layout = StudyLayout(tmp_path / "study")
+    for v in ("learned", "binary", "gf2"):
+        write_json_atomic(layout.record(v), _record(v, **({"tokenizer_fingerprint": "x" * 16} if v == "gf2" else {})))
+        write_json_atomic(layout.eval_result(v), _result(0.5))
+    first = _study(layout.root, SBATCH_HOLD="1")  # held: stays PENDING
+    job = re.search(r"^report: job (\d+)$", first, re.M).group(1)
+    again = _study(layout.root)
+    assert f"report: job {job} is PENDING: not resubmitted" in again
+    subprocess.run(["scontrol", "release", job], check=True)
+    assert wait_done(job, tmp_path, 120)["JobState"] == "FAILED"
+    write_json_atomic(layout.record("gf2"), _record("gf2"))
+    third = _study(layout.root)
+    assert f"report: job {job} ended FAILED: resubmitting" in third
+    rerun = re.search(r"^report: job (\d+)$", third, re.M).group(1)
+    assert rerun != job and wait_done(rerun, tmp_path, 120)["JobState"] == "COMPLETED"
+    assert sorted(json.loads((layout.report_dir / "report.json").read_text())["runs"]) == ["binary", "gf2", "learned"]
+    assert "report: done" in _study(layout.root)
