@@ -7,13 +7,13 @@
 # after the recipe (so it overrides it).
 #
 # Environment (all optional unless marked):
-#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, space-separated
+#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, whitespace-separated (one per line works)
 #                     (paper 2: the shard prefixes; required there, paper 1 expands its recipe's
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form
 #   DATA_MANIFEST     trainer --data-manifest: manifest.json of examples/preprocess_shards.sh (instead of
 #                     DATA_PATH/VALID_DATA_PATH: train shards -> --data-path, valid -> --valid-data-path;
-#                     replaces a recipe's data paths); several, space-separated, for a blend with
+#                     replaces a recipe's data paths); several, whitespace-separated, for a blend with
 #   DATA_MANIFEST_WEIGHTS  trainer --data-manifest-weights, one per manifest (paper 1: "0.8 0.2")
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
 #   CKPT_DIR          --save and --load (default $MFC_ROOT/runs/$RUN_NAME/checkpoints): a requeued
@@ -35,7 +35,7 @@
 #                     OMP_NUM_THREADS defaults to CPUS_PER_TASK / GPUS_PER_NODE.
 #   MFC_REQUIRE_CUDA  exported to the trainer, default 1: a rank that sees no CUDA GPU refuses to start
 #                     (exit before any model or data is built) instead of training on CPU. Set it to 0
-#                     only for CPU rehearsals (examples/rehearse_multinode.sh does).
+#                     only for CPU runs (tests/test_slurm.py does).
 #   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
