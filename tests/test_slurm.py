@@ -176,6 +176,22 @@ def test_scancel_cancels_after_a_checkpoint(slurm, shards, tmp_path):
     assert re.search(r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint", (tmp_path / "logs" / "node0.log").read_text())
 
 
+def test_preemption_requeue_resumes_from_the_checkpoint_taken_on_sigterm(slurm, shards, tmp_path):
+    """`scontrol requeue` (what preemption does): SIGTERM, the trainer checkpoints, Slurm requeues, the
+    next run resumes there; the launcher does not requeue on its own."""
+    last = 60
+    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", str(last))
+    wait_for_step(tmp_path, 3, job)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    info = wait_done(job, tmp_path, 600)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "1")
+    assert [r["step"] for r in steps(tmp_path)] == list(range(1, last + 1))
+    node = (tmp_path / "logs" / "node0.log").read_text()
+    saved = int(re.search(r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint \S+iter_0*(\d+)", node).group(1))
+    assert f"start at step {saved}" in node
+    assert "requeueing job" not in (tmp_path / f"slurm-{job}.out").read_text()
+
+
 def test_max_requeues_after_a_clean_checkpoint_ends_completed(slurm, shards, tmp_path):
     job = sbatch(tmp_path, _env(shards, tmp_path, MAX_REQUEUES="0"), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
