@@ -69,6 +69,7 @@ mfc_on_usr1() {
 }
 
 mfc_on_term() {
+    ((MFC_REQUEUED)) && return   # the TERM of our own `scontrol requeue`
     mfc_log "SIGTERM: cancelled or preempted: the trainer checkpoints and exits; not requeueing (Slurm requeues a preempted job itself)"
 }
 
@@ -258,7 +259,7 @@ mfc_launch() {
         "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir, paths passed: ${counts[*]:-none, from the recipe}"
 
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
-    MFC_REQUEUE=0
+    MFC_REQUEUE=0 MFC_REQUEUED=0
     trap mfc_on_usr1 USR1
     trap mfc_on_term TERM
     "${launch[@]}" &
@@ -271,6 +272,7 @@ mfc_launch() {
     done
     if ((MFC_REQUEUE)) && ((${SLURM_RESTART_COUNT:-0} < ${MAX_REQUEUES:-20})); then
         mfc_log "requeueing job $job_id; the next run resumes from $ckpt_dir"
+        MFC_REQUEUED=1
         scontrol requeue "$job_id"
     fi
     mfc_log "training exited with code $rc"
