@@ -26,7 +26,8 @@ LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
 SHARED = Path(os.environ.get("MFC_SHARED_DATA", ROOT.parent / "shared" / "data"))
 TOKENIZER = SHARED / "tokenizers" / "smollm2"
 # trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
-SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
+          "--ffn-hidden-size", "128",
           "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "4", "--transformer-impl", "local",
           "--precision", "fp32", "--samples-per-shard-visit", "8", "--train-iters", "1000", "--lr-warmup-iters", "2",
           "--lr-decay-iters", "1000", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"]
