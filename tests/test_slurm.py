@@ -278,3 +278,31 @@ def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm,
     assert rerun != job and wait_done(rerun, tmp_path, 120)["JobState"] == "COMPLETED"
     assert sorted(json.loads((layout.report_dir / "report.json").read_text())["runs"]) == ["binary", "gf2", "learned"]
     assert "report: done" in _study(layout.root)
+
+
+def test_shard_indexing_array_job_and_its_manifest(slurm, tmp_path):
+    """examples/preprocess_shards.sh: an array of one task per shard, then the manifest job (afterany)."""
+    rng = np.random.default_rng(0)
+    words = "the a of to and in is it that was for on are with as be at by this from".split()
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for s in range(3):
+        with open(inputs / f"s{s}.jsonl", "w") as f:
+            for d in range(20):
+                f.write(json.dumps({"id": f"{s}-{d}", "text": " ".join(rng.choice(words, 150))}) + "\n")
+    out = tmp_path / "idx"
+    res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", f"{inputs}/*.jsonl",
+                          "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--shards-per-task", "1",
+                          "--cpus-per-task", "1", "--time", "00:10:00", "--", "--id-key", "id", "--append-eod"],
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
+                              "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 0, res.stdout + res.stderr
+    array, manifest_job = re.search(r"submitted: array job (\d+) .*manifest job (\d+)", res.stdout).groups()
+    assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "COMPLETED", \
+        "".join(p.read_text() for p in (out / "logs").glob("*.out"))[-3000:]
+    states = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
+                            text=True).stdout.split()
+    assert sorted(states) == [f"{array}_{t}|COMPLETED" for t in range(3)]
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert [s["name"] for s in manifest["shards"]] == ["s0", "s1", "s2"]
