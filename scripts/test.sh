@@ -8,7 +8,7 @@
 #      MFC_SKIP_PY312=1 skips it, MFC_SKIP_PY311=1 skips leg 1 (quick local runs only: CI runs both).
 # Leg 1 runs tests/test_slurm.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
 # its fixture start one (scripts/slurm_local.sh start: root, apt-get on a fresh machine) and fail when it
-# cannot; MFC_SLURM=0 leaves them skipped unless a cluster already runs.
+# cannot; outside CI, MFC_SLURM=0 leaves them skipped unless a cluster already runs.
 # Both legs run even when the first fails; the script fails if either did. Each leg runs on two pytest-xdist
 # workers, one test file per worker at a time (--dist loadfile: a module's fixtures are built once): most
 # tests wait on subprocesses with OMP_NUM_THREADS=1, so one worker leaves a core idle; MFC_TEST_WORKERS=0
