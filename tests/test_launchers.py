@@ -325,3 +325,25 @@ def test_login_node_dry_run_prints_the_scripts_cpus_per_task(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "cpus_per_task=64 " in out.stdout.splitlines()[0]  # #SBATCH --cpus-per-task=64, not this machine's cores
     assert "--cpus-per-task=64" in out.stdout
+
+
+def test_sigterm_during_start_up_exits_at_once_with_nothing_checkpointed(tmp_path):
+    """--exit-signal-handler: a signal before the first step (here: during imports and data set-up)
+    ends the rank with exit 0 and one line, without a checkpoint (docs/SCALING.md, "Signals")."""
+    import signal
+    import time
+
+    from tests.pretrain_helpers import TINY, write_corpus
+
+    train, valid = write_corpus(tmp_path)
+    proc = subprocess.Popen([sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY, "--data-path", train,
+                             "--train-iters", "1000", "--save", str(tmp_path / "ckpt"), "--exit-signal-handler"],
+                            cwd=ROOT,
+                            env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-3000:]
+    assert "received signal 15 during start-up: nothing to checkpoint yet, exiting" in err
+    assert not list((tmp_path / "ckpt").glob("iter_*"))
