@@ -135,13 +135,13 @@ nodes_ready() {  # both nodes idle, mixed or allocated (not down, drained or unk
 start_daemons() {
     # munge: the package made the key; run it as its user
     if ! pgrep -x munged >/dev/null; then
-        mkdir -p /run/munge && chown munge:munge /run/munge
+        mkdir -p /run/munge && chown munge:munge /run/munge && rm -f /run/munge/munged.pid
         runuser -u munge -- /usr/sbin/munged 9>&-
         wait_for 10 test -s /run/munge/munged.pid || die "munged did not start"
         cp /run/munge/munged.pid "$STATE/munged.pid"
     fi
     if ! mysqladmin ping >/dev/null 2>&1; then
-        mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld
+        mkdir -p /run/mysqld && chown mysql:mysql /run/mysqld && rm -f /run/mysqld/mfc-mariadbd.pid
         setsid /usr/sbin/mariadbd --user=mysql --pid-file=/run/mysqld/mfc-mariadbd.pid --skip-networking=0 \
             --bind-address=127.0.0.1 >>"$STATE/log/mariadbd.log" 2>&1 </dev/null 9>&- &
         wait_for 60 mysqladmin ping || die "mariadbd did not start (log: $STATE/log/mariadbd.log)"
