@@ -7,13 +7,13 @@
 # after the recipe (so it overrides it).
 #
 # Environment (all optional unless marked):
-#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, space-separated
+#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, whitespace-separated (one per line works)
 #                     (paper 2: the shard prefixes; required there, paper 1 expands its recipe's
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form
 #   DATA_MANIFEST     trainer --data-manifest: manifest.json of examples/preprocess_shards.sh (instead of
 #                     DATA_PATH/VALID_DATA_PATH: train shards -> --data-path, valid -> --valid-data-path;
-#                     replaces a recipe's data paths); several, space-separated, for a blend with
+#                     replaces a recipe's data paths); several, whitespace-separated, for a blend with
 #   DATA_MANIFEST_WEIGHTS  trainer --data-manifest-weights, one per manifest (paper 1: "0.8 0.2")
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
 #   CKPT_DIR          --save and --load (default $MFC_ROOT/runs/$RUN_NAME/checkpoints): a requeued
@@ -35,32 +35,90 @@
 #                     OMP_NUM_THREADS defaults to CPUS_PER_TASK / GPUS_PER_NODE.
 #   MFC_REQUIRE_CUDA  exported to the trainer, default 1: a rank that sees no CUDA GPU refuses to start
 #                     (exit before any model or data is built) instead of training on CPU. Set it to 0
-#                     only for CPU rehearsals (examples/rehearse_multinode.sh does).
+#                     only for CPU runs (tests/test_slurm.py does).
 #   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
 #
-# Preemption and time limits: "#SBATCH --signal=B:USR1@300" sends USR1 to this shell 5 minutes
-# before the limit. The trap forwards SIGTERM to the job steps (scancel --signal=TERM, which
-# leaves this shell alone); torchrun passes it to its workers and waits TORCH_ELASTIC_SHUTDOWN_TIMEOUT
-# seconds (torch >= 2.9; older torch waits 30 s) while the trainer (--exit-signal-handler) finishes
-# the step, checkpoints and exits. This shell then requeues the job ("#SBATCH --requeue"), and the
-# next run resumes from CKPT_DIR. A SIGTERM from Slurm itself (preemption, scancel) reaches the
-# steps directly; the shell only records it and waits.
+# List variables (DATA_PATH, VALID_DATA_PATH, DATA_MANIFEST, DATA_MANIFEST_WEIGHTS) split on any
+# whitespace, newlines included (`ls ... | sed` output works as is); one that is set but empty is
+# refused, and so is a path holding a space (it would be split in two). The dry run prints the counts.
+#
+# Signals (docs/SCALING.md, "Signals"):
+#   - time limit: "#SBATCH --signal=B:USR1@300" sends USR1 to this shell 5 minutes before the limit. The
+#     trap sends USR1 to the job steps (scancel --signal=USR1: every process of the steps, not this shell);
+#     the trainer (--exit-signal-handler) finishes the step, checkpoints and exits 0, torchrun and srun
+#     exit 0, and this shell requeues the job ("#SBATCH --requeue", at most MAX_REQUEUES times); the next
+#     run resumes from CKPT_DIR. Past MAX_REQUEUES the job ends COMPLETED.
+#   - scancel (SIGTERM to every process) cancels: the trainer checkpoints within KillWait and exits, and
+#     nothing requeues. Preemption and `scontrol requeue` requeue through Slurm itself, not this shell.
+#   - examples/slurm_node.sh makes torchrun and the node-log tee ignore TERM and USR1 (torchrun would
+#     exit 1 on TERM, a tee killed by it loses every later line); the trainer ranks handle them.
+#   - a signal during start-up (before the first step: data, model, kernel build) ends the rank at once
+#     with exit 0 and nothing checkpointed: the next run starts from the last checkpoint.
 
-mfc_log() { echo "[$(date '+%F %T')] $*" >&2; }
+# bash's own clock (no `date` child: a signal that kills the children of this shell would blank it)
+mfc_log() { printf '[%(%F %T)T] %s\n' -1 "$*" >&2; }
 
 mfc_die() { echo "error: $*" >&2; exit 2; }
 
 mfc_on_usr1() {
     MFC_REQUEUE=1
-    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (SIGTERM to the job steps)"
-    scancel --signal=TERM "$SLURM_JOB_ID" || mfc_log "scancel failed"
+    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (USR1 to the job steps); then requeueing"
+    scancel --signal=USR1 "$SLURM_JOB_ID" || mfc_log "scancel failed"
 }
 
 mfc_on_term() {
-    MFC_REQUEUE=1
-    mfc_log "SIGTERM: preempted or cancelled: the trainer checkpoints and exits; waiting for it"
+    ((MFC_REQUEUED)) && return   # the TERM of our own `scontrol requeue`
+    mfc_log "SIGTERM: cancelled or preempted: the trainer checkpoints and exits; not requeueing (Slurm requeues a preempted job itself)"
+}
+
+# $1: a list variable's name. Sets MFC_ITEMS to its words (any whitespace, newlines included; no globbing).
+# Refuses a variable that is set but holds nothing, and a path holding a space (split in two here): two or more
+# neighbouring words that exist on disk only when joined by a space.
+mfc_list() {
+    local name=$1 value=${!1} i j joined
+    MFC_ITEMS=()
+    read -r -d '' -a MFC_ITEMS <<<"$value" || true
+    ((${#MFC_ITEMS[@]})) || mfc_die "$name is set but holds no path (an empty glob?): unset it or give at least one"
+    for ((i = 0; i < ${#MFC_ITEMS[@]}; i++)); do
+        [[ -e ${MFC_ITEMS[i]} || -e ${MFC_ITEMS[i]}.idx ]] && continue
+        joined=${MFC_ITEMS[i]}
+        for ((j = i + 1; j < ${#MFC_ITEMS[@]} && j < i + 8; j++)); do
+            joined+=" ${MFC_ITEMS[j]}"
+            if [[ -e $joined || -e $joined.idx ]]; then
+                mfc_die "$name: '$joined' holds a space, and list variables split on whitespace: rename it or link it from a path without one"
+            fi
+        done
+    done
+}
+
+# $1: a list's words: how many are paths (not the numbers of "weight prefix" pairs)
+mfc_count_paths() {
+    local n=0 w
+    for w in "$@"; do [[ $w =~ ^[0-9.eE+-]+$ ]] || n=$((n + 1)); done
+    echo "$n"
+}
+
+# Before anything is started (a batch job that lacks its environment fails in its first second, in one
+# line): every ${VAR} of the recipe (outside comments) must be exported, unless a flag given on the command
+# line sets that key, or DATA_MANIFEST replaces the data paths.
+mfc_check_env() {
+    local line key var pat missing=() extra=" $* "
+    while IFS= read -r line; do
+        [[ $line =~ ^([a-z_0-9]+): ]] || continue
+        key=${BASH_REMATCH[1]}
+        [[ $extra == *" --${key//_/-} "* ]] && continue
+        while [[ $line =~ \$\{([A-Za-z_][A-Za-z0-9_]*)\} ]]; do
+            var=${BASH_REMATCH[1]}
+            pat='${'"$var"'}'
+            line=${line//"$pat"/}
+            [[ -n ${!var:-} ]] && continue
+            [[ ($key == data_path || $key == valid_data_path) && -n ${DATA_MANIFEST:-} ]] && continue
+            [[ " ${missing[*]} " == *" $var "* ]] || missing+=("$var")
+        done
+    done < <(sed 's/#.*//' "$MFC_ROOT/$RECIPE")
+    ((${#missing[@]} == 0)) || mfc_die "$RECIPE needs ${missing[*]} exported before sbatch (see the launcher's header and examples/slurm_common.sh)"
 }
 
 mfc_set_env() {
@@ -126,11 +184,15 @@ mfc_launch() {
         mfc_die "recipe $RECIPE not found; there are: $(cd "$MFC_ROOT/examples/recipes" && echo *.yaml)"
     fi
 
-    # Slurm's values; outside Slurm (--dry-run on a laptop) the script's own defaults.
+    ((dry_run)) || mfc_check_env "${extra[@]}"
+
+    # Slurm's values; outside Slurm (--dry-run on a login node) the script's own #SBATCH defaults.
     local num_nodes=${SLURM_NNODES:-${DEFAULT_NODES:-1}}
     local job_id=${SLURM_JOB_ID:-0}
     local gpus_per_node=${GPUS_PER_NODE:-${SLURM_GPUS_ON_NODE:-8}}
-    local cpus_per_task=${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}}}
+    local script_cpus=
+    [[ -z ${SLURM_JOB_ID:-} && -f $0 ]] && script_cpus=$(sed -n 's/^#SBATCH --cpus-per-task=\([0-9]*\).*/\1/p' "$0" | head -n1)
+    local cpus_per_task=${CPUS_PER_TASK:-${SLURM_CPUS_PER_TASK:-${script_cpus:-${SLURM_CPUS_ON_NODE:-$(nproc 2>/dev/null || echo 1)}}}}
     MFC_CPUS_PER_TASK=$cpus_per_task MFC_GPUS_PER_NODE=$gpus_per_node
     local master_addr=${MASTER_ADDR:-localhost}
     if [[ -n ${SLURM_JOB_NODELIST:-} ]] && command -v scontrol >/dev/null; then
@@ -140,15 +202,15 @@ mfc_launch() {
     local ckpt_dir=${CKPT_DIR:-$MFC_ROOT/runs/$RUN_NAME/checkpoints}
     local log_dir=${LOG_DIR:-$MFC_ROOT/runs/$RUN_NAME/logs}
 
-    local -a trainer=(--config "$MFC_ROOT/$RECIPE") items=()
-    if [[ -n ${DATA_PATH:-} ]]; then read -r -a items <<<"$DATA_PATH"; trainer+=(--data-path "${items[@]}"); fi
-    if [[ -n ${VALID_DATA_PATH:-} ]]; then
-        read -r -a items <<<"$VALID_DATA_PATH"; trainer+=(--valid-data-path "${items[@]}")
-    fi
-    if [[ -n ${DATA_MANIFEST:-} ]]; then read -r -a items <<<"$DATA_MANIFEST"; trainer+=(--data-manifest "${items[@]}"); fi
-    if [[ -n ${DATA_MANIFEST_WEIGHTS:-} ]]; then
-        read -r -a items <<<"$DATA_MANIFEST_WEIGHTS"; trainer+=(--data-manifest-weights "${items[@]}")
-    fi
+    local -a trainer=(--config "$MFC_ROOT/$RECIPE") counts=()
+    local var flag
+    for var in DATA_PATH VALID_DATA_PATH DATA_MANIFEST DATA_MANIFEST_WEIGHTS; do
+        [[ -n ${!var+set} ]] || continue
+        mfc_list "$var"
+        flag=--$(tr '[:upper:]_' '[:lower:]-' <<<"$var")
+        trainer+=("$flag" "${MFC_ITEMS[@]}")
+        counts+=("$var=$(mfc_count_paths "${MFC_ITEMS[@]}")")
+    done
     [[ -n ${TOKENIZER:-} ]] && trainer+=(--tokenizer-model "$TOKENIZER")
     [[ -n ${SEED:-} ]] && trainer+=(--seed "$SEED")
     trainer+=(--save "$ckpt_dir" --load "$ckpt_dir" --save-interval "${SAVE_INTERVAL:-1000}" --exit-signal-handler
@@ -175,6 +237,7 @@ mfc_launch() {
     config=$(WORLD_SIZE=$((num_nodes * gpus_per_node)) python -m megatron_fixedcode.pretrain "${trainer[@]}" --dry-run) || exit 2
     if ((dry_run)); then
         echo "# nodes=$num_nodes gpus_per_node=$gpus_per_node cpus_per_task=$cpus_per_task job=$job_id recipe=$RECIPE"
+        echo "# paths passed: ${counts[*]:-none, the recipe has them}"
         echo "# env: CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS" \
             "TORCH_NCCL_ASYNC_ERROR_HANDLING=$TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_IB_TIMEOUT=$NCCL_IB_TIMEOUT" \
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT OMP_NUM_THREADS=$OMP_NUM_THREADS" \
@@ -193,10 +256,10 @@ mfc_launch() {
     mkdir -p "$ckpt_dir" "$log_dir"
     echo "$config" >"$log_dir/config-$job_id.json"
     mfc_log "job $job_id (restart ${SLURM_RESTART_COUNT:-0}): $num_nodes x $gpus_per_node GPUs, rendezvous" \
-        "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir"
+        "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir, paths passed: ${counts[*]:-none, from the recipe}"
 
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
-    MFC_REQUEUE=0
+    MFC_REQUEUE=0 MFC_REQUEUED=0
     trap mfc_on_usr1 USR1
     trap mfc_on_term TERM
     "${launch[@]}" &
@@ -209,6 +272,7 @@ mfc_launch() {
     done
     if ((MFC_REQUEUE)) && ((${SLURM_RESTART_COUNT:-0} < ${MAX_REQUEUES:-20})); then
         mfc_log "requeueing job $job_id; the next run resumes from $ckpt_dir"
+        MFC_REQUEUED=1
         scontrol requeue "$job_id"
     fi
     mfc_log "training exited with code $rc"

@@ -1,16 +1,21 @@
 #!/usr/bin/env bash
 # One node's share of a Slurm launch. `srun --ntasks-per-node 1` runs this once on every node of the
 # allocation with the per-node command as arguments (torchrun ... -m megatron_fixedcode.pretrain ...,
-# built by mfc_launch in examples/slurm_common.sh; examples/rehearse_multinode.sh runs the same path on
-# one machine). It appends this node's output to $MFC_NODE_LOG_DIR/node<SLURM_NODEID>.log (still
-# echoed to stdout, which Slurm collects into slurm-<job name>-<job id>.out) and then replaces itself
-# with the command, so signals Slurm sends to the step (SIGTERM: preemption, scancel) reach torchrun.
+# built by mfc_launch in examples/slurm_common.sh). It appends this node's output to
+# $MFC_NODE_LOG_DIR/node<SLURM_NODEID>.log (still echoed to stdout, which Slurm collects into
+# slurm-<job name>-<job id>.out) and then replaces itself with the command.
+# Signals: Slurm sends TERM (scancel, preemption) and the launcher USR1 (time limit) to every process of
+# the step. The tee and torchrun ignore both, so the log keeps what the trainer prints after the signal
+# and torchrun exits with its workers' status (0 after a clean checkpoint) instead of 1 on its own
+# SIGTERM handler (TORCHELASTIC_SIGNALS_TO_HANDLE); the trainer ranks install their own handlers
+# (--exit-signal-handler, megatron_fixedcode/pretrain.py), from their first import on.
 set -euo pipefail
 node=${SLURM_NODEID:-0}
+trap '' TERM USR1
 if [[ -n ${MFC_NODE_LOG_DIR:-} ]]; then
     mkdir -p "$MFC_NODE_LOG_DIR"
-    exec > >(exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
+    exec > >(trap '' TERM USR1; exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
 fi
-echo "[$(date '+%F %T')] node $node of ${SLURM_NNODES:-1} on $(hostname) (${SLURMD_NODENAME:-?}): task" \
-    "${SLURM_PROCID:-0}, job ${SLURM_JOB_ID:-none}, restart ${SLURM_RESTART_COUNT:-0}: $*"
+export TORCHELASTIC_SIGNALS_TO_HANDLE=${TORCHELASTIC_SIGNALS_TO_HANDLE:-SIGINT,SIGHUP,SIGQUIT}
+printf '[%(%F %T)T] %s\n' -1 "node $node of ${SLURM_NNODES:-1} on $(hostname) (${SLURMD_NODENAME:-?}): task ${SLURM_PROCID:-0}, job ${SLURM_JOB_ID:-none}, restart ${SLURM_RESTART_COUNT:-0}: $*"
 exec "$@"

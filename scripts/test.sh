@@ -6,6 +6,9 @@
 #      scripts/setup_env.sh --py312): the core subset below (test_quickstart_pipeline runs the
 #      quickstart pipeline --quick end to end on that line).
 #      MFC_SKIP_PY312=1 skips it, MFC_SKIP_PY311=1 skips leg 1 (quick local runs only: CI runs both).
+# Leg 1 runs tests/test_slurm.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
+# its fixture start one (scripts/slurm_local.sh start: root, apt-get on a fresh machine) and fail when it
+# cannot; outside CI, MFC_SLURM=0 leaves them skipped unless a cluster already runs.
 # Both legs run even when the first fails; the script fails if either did. Each leg runs on two pytest-xdist
 # workers, one test file per worker at a time (--dist loadfile: a module's fixtures are built once): most
 # tests wait on subprocesses with OMP_NUM_THREADS=1, so one worker leaves a core idle; MFC_TEST_WORKERS=0
@@ -28,7 +31,7 @@ if [ "${MFC_SKIP_PY311:-0}" = 1 ]; then
 else
     t=$SECONDS
     bash scripts/setup_env.sh
-    (. .venv/bin/activate && python -m pytest -q "${WORKERS[@]}" --durations=30 "$@") || rc311=$?
+    (. .venv/bin/activate && export MFC_SLURM=${MFC_SLURM:-1} && python -m pytest -q "${WORKERS[@]}" --durations=30 "$@") || rc311=$?
     echo "test.sh: leg 1 (Python 3.11, megatron-core 0.16.1, whole suite): exit $rc311 in $(elapsed $((SECONDS - t)))"
 fi
 

@@ -1,5 +1,6 @@
 """The paper-2 study in one command (issue 22): the Slurm job graph of examples/paper2_study.sh
-(--dry-run), the study record's refusals, the report, and the rehearsal on one machine (slow):
+(--dry-run), the study record's refusals, the report, and the rehearsal on one machine (slow; under a
+real Slurm cluster: tests/test_slurm.py):
 the whole graph under sbatch/sacct/srun shims to a report, with a job that fails once and a
 second invocation that resumes without touching any finished output."""
 from __future__ import annotations
@@ -139,34 +140,6 @@ def test_report_table_audit_and_references(tmp_path):
     assert "evaluation standard errors" in md and "SmolLM2-135M (reference)" in md and "| **NO** |" in md
     assert "0.6250 ± 0.1000" in md
     assert (layout.report_dir / "loss_curves.png").stat().st_size > 0
-
-
-@pytest.mark.skipif(not (SHARED / "tokenizers" / "smollm2").exists(), reason="shared data not found (set MFC_SHARED_DATA)")
-def test_a_failed_job_is_resubmitted_by_the_next_invocation_and_nothing_finished_changes(tmp_path):
-    """The rehearsal's shims and the resume path, fast: the report stage over finished records fails
-    once; the second invocation finds its job FAILED in sacct, resubmits it alone and leaves every
-    output byte-identical."""
-    from megatron_fixedcode.study.layout import StudyLayout
-    from megatron_fixedcode.study.record import write_json_atomic
-
-    layout = StudyLayout(tmp_path / "study")
-    for v in ("learned", "binary", "gf2"):
-        write_json_atomic(layout.record(v), _record(v))
-        write_json_atomic(layout.eval_result(v), _result(0.5))
-    res = subprocess.run(["bash", str(REPO / "examples" / "rehearse_study.sh"), "--work-dir", str(tmp_path),
-                          "--stages", "report", "--fail-once", "report"], env={**_env(), "MFC_SHARED_DATA": str(SHARED)},
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stdout + res.stderr
-    assert re.search(r"report: job \d+ ended FAILED: resubmitting", res.stdout)
-    assert "all 6 output files of run 1 are byte-identical" in res.stderr
-    run1, run2 = (tmp_path / "slurm-state" / "submitted.log").read_text().split("# run 2\n")
-    assert [line.split()[1] for line in run1.splitlines()] == [line.split()[1] for line in run2.splitlines()] == ["report"]
-    assert sorted(json.loads((layout.report_dir / "report.json").read_text())["runs"]) == ["binary", "gf2", "learned"]
-    # a third invocation finds everything done and submits nothing
-    res = subprocess.run(["bash", str(REPO / "examples" / "rehearse_study.sh"), "--work-dir", str(tmp_path),
-                          "--stages", "report"], env={**_env(), "MFC_SHARED_DATA": str(SHARED)},
-                         capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0 and "report: done" in res.stdout and "1 of 1 jobs done; complete" in res.stdout
 
 
 @pytest.mark.slow

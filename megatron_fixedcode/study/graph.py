@@ -5,7 +5,7 @@
 :func:`build_graph` turns the study options into :class:`Job` s (name, dependencies, sbatch
 options, the job script) and marks each one ``done`` when its outputs are there; :func:`submit`
 submits what is not done (``sbatch --parsable --dependency=afterok:...``), skipping jobs still
-queued or running from an earlier invocation (``sacct``). Finished outputs are never touched:
+queued or running from an earlier invocation (every ``sacct`` line; squeue/scontrol without accounting). Finished outputs are never touched:
 every stage writes to a temporary name and renames, and a stage whose output exists is not run.
 """
 from __future__ import annotations
@@ -212,14 +212,33 @@ def format_graph(jobs: list[Job]) -> str:
 
 # --- submission -------------------------------------------------------------------------------
 
-def slurm_state(job_id: str) -> str | None:
-    """The job's state from sacct (None when Slurm does not know it)."""
-    if shutil.which("sacct") is None:
+def _combined_state(states: list[str]) -> str | None:
+    """One state for a job from the states of all its records (array tasks): in flight while any task
+    is, else the first that did not complete, else COMPLETED."""
+    for state in states:
+        if state in IN_FLIGHT:
+            return state
+    return next((s for s in states if s != "COMPLETED"), states[0] if states else None)
+
+
+def slurm_state(job_id: str, log=print) -> str | None:
+    """The job's state from every line sacct prints for it (an array job: one per task); without
+    accounting (sacct fails) from squeue, then scontrol, which forget a job MinJobAge after it ends.
+    None when Slurm does not know the job."""
+    if shutil.which("sacct") is not None:
+        res = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True,
+                             text=True)
+        if res.returncode == 0:
+            return _combined_state([s.split()[0] for s in res.stdout.split("\n") if s.strip()])
+        log(f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead")
+    if shutil.which("squeue") is None:
         return None
-    res = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True,
-                         text=True)
-    states = [s.split()[0] for s in res.stdout.split("\n") if s.strip()]
-    return states[0] if res.returncode == 0 and states else None
+    res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
+    states = [s.strip() for s in res.stdout.splitlines() if s.strip()] if res.returncode == 0 else []
+    if not states and shutil.which("scontrol") is not None:
+        res = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
+        states = re.findall(r"\bJobState=(\S+)", res.stdout) if res.returncode == 0 else []
+    return _combined_state(states)
 
 
 def _sbatch(args: list[str]) -> str:
@@ -246,7 +265,7 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
         id_file = layout.jobs / f"{j.name}.id"
         if id_file.is_file():
             old = id_file.read_text().strip()
-            state = slurm_state(old)
+            state = slurm_state(old, log)
             if state in IN_FLIGHT:
                 ids[j.name] = old
                 log(f"{j.name}: job {old} is {state}: not resubmitted")
