@@ -141,7 +141,10 @@ mfc_launch() {
     local log_dir=${LOG_DIR:-$MFC_ROOT/runs/$RUN_NAME/logs}
 
     local -a trainer=(--config "$MFC_ROOT/$RECIPE") items=()
-    if [[ -n ${DATA_PATH:-} ]]; then read -r -a items <<<"$DATA_PATH"; trainer+=(--data-path "${items[@]}"); fi
+    # With VALID_DATA_PATH the training blend is --train-data-path (Megatron-LM: --data-path would win and split itself)
+    if [[ -n ${DATA_PATH:-} ]]; then
+        read -r -a items <<<"$DATA_PATH"; trainer+=("--${VALID_DATA_PATH:+train-}data-path" "${items[@]}")
+    fi
     if [[ -n ${VALID_DATA_PATH:-} ]]; then
         read -r -a items <<<"$VALID_DATA_PATH"; trainer+=(--valid-data-path "${items[@]}")
     fi

@@ -58,6 +58,9 @@ class ModelConfig:
     # matmuls under torch.autocast(bfloat16)
     autocast_bf16: bool = False
     recompute_granularity: str | None = None
+    recompute_method: str | None = None  # full recompute: uniform | block (megatron's TransformerConfig)
+    recompute_num_layers: int | None = None
+    layernorm_zero_centered_gamma: bool = False  # --apply-layernorm-1p (TE norms)
     # FP8 GEMMs in the TE layers (megatron TransformerConfig fields of the same names). The input
     # interface is unaffected: it emits the activation dtype (bf16) and TE quantizes what it consumes.
     fp8: str | None = None

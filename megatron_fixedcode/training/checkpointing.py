@@ -301,7 +301,8 @@ def _fork_results_queue() -> None:
         filesystem_async._results_queue = helper_queue("fork")
 
 
-def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
+def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict,
+                    keep_last: int | None = None, retain_interval: int | None = None) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
     from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
 
@@ -328,14 +329,22 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     record_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
     if rank == 0:
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
-        _prune(Path(root), keep_last, step)
+        _prune(Path(root), keep_last, step, retain_interval)
     dist.barrier()
     return target
 
 
-def _prune(root: Path, keep_last: int, newest: int) -> None:
+def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None) -> None:
+    """Keep every checkpoint (Megatron-LM) unless told: --save-retain-interval N keeps the steps
+    that are multiples of N and the newest; --ckpt-keep-last K keeps the newest K."""
     steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
-    for old in [s for s in steps if s <= newest][:-keep_last]:
+    older = [s for s in steps if s < newest]
+    drop = set()
+    if retain_interval:
+        drop |= {s for s in older if s % retain_interval}
+    if keep_last:
+        drop |= set([s for s in steps if s <= newest][:-keep_last])
+    for old in sorted(drop):
         shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
 
 
