@@ -467,7 +467,8 @@ def _check_inputs(a: argparse.Namespace) -> None:
 
     source = f"--data-args-path {a.data_args_path}" if a.data_args_path else "--data-path"
     train_flag = source if a.data_path or a.data_args_path else "--train-data-path"
-    for flag, field, paths in ((train_flag, "data_path", train_paths(a)), ("--valid-data-path", "valid_data_path", valid_paths(a))):
+    train_field = "data_path" if a.data_path or a.data_args_path else "train_data_path"
+    for flag, field, paths in ((train_flag, train_field, train_paths(a)), ("--valid-data-path", "valid_data_path", valid_paths(a))):
         if paths:
             prefixes, _ = parse_blend(paths, flag)
             if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
