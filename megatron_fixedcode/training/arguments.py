@@ -214,8 +214,9 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--sft-response-key", default="response", help="SFT: field of the response (the loss)")
     g.add_argument("--sft-messages-key", default="messages",
                    help="SFT: field of a chat record, a list of {role, content}; loss on assistant turns")
-    g.add_argument("--split", default="99,1,0",
-                   help="train,valid,test weights of --data-path (Megatron-LM: None, then '969, 30, 1' with a warning)")
+    g.add_argument("--split", default=None,
+                   help="train,valid,test weights of --data-path; not given: '969, 30, 1' with a note (Megatron-LM's "
+                        "legacy value)")
     g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
@@ -393,8 +394,6 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size >= 2")
     if a.num_attention_heads % a.tensor_model_parallel_size:
         p.error("--num-attention-heads must be divisible by --tensor-model-parallel-size")
-    if a.sequence_parallel and a.tensor_model_parallel_size == 1:
-        p.error("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if a.seq_length % (a.tensor_model_parallel_size if a.sequence_parallel else 1):
         p.error("--seq-length must be divisible by --tensor-model-parallel-size under --sequence-parallel")
     if a.context_parallel_size > 1 and a.seq_length % (2 * a.context_parallel_size):
@@ -505,6 +504,16 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
         p.error("--transformer-impl inference_optimized: inference layers are outside this project's scope")
     if a.recompute_activations:
         a.recompute_granularity = "selective"
+    if a.data_path and a.split is None:  # Megatron-LM's validate_args, with its warning
+        a.split = "969, 30, 1"
+        if _is_rank0():
+            print("note: --split not given with --data-path: using Megatron-LM's legacy default '969, 30, 1'",
+                  file=sys.stderr)
+    if a.sequence_parallel and a.tensor_model_parallel_size == 1:  # Megatron-LM turns it off, with a warning
+        a.sequence_parallel = False
+        if _is_rank0():
+            print("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1: turned off "
+                  "(as Megatron-LM does)", file=sys.stderr)
     if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
         p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
                 "(as Megatron-LM's TransformerConfig)")

@@ -62,7 +62,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
 
     h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
     groups = a.num_query_groups or heads
-    gated = a.block == "llama"
+    gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
     multiple = a.make_vocab_size_divisible_by * tp
     padded = math.ceil(vocab / multiple) * multiple

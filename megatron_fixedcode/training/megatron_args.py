@@ -173,7 +173,7 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--num-workers", type=int, default=2, help="accepted; " + INERT["num_workers"])
     g.add_argument("--profile-step-start", type=int, default=10, help="accepted; " + INERT["profile"])
     g.add_argument("--profile-step-end", type=int, default=12, help="accepted; " + INERT["profile"])
-    g.add_argument("--wandb-save-dir", default="", help="accepted; " + INERT["wandb_save_dir"])
+    g.add_argument("--wandb-save-dir", default=None, help="accepted; " + INERT["wandb_save_dir"])
 
 
 def inert_in_use(a: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
@@ -215,8 +215,8 @@ def expand_block_key(values: dict) -> None:
 
 
 def architecture_block(a: argparse.Namespace) -> str:
-    """The block this project builds for Megatron's architecture flags; ValueError (one line) for
-    the combinations it does not build."""
+    """The block (``models.config.BLOCKS``) of Megatron's --normalization and --swiglu; ValueError
+    (one line) for what is not built here: a tied head, linear biases, positions other than RoPE."""
     if a.use_rotary_position_embeddings:
         a.position_embedding_type = "rope"
     if not a.untie_embeddings_and_output_weights:
@@ -230,8 +230,5 @@ def architecture_block(a: argparse.Namespace) -> str:
                          "--position-embedding-type rope (Megatron-LM's default is learned_absolute), or --block llama")
     if a.rotary_percent != 1.0:
         raise ValueError(f"--rotary-percent {a.rotary_percent}: only 1.0 is built here")
-    for name, flags in BLOCK_FLAGS.items():
-        if (a.normalization, a.swiglu) == (flags["normalization"], flags["swiglu"]):
-            return name
-    raise ValueError(f"--normalization {a.normalization} {'with' if a.swiglu else 'without'} --swiglu is not built "
-                     "here: RMSNorm with --swiglu (--block llama) or LayerNorm without it (--block gpt_gelu)")
+    return {("RMSNorm", True): "llama", ("LayerNorm", False): "gpt_gelu", ("LayerNorm", True): "layernorm_swiglu",
+            ("RMSNorm", False): "rmsnorm_gelu"}[(a.normalization, bool(a.swiglu))]

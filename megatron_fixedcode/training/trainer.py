@@ -114,7 +114,7 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     try:
         return build_datasets(
             DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
+                       seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
                        samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
                        mmap_bin_files=a.mmap_bin_files),
             tokenizer, num_train_samples=max_steps * global_batch,
