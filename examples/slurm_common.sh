@@ -12,7 +12,7 @@
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form
 #   DATA_MANIFEST     trainer --data-manifest: manifest.json of examples/preprocess_shards.sh (instead of
-#                     DATA_PATH/VALID_DATA_PATH: train shards -> --data-path, valid -> --valid-data-path;
+#                     DATA_PATH/VALID_DATA_PATH: train shards -> --train-data-path, valid -> --valid-data-path;
 #                     replaces a recipe's data paths); several, space-separated, for a blend with
 #   DATA_MANIFEST_WEIGHTS  trainer --data-manifest-weights, one per manifest (paper 1: "0.8 0.2")
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)

@@ -416,3 +416,8 @@ def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
     assert steps == [5, 6]
     assert "from step 5 on, samples are drawn from megatron's GPT shuffle of 64 samples" in proc.stderr
+    # --no-load-optim: Adam and the LR schedule start fresh (warmup again: 2 steps from 0), the weights and step load
+    fresh = tmp_path / "fresh.jsonl"
+    pretrain(*common, "--train-iters", "8", "--no-load-optim", "--no-load-rng", "--metrics-file", str(fresh))
+    records = [json.loads(line) for line in fresh.read_text().splitlines()]
+    assert [r["step"] for r in records] == [7, 8] and records[0]["lr"] == pytest.approx(3e-3 / 2)

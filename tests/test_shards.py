@@ -394,15 +394,15 @@ def test_manifest_refuses_incomplete_lists_good_shards_and_feeds_the_trainer(tmp
     direct = [str(out / s["train"]["prefix"]) for s in manifest["shards"]]
     valid = [str(out / s["valid"]["prefix"]) for s in manifest["shards"] if s["valid"]["documents"]]
     a = _trainer_args("--data-manifest", out / "manifest.json", "--tokenizer-model", small_tokenizer)
-    assert a.data_path == direct and a.valid_data_path == valid
+    assert a.train_data_path == direct and a.valid_data_path == valid
     (tmp_path / "data_args.txt").write_text(" ".join(direct) + "\n")
     assert _trainer_args("--data-args-path", tmp_path / "data_args.txt", "--vocab-size", 320).data_path == direct
     # a blend of two manifests, 0.8 / 0.2, each shard weighted by its share of its manifest's tokens
     a = _trainer_args("--data-manifest", out / "manifest.json", out / "manifest.json",
                       "--data-manifest-weights", 0.8, 0.2, "--tokenizer-model", small_tokenizer)
-    weights = [float(w) for w in a.data_path[0::2]]
+    weights = [float(w) for w in a.train_data_path[0::2]]
     tokens = [s["train"]["tokens"] for s in manifest["shards"]]
-    assert a.data_path[1::2] == direct * 2
+    assert a.train_data_path[1::2] == direct * 2
     assert weights == pytest.approx([0.8 * t / sum(tokens) for t in tokens] + [0.2 * t / sum(tokens) for t in tokens])
 
 

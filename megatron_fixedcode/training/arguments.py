@@ -1,7 +1,8 @@
 """Megatron-LM style command line + YAML recipes → validated component configs.
 
-``--config recipe.yaml`` sets defaults (keys are flag names with underscores, ``${VAR}`` in
-strings is expanded from the environment); flags given on the command line override the file.
+Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
+command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
+``${VAR}`` in strings is expanded from the environment); flags given on the command line override it.
 Every inconsistency is refused here, before any process group, model or data exists.
 """
 from __future__ import annotations

@@ -16,6 +16,8 @@ older checkpoint that verifies (``--ckpt-step N``).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -374,7 +376,7 @@ def read_common_state_of(target: str | Path) -> dict:
 
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
-                    weights_only: bool = False) -> dict | None:
+                    weights_only: bool = False, load_optim: bool = True, load_rng: bool = True) -> dict | None:
     """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
     state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
     without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
@@ -393,7 +395,11 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     scope = resume_scope(saved, now, weights_only=weights_only,
                          rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
                          saved_optimizer_format=saved_format,
-                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER)
+                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER) if load_optim else \
+        resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
+    if not load_optim or not load_rng:  # Megatron-LM's --no-load-optim (optimizer and scheduler) / --no-load-rng
+        scope = dataclasses.replace(scope, rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(
+            saved, now, trainer_state), note=f"{scope.note}; --no-load-optim/--no-load-rng")
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
     if scope.optimizer:
@@ -420,6 +426,16 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
+
+
+def _rng_scope(saved: dict, now: dict, trainer_state: dict) -> str:
+    """The RNG part of a full resume's scope (for --no-load-optim without --no-load-rng)."""
+    try:
+        return resume_scope(saved, now, weights_only=False,
+                            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+                            saved_optimizer_format=PER_PARAMETER, distributed_optimizer=False).rng
+    except ValueError:
+        return "none"
 
 
 def _ranks() -> dict:

@@ -256,13 +256,14 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
             raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
                              "the data stream would not continue exactly")
     try:  # what the load will keep; refused here, before any process group, when it cannot
-        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=False,
+        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=cfg.checkpoint.no_load_optim,
                      rng_by_model_parallel_rank=saved.get(checkpointing.RNG_BY_MODEL_PARALLEL_RANK, False),
                      saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
                      distributed_optimizer=cfg.optim.use_distributed_optimizer)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+    if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
+        reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
 
 
 def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:

@@ -136,7 +136,8 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     error = checkpointing.verify_checkpoint_share(target, rank, world) if ck.verify else None
     raise_if_any_rank_failed(error and checkpointing.corrupt_message(ck.load, plan.load_step, error),
                              runtime_device(), checkpointing.CorruptCheckpoint)
-    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune)
+    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
+                                          load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
     if ck.finetune:
         return 0, 0
     if ck.override_opt_param_scheduler:
