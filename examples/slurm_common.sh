@@ -7,7 +7,7 @@
 # after the recipe (so it overrides it).
 #
 # Environment (all optional unless marked):
-#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, space-separated
+#   DATA_PATH         trainer --data-path (--train-data-path when VALID_DATA_PATH is set): prefixes or "weight prefix" pairs
 #                     (paper 2: the shard prefixes; required there, paper 1 expands its recipe's
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form

@@ -543,6 +543,10 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
         a.block = architecture_block(a)
     except ValueError as e:
         p.error(str(e))
+    if a.ffn_hidden_size is None and a.hidden_size:  # Megatron-LM's validate_args derives it
+        a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
+    if a.kv_channels is None and a.hidden_size and a.num_attention_heads:
+        a.kv_channels = a.hidden_size // a.num_attention_heads
     if a.kv_channels is not None and a.hidden_size and a.num_attention_heads and \
             a.kv_channels * a.num_attention_heads != a.hidden_size:
         p.error(f"--kv-channels {a.kv_channels}: only hidden-size / num-attention-heads "
