@@ -7,12 +7,12 @@
 # after the recipe (so it overrides it).
 #
 # Environment (all optional unless marked):
-#   DATA_PATH         trainer --data-path: prefixes or "weight prefix" pairs, whitespace-separated (one per line works)
+#   DATA_PATH         trainer --data-path (--train-data-path when VALID_DATA_PATH is set): prefixes or "weight prefix" pairs, whitespace-separated (one per line works)
 #                     (paper 2: the shard prefixes; required there, paper 1 expands its recipe's
 #                     ${FINEWEB_PREFIX}/${COSMOPEDIA_PREFIX} instead)
 #   VALID_DATA_PATH   trainer --valid-data-path, same form
 #   DATA_MANIFEST     trainer --data-manifest: manifest.json of examples/preprocess_shards.sh (instead of
-#                     DATA_PATH/VALID_DATA_PATH: train shards -> --data-path, valid -> --valid-data-path;
+#                     DATA_PATH/VALID_DATA_PATH: train shards -> --train-data-path, valid -> --valid-data-path;
 #                     replaces a recipe's data paths); several, whitespace-separated, for a blend with
 #   DATA_MANIFEST_WEIGHTS  trainer --data-manifest-weights, one per manifest (paper 1: "0.8 0.2")
 #   TOKENIZER         trainer --tokenizer-model (tokenizer.json, its directory, or a .model)
@@ -46,8 +46,9 @@
 #
 # Signals (docs/SCALING.md, "Signals"):
 #   - time limit: "#SBATCH --signal=B:USR1@300" sends USR1 to this shell 5 minutes before the limit. The
-#     trap sends USR1 to the job steps (scancel --signal=USR1: every process of the steps, not this shell);
-#     the trainer (--exit-signal-handler) finishes the step, checkpoints and exits 0, torchrun and srun
+#     trap sends TERM to the job steps (scancel --signal=TERM: every process of the steps, not this shell;
+#     TERM because the trainer's --exit-signal-handler catches Megatron-LM's --exit-signal, SIGTERM);
+#     the trainer finishes the step, checkpoints and exits 0, torchrun and srun
 #     exit 0, and this shell requeues the job ("#SBATCH --requeue", at most MAX_REQUEUES times); the next
 #     run resumes from CKPT_DIR. Past MAX_REQUEUES the job ends COMPLETED.
 #   - scancel (SIGTERM to every process) cancels: the trainer checkpoints within KillWait and exits, and
@@ -64,8 +65,8 @@ mfc_die() { echo "error: $*" >&2; exit 2; }
 
 mfc_on_usr1() {
     MFC_REQUEUE=1
-    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (USR1 to the job steps); then requeueing"
-    scancel --signal=USR1 "$SLURM_JOB_ID" || mfc_log "scancel failed"
+    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (TERM to the job steps); then requeueing"
+    scancel --signal=TERM "$SLURM_JOB_ID" || mfc_log "scancel failed"
 }
 
 mfc_on_term() {
@@ -208,6 +209,8 @@ mfc_launch() {
         [[ -n ${!var+set} ]] || continue
         mfc_list "$var"
         flag=--$(tr '[:upper:]_' '[:lower:]-' <<<"$var")
+        # with VALID_DATA_PATH the training blend is --train-data-path (Megatron-LM: --data-path would win and split itself)
+        [[ $var == DATA_PATH && -n ${VALID_DATA_PATH:-} ]] && flag=--train-data-path
         trainer+=("$flag" "${MFC_ITEMS[@]}")
         counts+=("$var=$(mfc_count_paths "${MFC_ITEMS[@]}")")
     done

@@ -4,7 +4,7 @@
 # built by mfc_launch in examples/slurm_common.sh). It appends this node's output to
 # $MFC_NODE_LOG_DIR/node<SLURM_NODEID>.log (still echoed to stdout, which Slurm collects into
 # slurm-<job name>-<job id>.out) and then replaces itself with the command.
-# Signals: Slurm sends TERM (scancel, preemption) and the launcher USR1 (time limit) to every process of
+# Signals: Slurm sends TERM (scancel, preemption; the launcher too, at a time limit) to every process of
 # the step. The tee and torchrun ignore both, so the log keeps what the trainer prints after the signal
 # and torchrun exits with its workers' status (0 after a clean checkpoint) instead of 1 on its own
 # SIGTERM handler (TORCHELASTIC_SIGNALS_TO_HANDLE); the trainer ranks install their own handlers

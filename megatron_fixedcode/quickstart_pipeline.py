@@ -200,7 +200,7 @@ def train_command(variant: str, data: dict, args: argparse.Namespace, steps: int
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
            "-m", "megatron_fixedcode.pretrain", "--config", str(args.config),
            "--input-embedding", variant,
-           "--data-path", data["train"], "--valid-data-path", data["valid"],
+           "--train-data-path", data["train"], "--valid-data-path", data["valid"],
            "--tokenizer-type", args.tokenizer_type, "--tokenizer-model", data["tokenizer_model"],
            "--metrics-file", str(logs / (f"{variant}.jsonl" if probe else "metrics.jsonl")),
            "--train-iters", str(steps)]

@@ -15,7 +15,10 @@ from tests.helpers import REPO
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3",
         "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--transformer-impl", "local", "--log-interval", "1",
-        "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8"]
+        "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8",
+        # the project's defaults before Megatron-LM's (issue 31), which these tests were written for
+        "--block", "llama", "--hidden-dropout", "0", "--attention-dropout", "0", "--adam-beta2", "0.95",
+        "--lr-decay-style", "cosine", "--eval-iters", "10", "--ckpt-keep-last", "2", "--split", "99,1,0"]
 
 
 def write_corpus(root: Path, num_active: int = 128) -> tuple[str, str]:
@@ -36,9 +39,10 @@ def write_corpus(root: Path, num_active: int = 128) -> tuple[str, str]:
 
 def data_args(corpus: tuple[str, str], dataset_type: str) -> list[str]:
     train, valid = corpus
+    if dataset_type == "document_windows":  # a validation blend of its own: --train-data-path (Megatron-LM)
+        return ["--train-data-path", train, "--dataset-type", dataset_type, "--eval-iters", "2",
+                "--valid-data-path", valid, "--samples-per-shard-visit", "16"]
     args = ["--data-path", train, "--dataset-type", dataset_type, "--eval-iters", "2"]
-    if dataset_type == "document_windows":
-        args += ["--valid-data-path", valid, "--samples-per-shard-visit", "16"]
     return args
 
 

@@ -197,7 +197,7 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
     train, valid = (os.path.relpath(p, REPO) for p in corpus)
     assert not os.path.isabs(train)
     proc = pretrain("--train-iters", "3", "--lr", "6e-3", "--override-opt-param-scheduler", "--load", str(ckpt),
-                    "--save", str(ckpt), "--tokenizer-model", trained["tok"], "--data-path", train, "--dataset-type",
+                    "--save", str(ckpt), "--tokenizer-model", trained["tok"], "--train-data-path", train, "--dataset-type",
                     "document_windows", "--valid-data-path", valid, "--samples-per-shard-visit", "16",
                     "--metrics-file", str(tmp_path / "m.jsonl"))
     log = proc.stdout + proc.stderr

@@ -226,7 +226,7 @@ def test_transformer_engine_missing_on_a_gpu_is_an_exact_message(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: None)
-    a = argparse.Namespace(transformer_impl="transformer_engine", fp8_format=None, fp8_recipe="delayed",
+    a = argparse.Namespace(transformer_impl="transformer_engine", fp8=None, fp8_recipe="delayed",
                            tp_comm_overlap=False, overlap_grad_reduce=False, overlap_param_gather=False)
     with pytest.raises(ValueError) as e:
         gpu_features.check_gpu_features(a)

@@ -18,7 +18,7 @@ EXAMPLES = ROOT / "examples"
 RECIPES = EXAMPLES / "recipes"
 INPUT_KEYS = re.compile(r"^(input_embedding|code_\w+)$")
 # what the launchers set on the command line, on top of the recipe
-LAUNCHER_KEYS = {"data_path", "valid_data_path", "tokenizer_model", "seed", "save", "load", "save_interval",
+LAUNCHER_KEYS = {"data_path", "train_data_path", "valid_data_path", "tokenizer_model", "seed", "save", "load", "save_interval",
                  "exit_signal_handler", "tensorboard_dir", "metrics_file"}
 
 # (script, positional args, recipe)
@@ -129,11 +129,11 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
     assert resolved["exit_signal_handler"] is True
     assert resolved["metrics_file"].startswith(env["LOG_DIR"])
     if recipe_name.startswith("paper2"):
-        assert resolved["data_path"] == env["DATA_PATH"].split()
+        assert resolved["train_data_path"] == env["DATA_PATH"].split()
         assert resolved["tokenizer_model"] == env["TOKENIZER"]
         assert resolved["global_batch_size"] * resolved["seq_length"] == 262_144
     else:
-        assert resolved["data_path"] == ["0.8", "/data/fineweb_train_text_document",
+        assert resolved["train_data_path"] == ["0.8", "/data/fineweb_train_text_document",
                                          "0.2", "/data/cosmopedia_train_text_document"]
 
 
@@ -210,7 +210,8 @@ def test_paper1_recipes_differ_only_in_input_keys_and_depth():
 def test_recipes_hold_the_spec_numbers():
     p2 = recipe("paper2_1p7b_binary.yaml")
     expected2 = dict(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192, seq_length=2048,
-                     block="llama", lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
+                     normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
+                     untie_embeddings_and_output_weights=True, hidden_dropout=0.0, attention_dropout=0.0, lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
                      lr_decay_iters=382_500, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, weight_decay=0.01,
                      clip_grad=1.0, precision="fp32-autocast-bf16", recompute_granularity=None, transformer_impl="transformer_engine",
                      micro_batch_size=8,
@@ -220,14 +221,15 @@ def test_recipes_hold_the_spec_numbers():
     assert isinstance(p2["train_tokens"], int)
     p1 = recipe("paper1_0p4b_binary.yaml")
     expected1 = dict(num_layers=32, hidden_size=1024, num_attention_heads=32, ffn_hidden_size=4096, seq_length=1024,
-                     block="gpt_gelu", weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536,
+                     normalization="LayerNorm", swiglu=False, add_bias_linear=False, hidden_dropout=0.0,
+                     attention_dropout=0.0, weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536,
                      transformer_impl="local", recompute_granularity="selective")
     assert {k: p1[k] for k in expected1} == expected1
     assert not p1.get("bf16", False) and p1["lr_warmup_iters"] > 0
     assert p1["train_tokens"] == 17_093_000_000  # paper 1's learned and fixed budget
     affine = recipe("paper1_0p4b_gf2.yaml")  # paper 1's figure for its affine runs
     assert affine["train_tokens"] == 16_276_000_000
-    assert p1["data_path"][0::2] == [0.8, 0.2]
+    assert p1["train_data_path"][0::2] == [0.8, 0.2]
     tiny = recipe("tiny_cpu.yaml")
     expected_tiny = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=64,
                          micro_batch_size=4, global_batch_size=8, transformer_impl="local", lr=3e-3, train_iters=50,

@@ -212,7 +212,7 @@ def _same_samples(tmp_path, manifest: Path, prefixes: list[str]) -> None:
     from megatron_fixedcode.data import DataConfig, build_datasets, global_batch_indices
     from megatron_fixedcode.data.inspect import describe_samples
     from megatron_fixedcode.tokenizers import build_tokenizer
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.training.arguments import parse_pretrain_args, train_paths, valid_paths
     from tests.data_helpers import single_process_group
 
     tiny = ["--config", str(REPO / "examples" / "recipes" / "tiny_cpu.yaml"), "--dry-run",
@@ -222,14 +222,14 @@ def _same_samples(tmp_path, manifest: Path, prefixes: list[str]) -> None:
     train = [p + "_train_text_document" for p in direct]
     valid = [p + "_valid_text_document" for p in direct]
     valid = [v for v in valid if json.loads(Path(v.rsplit("_valid", 1)[0] + "_summary.json").read_text())["documents"]["valid"]]
-    by_hand = parse_pretrain_args(tiny + ["--data-path", *train, "--valid-data-path", *valid]).args
-    assert (from_manifest.data_path, from_manifest.valid_data_path) == (by_hand.data_path, by_hand.valid_data_path)
+    by_hand = parse_pretrain_args(tiny + ["--train-data-path", *train, "--valid-data-path", *valid]).args
+    assert (from_manifest.train_data_path, from_manifest.valid_data_path) == (by_hand.train_data_path, by_hand.valid_data_path)
     tokenizer = build_tokenizer("HuggingFaceTokenizer", str(TOKENIZER))
     samples = []
     with single_process_group(tmp_path):
         for a in (from_manifest, by_hand):
-            cfg = DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
-                             seq_length=a.seq_length, split=a.split, cache_path=str(tmp_path / "cache"))
+            cfg = DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
+                             seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=str(tmp_path / "cache"))
             train_ds, valid_ds = build_datasets(cfg, tokenizer, num_train_samples=64, num_valid_samples=16, seed=3)
             samples.append([[r.token_ids for r in describe_samples(ds, global_batch_indices(step, 8))]
                             for ds, step in ((train_ds, 0), (train_ds, 5), (valid_ds, 1))])
@@ -238,7 +238,7 @@ def _same_samples(tmp_path, manifest: Path, prefixes: list[str]) -> None:
     # and a tiny training run (2 steps, validation at step 2) trains on them identically (both at once)
     runs = {}
     for name, flags in (("manifest", ["--data-manifest", str(manifest)]),
-                        ("prefixes", ["--data-path", *train, "--valid-data-path", *valid])):
+                        ("prefixes", ["--train-data-path", *train, "--valid-data-path", *valid])):
         cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", *tiny[:2], "--tokenizer-model", str(TOKENIZER),
                "--train-iters", "2", "--eval-interval", "2", "--eval-iters", "1", "--log-interval", "1",
                "--data-cache-path", str(tmp_path / f"cache-{name}"), "--metrics-file", str(tmp_path / f"{name}.jsonl"),

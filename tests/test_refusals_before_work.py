@@ -160,8 +160,8 @@ def test_a_zero_document_shard_is_named_without_advising_a_flag_already_given(da
     empty = write_indexed_dataset(tmp_path / "empty", [], dtype=np.uint16)
     paths = {"train": train, "valid": valid, empty_split: empty}
     for extra in (["--dry-run"], []):
-        line = _pretrain_main(["--data-path", paths["train"], "--valid-data-path", paths["valid"],
+        line = _pretrain_main(["--train-data-path", paths["train"], "--valid-data-path", paths["valid"],
                                "--dataset-type", dataset_type, *extra], capsys)
-        flag = "--data-path" if empty_split == "train" else "--valid-data-path"
+        flag = "--train-data-path" if empty_split == "train" else "--valid-data-path"
         assert f"{empty}: the shard holds no tokens" in line and f"leave it out of {flag}" in line, line
         assert "give --valid-data-path" not in line and "--split" not in line, line

@@ -132,7 +132,7 @@ def test_finetune_into_sft_then_resume_is_bit_identical(tmp_path):
              "--samples-per-shard-visit", "16", "--save", pre)
     train = write_jsonl(tmp_path / "train.jsonl", sft_records(20))
     valid = write_jsonl(tmp_path / "valid.jsonl", sft_records(8, offset=100))
-    common = [*SFT_TINY, "--dataset-type", "sft", "--data-path", train, "--valid-data-path", valid,
+    common = [*SFT_TINY, "--dataset-type", "sft", "--train-data-path", train, "--valid-data-path", valid,
               "--train-iters", "6", "--eval-interval", "3", "--eval-iters", "1"]
     sft = str(tmp_path / "sft")
     pretrain(*common, "--finetune", "--load", pre, "--save", sft, "--save-interval", "3",

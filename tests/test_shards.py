@@ -394,15 +394,15 @@ def test_manifest_refuses_incomplete_lists_good_shards_and_feeds_the_trainer(tmp
     direct = [str(out / s["train"]["prefix"]) for s in manifest["shards"]]
     valid = [str(out / s["valid"]["prefix"]) for s in manifest["shards"] if s["valid"]["documents"]]
     a = _trainer_args("--data-manifest", out / "manifest.json", "--tokenizer-model", small_tokenizer)
-    assert a.data_path == direct and a.valid_data_path == valid
+    assert a.train_data_path == direct and a.valid_data_path == valid
     (tmp_path / "data_args.txt").write_text(" ".join(direct) + "\n")
     assert _trainer_args("--data-args-path", tmp_path / "data_args.txt", "--vocab-size", 320).data_path == direct
     # a blend of two manifests, 0.8 / 0.2, each shard weighted by its share of its manifest's tokens
     a = _trainer_args("--data-manifest", out / "manifest.json", out / "manifest.json",
                       "--data-manifest-weights", 0.8, 0.2, "--tokenizer-model", small_tokenizer)
-    weights = [float(w) for w in a.data_path[0::2]]
+    weights = [float(w) for w in a.train_data_path[0::2]]
     tokens = [s["train"]["tokens"] for s in manifest["shards"]]
-    assert a.data_path[1::2] == direct * 2
+    assert a.train_data_path[1::2] == direct * 2
     assert weights == pytest.approx([0.8 * t / sum(tokens) for t in tokens] + [0.2 * t / sum(tokens) for t in tokens])
 
 
@@ -446,7 +446,7 @@ def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tok
     del env["DATA_PATH"], env["VALID_DATA_PATH"]
     command, config, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], env)
     assert command[command.index("--data-manifest") + 1] == fwe and "--data-path" not in command
-    assert config["data_path"] == [str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]]
+    assert config["train_data_path"] == [str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]]
     env.update(DATA_MANIFEST=f"{fwe} {cosmo}", DATA_MANIFEST_WEIGHTS="0.8 0.2")
     command, config, _ = run_dry("pretrain_paper1.sh", ["binary"], env)
     weights = [float(w) for w in config["data_path"][0::2]]

@@ -157,7 +157,7 @@ def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(s
     assert config["data_path"] == [str(shards / f"{i:05d}_train_text_document") for i in range(3)]
     # the node log kept what was printed after the signal; the launcher's lines keep their date
     node = (interrupted / "logs" / "node0.log").read_text()
-    saved = int(re.search(r"received signal 10: .*\n(?:.*\n)*?.*saved checkpoint \S+iter_0*(\d+)", node).group(1))
+    saved = int(re.search(r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint \S+iter_0*(\d+)", node).group(1))
     assert 3 <= saved < last and f"start at step {saved}" in node
     out = (interrupted / f"slurm-{job}.out").read_text()
     assert "requeueing job" in out and "training exited with code 0" in out

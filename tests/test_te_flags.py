@@ -64,7 +64,7 @@ def test_cpu_refuses_gpu_features_at_launch_with_what_to_install(caplog, flags):
 
 
 def _args(**kw) -> argparse.Namespace:
-    base = dict(transformer_impl="auto", fp8_format=None, fp8_recipe="delayed", tp_comm_overlap=False,
+    base = dict(transformer_impl="auto", fp8=None, fp8_recipe="delayed", tp_comm_overlap=False,
                 overlap_grad_reduce=False, overlap_param_gather=False, tf32=True, precision="fp32")
     return argparse.Namespace(**{**base, **kw})
 
@@ -73,7 +73,7 @@ def test_gpu_without_te_refuses_with_install_hint(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: None)
     with pytest.raises(ValueError, match=r"--fp8-format hybrid needs Transformer Engine.*pip install"):
-        gpu_features.check_gpu_features(_args(fp8_format="hybrid"))
+        gpu_features.check_gpu_features(_args(fp8="hybrid"))
     gpu_features.check_gpu_features(_args(overlap_grad_reduce=True))  # overlap needs no TE
 
 
@@ -83,7 +83,7 @@ def test_gpu_without_fp8_support_refuses_with_the_reason(monkeypatch):
     monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: object())
     monkeypatch.setattr(gpu_features, "_fp8_support", lambda recipe: (False, "Device compute capability 8.9 or higher required"))
     with pytest.raises(ValueError, match=r"not supported on NVIDIA A100.*8\.9 or higher"):
-        gpu_features.check_gpu_features(_args(fp8_format="e4m3"))
+        gpu_features.check_gpu_features(_args(fp8="e4m3"))
 
 
 @pytest.mark.parametrize("tf32,precision,te_layers,environ,refused", [
@@ -129,7 +129,7 @@ def test_every_recipe_that_turns_tf32_off_gets_it(capsys):
             capsys.readouterr()
             continue
         config = json.loads(capsys.readouterr().out)
-        te_layers = config["transformer_impl"] == "transformer_engine" or config.get("fp8_format") is not None
+        te_layers = config["transformer_impl"] == "transformer_engine" or config.get("fp8") is not None
         assert gpu_features.tf32_refusal(tf32=config["tf32"], fp32_gemms=config["precision"] == "fp32",
                                          te_layers=te_layers, environ={}) is None, name
         checked += not config["tf32"]
@@ -142,7 +142,7 @@ def test_wgrad_fusion_is_tes_own_where_te_is_used_and_apexs_for_local_layers(mon
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features, "_importable", lambda module: module == "transformer_engine")  # no apex
     a = _args(gradient_accumulation_fusion=True, bias_swiglu_fusion=True, bias_dropout_fusion=True,
-              rope_fusion=True, masked_softmax_fusion=True)
+              apply_rope_fusion=True, masked_softmax_fusion=True)
     for te_layers in (True, False):
         assert gpu_features.fusion_settings(a, te_layers=te_layers, gated_linear_unit=True)["gradient_accumulation_fusion"] is False
     assert gpu_features.te_wgrad_fusion(a, te_layers=True) is True
@@ -178,10 +178,10 @@ def test_dry_run_shows_the_te_fields(capsys):
             "--overlap-grad-reduce", "--overlap-param-gather", "--dry-run"]
     assert main(argv) == 0
     resolved = json.loads(capsys.readouterr().out)
-    assert {k: resolved[k] for k in ("fp8_format", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
+    assert {k: resolved[k] for k in ("fp8", "fp8_recipe", "fp8_amax_history_len", "fp8_amax_compute_algo",
                                      "fp8_param_gather", "overlap_grad_reduce", "overlap_param_gather",
                                      "tp_comm_overlap", "transformer_impl")} == {
-        "fp8_format": "hybrid", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024,
+        "fp8": "hybrid", "fp8_recipe": "tensorwise", "fp8_amax_history_len": 1024,
         "fp8_amax_compute_algo": "max", "fp8_param_gather": True, "overlap_grad_reduce": True,
         "overlap_param_gather": True, "tp_comm_overlap": False, "transformer_impl": "transformer_engine"}
 

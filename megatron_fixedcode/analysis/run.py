@@ -93,7 +93,7 @@ def run_analysis(cfg: AnalysisConfig) -> dict:
     ckpt = load_megatron_checkpoint(cfg.load)
     model, model_cfg, state = ckpt.model, ckpt.model_cfg, ckpt.trainer_state
     run = state.get("run_config", {})
-    prefix = cfg.data_path or (run.get("valid_data_path") or run.get("data_path") or [None])[0]
+    prefix = cfg.data_path or (run.get("valid_data_path") or run.get("data_path") or run.get("train_data_path") or [None])[0]
     if prefix is None:
         raise ValueError("no --data-path given and the checkpoint names no validation data")
     ids_BS = token_windows(prefix, cfg.num_windows, cfg.seq_length or model_cfg.seq_length)

@@ -177,12 +177,15 @@ def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
     if isinstance(manifests, str):
         manifests = manifests.split()
     recipe = recipe or {}
-    replaced = ("data_path", "valid_data_path") if manifests else ("data_path",) if args.data_args_path else ()
+    replaced = (("data_path", "train_data_path", "valid_data_path") if manifests
+                else ("data_path", "train_data_path") if args.data_args_path else ())
     for key in replaced:
-        if recipe.get(key) is not None and getattr(args, key) == recipe[key]:
+        if recipe.get(key) is not None and getattr(args, key, None) == recipe[key]:
             setattr(args, key, None)
     sources = [flag for flag, value in (("--data-path", args.data_path), ("--data-args-path", args.data_args_path),
                                         ("--data-manifest", manifests)) if value]
+    if manifests and getattr(args, "train_data_path", None):
+        sources.append("--train-data-path")
     if len(sources) > 1:
         raise ValueError(f"give one of {', '.join(sources)} (they all set the training data)")
     if args.data_manifest_weights is not None and not manifests:
@@ -196,6 +199,9 @@ def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
 
             fingerprint = build_tokenizer(args.tokenizer_type, args.tokenizer_model).fingerprint
         train, valid = blend_from_manifests(manifests, args.data_manifest_weights, fingerprint, args.tokenizer_model)
-        args.data_path = train
         if args.valid_data_path is None:
             args.valid_data_path = valid
+        if args.valid_data_path:  # a validation blend of its own: Megatron-LM's per-split paths
+            args.train_data_path = train
+        else:  # no validation shards: --data-path, split by --split
+            args.data_path = train

@@ -79,8 +79,10 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
         context_parallel_size=layout.context_parallel_size,
         sequence_parallel=layout.sequence_parallel,
         recompute_granularity=cfg.recompute_granularity,
-        recompute_method="uniform" if cfg.recompute_granularity == "full" else None,
-        recompute_num_layers=1 if cfg.recompute_granularity == "full" else None,
+        # the command line requires both with full (Megatron-LM); a ModelConfig built in code may leave them: uniform, 1
+        recompute_method=cfg.recompute_method or ("uniform" if cfg.recompute_granularity == "full" else None),
+        recompute_num_layers=cfg.recompute_num_layers or (1 if cfg.recompute_granularity == "full" else None),
+        layernorm_zero_centered_gamma=cfg.layernorm_zero_centered_gamma,
         pipeline_dtype=torch.bfloat16 if cfg.bf16 else torch.float32,
         # PP > 1: free each stage's output activations once sent (Megatron-LM sets it); only the
         # grad_fn is needed for the backward

@@ -15,6 +15,10 @@ BLOCKS = {
     # The paper-1 recipes (0.4B): GELU MLP and RoPE (paper 1's); LayerNorm with a bias and no linear
     # biases are ours, paper 1 names no norm (megatron's LayerNorm has weight and bias; add_bias_linear=False).
     "gpt_gelu": {"normalization": "LayerNorm", "gated_linear_unit": False, "activation": "gelu"},
+    # The other two combinations of Megatron-LM's --normalization and --swiglu (e.g. its Llama-3
+    # example: LayerNorm + SwiGLU). Trained like the two above; no Hugging Face export maps them.
+    "layernorm_swiglu": {"normalization": "LayerNorm", "gated_linear_unit": True, "activation": "silu"},
+    "rmsnorm_gelu": {"normalization": "RMSNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
 FP8_FORMATS = ("e4m3", "hybrid")  # TransformerConfig.fp8
@@ -58,6 +62,9 @@ class ModelConfig:
     # matmuls under torch.autocast(bfloat16)
     autocast_bf16: bool = False
     recompute_granularity: str | None = None
+    recompute_method: str | None = None  # full recompute: uniform | block (megatron's TransformerConfig)
+    recompute_num_layers: int | None = None
+    layernorm_zero_centered_gamma: bool = False  # --apply-layernorm-1p (TE norms)
     # FP8 GEMMs in the TE layers (megatron TransformerConfig fields of the same names). The input
     # interface is unaffected: it emits the activation dtype (bf16) and TE quantizes what it consumes.
     fp8: str | None = None

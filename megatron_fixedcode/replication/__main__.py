@@ -26,7 +26,7 @@ _EVALUATION = threading.Lock()  # runs train in their own processes; evaluation 
 
 def train_command(plan: StudyPlan, run: Run, data: dict, checkpoint: Path, metrics: Path) -> list[str]:
     return [sys.executable, "-m", "megatron_fixedcode.pretrain", *plan.trainer_flags(run),
-            "--data-path", data["train"], "--valid-data-path", data["valid"],
+            "--train-data-path", data["train"], "--valid-data-path", data["valid"],
             "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", data["tokenizer_model"],
             "--save", str(checkpoint), "--load", str(checkpoint), "--metrics-file", str(metrics)]
 

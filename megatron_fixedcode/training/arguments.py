@@ -1,7 +1,8 @@
 """Megatron-LM style command line + YAML recipes → validated component configs.
 
-``--config recipe.yaml`` sets defaults (keys are flag names with underscores, ``${VAR}`` in
-strings is expanded from the environment); flags given on the command line override the file.
+Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
+command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
+``${VAR}`` in strings is expanded from the environment); flags given on the command line override it.
 Every inconsistency is refused here, before any process group, model or data exists.
 """
 from __future__ import annotations
@@ -18,7 +19,6 @@ from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
 from megatron_fixedcode.compat.layout import ParallelLayout
 from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
 from megatron_fixedcode.models.config import (
-    BLOCKS,
     CODE_KERNELS,
     FP8_FORMATS,
     FP8_RECIPES,
@@ -27,36 +27,60 @@ from megatron_fixedcode.models.config import (
     ModelConfig,
 )
 from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
+from megatron_fixedcode.training.megatron_args import (
+    BLOCK_FLAGS,
+    SCOPE_NOTE,
+    BlockAction,
+    add_accepted_args,
+    architecture_block,
+    expand_block_key,
+    inert_in_use,
+    out_of_scope,
+)
 from megatron_fixedcode.yaml_files import load_yaml
+
+
+class _Default(str):
+    """A default that was not given: ``--transformer-impl`` left alone may fall back to local layers."""
+
+
+class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
+    """The description as written; every flag's help ends with its default."""
 
 
 def _add_model(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--num-layers", type=int)
-    g.add_argument("--hidden-size", type=int)
-    g.add_argument("--num-attention-heads", type=int)
-    g.add_argument("--num-query-groups", type=int, default=None)
-    g.add_argument("--ffn-hidden-size", type=int)
-    g.add_argument("--seq-length", type=int)
-    g.add_argument("--block", choices=sorted(BLOCKS), default="llama")
-    g.add_argument("--norm-epsilon", type=float, default=1e-5)
-    g.add_argument("--rotary-base", type=int, default=10000)
-    g.add_argument("--init-method-std", type=float, default=0.02)
-    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
-    g.add_argument("--vocab-size", type=int, default=None, help="default: the tokenizer's vocabulary")
-    g = p.add_argument_group("input interface")
-    g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary")
-    g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED)
+    g.add_argument("--num-layers", type=int, help="transformer blocks (required)")
+    g.add_argument("--hidden-size", type=int, help="model width (required)")
+    g.add_argument("--num-attention-heads", type=int, help="attention heads (required)")
+    g.add_argument("--num-query-groups", type=int, default=1,
+                   help="key/value groups; acts only with --group-query-attention (Megatron-LM's meaning)")
+    g.add_argument("--ffn-hidden-size", type=int, help="MLP width (required)")
+    g.add_argument("--seq-length", type=int, help="tokens per sample (required)")
+    g.add_argument("--block", choices=sorted(BLOCK_FLAGS), action=BlockAction, default=None,
+                   help="shorthand: llama = --normalization RMSNorm --swiglu --disable-bias-linear "
+                        "--position-embedding-type rope --untie-embeddings-and-output-weights; gpt_gelu = the same "
+                        "with LayerNorm and a GELU MLP. Flags after it override it")
+    g.add_argument("--norm-epsilon", dest="layernorm_epsilon", type=float, default=1e-5, help="epsilon of the norms")
+    g.add_argument("--rotary-base", type=int, default=10000, help="RoPE base")
+    g.add_argument("--init-method-std", type=float, default=0.02, help="std of the normal init")
+    g.add_argument("--make-vocab-size-divisible-by", type=int, default=128, help="pad the output layer's rows to a multiple")
+    g.add_argument("--vocab-size", type=int, default=None, help="vocabulary (default: the tokenizer's)")
+    g = p.add_argument_group("input interface (this project)")
+    g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary",
+                   help="the input layer: a learned table or a fixed code family (docs/codes.md)")
+    g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED, help="seed that draws the GF(2) matrix A")
     g.add_argument("--code-matrix", default=None, metavar="FILE",
                    help="gf2: the K x K recoding matrix A from a file (.npy, .json, or text rows of 0/1; "
                         "optionally with its offset) instead of the one drawn for --code-seed; see docs/codes.md")
     g.add_argument("--code-offset", type=int, default=0, help="offset b as a K-bit integer mask")
-    g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free")
+    g.add_argument("--code-impl", choices=CODE_IMPLEMENTATIONS, default="table_free",
+                   help="frozen lookup table or table-free bit operations (bit-identical)")
     g.add_argument("--code-kernel", choices=CODE_KERNELS, default="auto",
                    help="bit codes on CPU: the compiled one-pass kernel (auto: when it builds) or torch ops")
-    g.add_argument("--code-scale", type=float, default=1.0)
-    g.add_argument("--code-bits", type=int, default=None)
-    g.add_argument("--code-min-weight", type=int, default=4)
+    g.add_argument("--code-scale", type=float, default=1.0, help="multiplier of the code")
+    g.add_argument("--code-bits", type=int, default=None, help="binary/gf2: K (default ceil(log2 V))")
+    g.add_argument("--code-min-weight", type=int, default=4, help="gf2: minimum Hamming weight of A's rows and columns")
     g.add_argument("--code-width", type=int, default=None,
                    help="K' of random/sinusoidal/lowdim (default ceil(log2 V)); binary/gf2 take --code-bits")
     g.add_argument("--code-centered", action="store_true", help="binary/gf2: +-1 inputs (2c-1) instead of 0/1")
@@ -67,40 +91,50 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
 # recipe keys of Megatron-LM's precision flags -> --precision
-_PRECISION_ALIASES = {"bf16": "bf16", "fp16": "fp16"}
+_PRECISION_ALIASES = {"bf16": "bf16"}
 
 
 def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("parallelism and precision")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1)
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1)
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None)
-    g.add_argument("--context-parallel-size", type=int, default=1)
-    g.add_argument("--sequence-parallel", action="store_true")
+    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel ranks")
+    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
+    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
+                   help="model chunks per pipeline rank (interleaved schedule)")
+    g.add_argument("--context-parallel-size", type=int, default=1, help="context-parallel ranks")
+    g.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the sequence (TP > 1)")
     g.add_argument("--use-distributed-optimizer", action="store_true",
                    help="megatron's distributed optimizer: Adam state and FP32 main weights sharded over DP ranks")
     g.add_argument("--no-dist-ckpt-optim-fully-reshardable", dest="dist_ckpt_optim_fully_reshardable",
                    action="store_false", default=True,
                    help="save the distributed optimizer's state in megatron's dp_reshardable format (no gather "
                         "at save time, but a resume keeps Adam's state only on the same TP and PP sizes); "
-                        "default: fully_reshardable, which resumes on any layout (docs/training.md)")
+                        "default here: fully_reshardable, which resumes on any layout (docs/training.md)")
+    g.add_argument("--dist-ckpt-optim-fully-reshardable", dest="dist_ckpt_optim_fully_reshardable",
+                   action="store_true", help="Megatron-LM's flag for this project's default")
     g.add_argument("--precision", choices=PRECISIONS, default="fp32",
                    help="fp32; bf16 (megatron's BF16 mode: BF16 weights, FP32 master weights in the optimizer); "
                         "fp32-autocast-bf16 (paper 2: FP32 parameters, residual stream and norms, matmuls under "
                         "torch.autocast(bf16)). docs/training.md, 'Precision modes'")
-    # Megatron-LM's flags, aliases of --precision (the last one given wins, the command line over the recipe)
     g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="= --precision bf16")
-    g.add_argument("--fp16", dest="precision", action="store_const", const="fp16",
-                   help="refused: FP16 (with loss scaling) is not supported; use --precision bf16 or fp32-autocast-bf16")
-    g.add_argument("--transformer-impl", choices=TRANSFORMER_IMPLS, default="auto")
-    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None)
+    g.add_argument("--transformer-impl", choices=[*TRANSFORMER_IMPLS, "inference_optimized"],
+                   default=_Default("transformer_engine"),
+                   help="transformer_engine (Megatron-LM's default): TE layers; left at its default on a machine "
+                        "without CUDA + Transformer Engine, local layers are built and a startup line says so; "
+                        "named explicitly there, refused. local: megatron-core's local layers")
+    g.add_argument("--recompute-activations", action="store_true", help="= --recompute-granularity selective")
+    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
+                   help="activation recompute: full blocks (needs --recompute-method) or the core attention only")
+    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
+                   help="full recompute: uniform (groups of --recompute-num-layers) or block (the first N per stage)")
+    g.add_argument("--recompute-num-layers", type=int, default=None, help="full recompute: layers per group / per stage")
     g = p.add_argument_group("transformer engine, FP8, communication overlap (CUDA GPUs)")
-    g.add_argument("--fp8-format", choices=FP8_FORMATS, default=None,
+    g.add_argument("--fp8-format", dest="fp8", choices=FP8_FORMATS, default=None,
                    help="FP8 GEMMs in the TE layers (needs --bf16 and Transformer Engine); the fixed-code "
                         "input stays in the activation dtype, TE quantizes it")
     g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="delayed", help="TE scaling recipe (mxfp8: Blackwell only)")
-    g.add_argument("--fp8-amax-history-len", type=int, default=1)
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent")
+    g.add_argument("--fp8-amax-history-len", type=int, default=1, help="delayed scaling: amax history length")
+    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
+                   help="delayed scaling: how the amax is taken from the history")
     g.add_argument("--fp8-param-gather", action="store_true",
                    help="keep TE weights in FP8 and all-gather them in FP8 (needs --use-distributed-optimizer)")
     g.add_argument("--overlap-grad-reduce", action="store_true",
@@ -113,73 +147,93 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
                    help="turn it off (the paper-2 recipes turn it on)")
     g.add_argument("--tp-comm-overlap", action="store_true",
                    help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
-    g = p.add_argument_group("GPU kernel fusions and TF32 (Megatron-LM's defaults: on where this machine has "
-                             "the kernel; ignored on CPU)")
+    g = p.add_argument_group("GPU kernel fusions (Megatron-LM's defaults: on where this machine has the kernel; "
+                             "ignored on CPU) and TF32")
     for flag, dest, what in (
         ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion", "weight-gradient GEMM accumulating into main_grad (apex)"),
         ("--no-bias-swiglu-fusion", "bias_swiglu_fusion", "fused SwiGLU (SwiGLU blocks; a bias-free GELU has none)"),
+        ("--no-bias-gelu-fusion", "bias_gelu_fusion", "fused bias-GELU (no effect: the blocks here have no biases)"),
         ("--no-bias-dropout-fusion", "bias_dropout_fusion", "fused bias-dropout-add"),
-        ("--no-rope-fusion", "rope_fusion", "fused RoPE (Transformer Engine)"),
+        ("--no-rope-fusion", "apply_rope_fusion", "fused RoPE (Transformer Engine)"),
         ("--no-masked-softmax-fusion", "masked_softmax_fusion", "fused scale-mask-softmax of the local attention"),
-        ("--no-tf32", "tf32", "TF32 tensor cores for FP32 matmuls and convolutions"),
     ):
         g.add_argument(flag, dest=dest, action="store_false", help=f"turn off: {what}")
+    g.add_argument("--tf32", dest="tf32", action="store_true", default=False,
+                   help="TF32 tensor cores for FP32 matmuls and convolutions (off: torch's default, which "
+                        "Megatron-LM keeps)")
+    g.add_argument("--no-tf32", dest="tf32", action="store_false", help="TF32 off (the default)")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("batch, optimizer, schedule, budget")
-    g.add_argument("--micro-batch-size", type=int, default=1)
-    g.add_argument("--global-batch-size", type=int, default=None)
-    g.add_argument("--lr", type=float, default=1.5e-4)
-    g.add_argument("--min-lr", type=float, default=0.0)
-    g.add_argument("--lr-warmup-iters", type=int, default=0)
-    g.add_argument("--lr-decay-style", choices=["cosine", "linear", "constant"], default="cosine")
-    g.add_argument("--lr-decay-iters", type=int, default=None)
-    g.add_argument("--weight-decay", type=float, default=0.01)
-    g.add_argument("--adam-beta1", type=float, default=0.9)
-    g.add_argument("--adam-beta2", type=float, default=0.95)
-    g.add_argument("--adam-eps", type=float, default=1e-8)
-    g.add_argument("--clip-grad", type=float, default=1.0)
-    g.add_argument("--train-iters", type=int, default=None)
+    g.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch per data-parallel rank")
+    g.add_argument("--global-batch-size", type=int, default=None,
+                   help="samples per optimizer step (default: micro batch x data-parallel size)")
+    g.add_argument("--lr", type=float, default=None, help="peak learning rate (required)")
+    g.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
+    g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warmup steps")
+    g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
+                   default="linear", help="decay from --lr to --min-lr (WSD is not supported)")
+    g.add_argument("--lr-decay-iters", type=int, default=None, help="decay steps (default: the run's length)")
+    g.add_argument("--weight-decay", type=float, default=0.01, help="AdamW weight decay (matrices; 0 on 1-D parameters)")
+    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
+    g.add_argument("--adam-beta2", type=float, default=0.999, help="Adam beta2")
+    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
+    g.add_argument("--clip-grad", type=float, default=1.0, help="gradient-norm clip")
+    g.add_argument("--train-iters", type=int, default=None, help="optimizer steps to train")
     g.add_argument("--train-tokens", type=int, default=None, help="stop at the first step boundary past this many prediction targets")
-    g.add_argument("--seed", type=int, default=1234)
-    g.add_argument("--override-opt-param-scheduler", action="store_true",
-                   help="on resume, use this run's LR schedule flags instead of the checkpoint's")
-    g.add_argument("--use-checkpoint-opt-param-scheduler", action="store_true",
+    g.add_argument("--seed", type=int, default=1234, help="seed of the init, the data order and dropout")
+    g.add_argument("--override-opt_param-scheduler", "--override-opt-param-scheduler", dest="override_opt_param_scheduler",
+                   action="store_true", help="on resume, use this run's LR schedule flags instead of the checkpoint's")
+    g.add_argument("--use-checkpoint-opt_param-scheduler", "--use-checkpoint-opt-param-scheduler",
+                   dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="on resume, keep the checkpoint's LR schedule whatever this run's flags say")
     g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_true",
-                   default=True, help="stop training with an error at a non-finite loss or gradient norm (default)")
-    g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_false")
+                   default=True, help="stop training with an error at a non-finite loss or gradient norm")
+    g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_false",
+                   help="train on through a non-finite loss or gradient norm")
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("data")
-    g.add_argument("--data-path", nargs="+", default=None, help="prefixes, or weight prefix pairs")
-    g.add_argument("--valid-data-path", nargs="+", default=None)
+    g.add_argument("--data-path", nargs="*", default=None,
+                   help="prefixes, or weight prefix pairs, split into train/valid/test by --split; when given, "
+                        "--train/--valid/--test-data-path are ignored (Megatron-LM's rule)")
+    for split in ("train", "valid", "test"):
+        g.add_argument(f"--{split}-data-path", nargs="*", default=None,
+                       help=f"{split} blend of its own (used when --data-path is not given)")
     g.add_argument("--data-args-path", default=None, help="file holding the --data-path string (Megatron-LM)")
     g.add_argument("--data-manifest", nargs="+", default=None,
-                   help="manifest.json of tools/write_manifest.py: train shards -> --data-path, valid -> --valid-data-path")
+                   help="manifest.json of tools/write_manifest.py: train shards -> --train-data-path, "
+                        "valid -> --valid-data-path")
     g.add_argument("--data-manifest-weights", nargs="+", type=float, default=None,
                    help="one weight per --data-manifest (a blend, e.g. 0.8 0.2)")
     g.add_argument("--dataset-type", choices=["gpt", "document_windows", "sft"], default="gpt",
-                   help="sft: --data-path/--valid-data-path are JSONL files of prompt/response or chat records (docs/sft.md)")
+                   help="gpt: megatron's GPTDataset; document_windows: paper 2's in-document windows; sft: JSONL "
+                        "prompt/response or chat records (docs/sft.md)")
     g.add_argument("--sft-prompt-key", default="prompt", help="SFT: field of the prompt (no loss)")
     g.add_argument("--sft-response-key", default="response", help="SFT: field of the response (the loss)")
     g.add_argument("--sft-messages-key", default="messages",
                    help="SFT: field of a chat record, a list of {role, content}; loss on assistant turns")
-    g.add_argument("--split", default="99,1,0")
-    g.add_argument("--data-cache-path", default=None)
-    g.add_argument("--samples-per-shard-visit", type=int, default=16384)
-    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer"], default="HuggingFaceTokenizer")
-    g.add_argument("--tokenizer-model", default=None)
+    g.add_argument("--split", default=None,
+                   help="train,valid,test weights of --data-path; not given: '969, 30, 1' with a note (Megatron-LM's "
+                        "legacy value)")
+    g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
+    g.add_argument("--samples-per-shard-visit", type=int, default=16384,
+                   help="document_windows: samples drawn from a shard before the sampler moves on")
+    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"],
+                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size")
+    g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
 
 
 def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("checkpoints")
-    g.add_argument("--save", default=None)
-    g.add_argument("--load", default=None)
-    g.add_argument("--save-interval", type=int, default=None)
-    g.add_argument("--ckpt-keep-last", type=int, default=2)
+    g.add_argument("--save", default=None, help="checkpoint directory to write")
+    g.add_argument("--load", default=None, help="checkpoint directory to resume from")
+    g.add_argument("--save-interval", "--persistent-save-interval", dest="save_interval", type=int, default=None,
+                   help="steps between checkpoints")
+    g.add_argument("--ckpt-keep-last", type=int, default=None,
+                   help="delete all but the newest N checkpoints (default: keep all, as Megatron-LM)")
     g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
     g.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
                    help="load --load without checking its recorded checksums (a checkpoint whose record is missing "
@@ -189,30 +243,33 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any layout) and start at step 0")
-    g.add_argument("--exit-duration-in-mins", type=float, default=None)
-    g.add_argument("--exit-signal-handler", action="store_true", help="save and exit on SIGTERM/SIGUSR1")
-    g.add_argument("--exit-interval", type=int, default=None, help="save and exit after this step (testing, preemption drills)")
+    g.add_argument("--exit-duration-in-mins", type=float, default=None, help="save and exit after this many minutes")
+    g.add_argument("--exit-signal-handler", action="store_true",
+                   help="on --exit-signal, save at the end of the step and exit")
+    g.add_argument("--exit-interval", type=int, default=None, help="save and exit at a step that is a multiple of N")
     g = p.add_argument_group("logging")
-    g.add_argument("--log-interval", type=int, default=10)
-    g.add_argument("--eval-interval", type=int, default=None)
-    g.add_argument("--eval-iters", type=int, default=10)
+    g.add_argument("--log-interval", type=int, default=100, help="steps between log lines")
+    g.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (default: none)")
+    g.add_argument("--eval-iters", type=int, default=100, help="global batches per evaluation")
     g.add_argument("--skip-train", action="store_true", help="load, evaluate once, exit")
-    g.add_argument("--tensorboard-dir", default=None)
-    g.add_argument("--metrics-file", default=None)
-    g.add_argument("--wandb-project", default=None)
+    g.add_argument("--tensorboard-dir", default=None, help="TensorBoard event directory (Megatron-LM's tags)")
+    g.add_argument("--metrics-file", default=None, help="JSON Lines file: one record per step")
+    g.add_argument("--wandb-project", default=None, help="W&B project (needs wandb)")
 
 
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=__doc__,
                                 usage="%(prog)s [--config RECIPE.yaml] [--dry-run] [flags]  (see --help)",
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--config", default=None, help="YAML recipe; command-line flags override it")
+                                formatter_class=_HelpFormatter, allow_abbrev=False)
+    p.add_argument("--config", default=None, help="YAML recipe keyed by Megatron-LM's argument dests; "
+                   "command-line flags override it")
     p.add_argument("--dry-run", action="store_true", help="validate and print the resolved config as JSON, then exit")
     _add_model(p)
     _add_parallel_and_precision(p)
     _add_training(p)
     _add_data(p)
     _add_checkpoint_and_logging(p)
+    add_accepted_args(p)
     return p
 
 
@@ -232,6 +289,12 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         parser.error(f"--config {e}")
     if not isinstance(data, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
+    for key in list(data):
+        what = out_of_scope("--" + str(key).replace("_", "-"))
+        if what and data[key] not in (False, None):
+            parser.error(f"--config {path}: {key}: {what}: {SCOPE_NOTE}")
+        if what:
+            del data[key]
     for alias, precision in _PRECISION_ALIASES.items():
         if data.get(alias) is True:  # `bf16: true` in a recipe = `precision: bf16`
             if data.get("precision", precision) != precision:
@@ -242,10 +305,14 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
             del data[alias]
     known = {a.dest for a in parser._actions}
     for key in data:
-        if key.replace("-", "_") not in known or key in ("config", "dry_run"):
+        if key.replace("-", "_") not in known or key in ("config", "dry_run", "precision_alias"):
             parser.error(f"--config {path}: unknown key {key!r}")
     values = {k.replace("-", "_"): _expand(v) for k, v in data.items()}
-    for key in ("data_path", "valid_data_path"):
+    try:
+        expand_block_key(values)
+    except ValueError as e:
+        parser.error(f"--config {path}: {e}")
+    for key in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
         if values.get(key) is not None:
             # A string (or an expanded ${VAR}) may hold several whitespace-separated entries.
             items = values[key] if isinstance(values[key], list) else [values[key]]
@@ -264,6 +331,7 @@ class PretrainConfig:
     checkpoint: CheckpointConfig
     logging: LoggingConfig
     code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
+    inert: list[str] = dataclasses.field(default_factory=list)  # Megatron flags set here that have no effect
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         try:
@@ -277,8 +345,12 @@ class PretrainConfig:
         a = self.args
         return ModelConfig(
             num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
-            num_query_groups=a.num_query_groups, ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
-            vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.norm_epsilon,
+            num_query_groups=a.num_query_groups if a.group_query_attention else None,
+            ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
+            vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.layernorm_epsilon,
+            hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
+            layernorm_zero_centered_gamma=a.layernorm_zero_centered_gamma,
+            recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
@@ -286,30 +358,35 @@ class PretrainConfig:
             code_scale=a.code_scale,
             code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
             code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
-            transformer_impl=a.transformer_impl,
-            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8_format,
+            # Megatron-LM's default left alone: TE where it can run, else local layers (logged at startup)
+            transformer_impl="auto" if a.transformer_impl == "transformer_engine" and not a.transformer_impl_given
+            else a.transformer_impl,
+            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8,
             fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
             fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run")}
+        return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run", "transformer_impl_given")}
 
 
 def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     for flag in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
         if getattr(a, flag) is None:
             p.error(f"--{flag.replace('_', '-')} is required (on the command line or in --config)")
-    if a.train_iters is None and a.train_tokens is None:
-        p.error("give --train-iters or --train-tokens (or both: the first reached stops training)")
-    if not a.dry_run and not a.data_path:
-        p.error("--data-path is required")
-    if a.data_path and not a.tokenizer_model and not a.vocab_size:
+    if a.lr is None:
+        p.error("--lr is required (as in Megatron-LM), on the command line or in --config")
+    if a.train_iters is None and a.train_samples is None and a.train_tokens is None:
+        p.error("give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)")
+    if not a.dry_run and not train_paths(a):
+        p.error("--data-path (or --train-data-path) is required")
+    if train_paths(a) and not a.tokenizer_model and not a.vocab_size:
         p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
-    if a.skip_train and not (a.load and (a.valid_data_path or a.dataset_type == "gpt")):
+    if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
         p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
-    if a.dataset_type in ("document_windows", "sft") and a.valid_data_path is None and a.eval_interval:
-        p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path: give it, or drop --eval-interval")
+    if a.dataset_type in ("document_windows", "sft") and valid_paths(a) is None and a.eval_interval:
+        p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
+                "--data-path): give them, or drop --eval-interval")
     if a.dataset_type == "sft" and not a.dry_run and not a.tokenizer_model:
         p.error("--dataset-type sft tokenises text: give --tokenizer-model")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
@@ -318,8 +395,6 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size >= 2")
     if a.num_attention_heads % a.tensor_model_parallel_size:
         p.error("--num-attention-heads must be divisible by --tensor-model-parallel-size")
-    if a.sequence_parallel and a.tensor_model_parallel_size == 1:
-        p.error("--sequence-parallel needs --tensor-model-parallel-size > 1")
     if a.seq_length % (a.tensor_model_parallel_size if a.sequence_parallel else 1):
         p.error("--seq-length must be divisible by --tensor-model-parallel-size under --sequence-parallel")
     if a.context_parallel_size > 1 and a.seq_length % (2 * a.context_parallel_size):
@@ -348,11 +423,11 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
 
 def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """Flag combinations only; whether this machine has a GPU and TE is checked at launch."""
-    if a.fp8_format and a.transformer_impl == "local":
+    if a.fp8 and a.transformer_impl == "local":
         p.error("--fp8-format needs Transformer Engine layers: drop --transformer-impl local")
-    if a.fp8_format and not a.bf16:
+    if a.fp8 and not a.bf16:
         p.error("--fp8-format needs --bf16 / --precision bf16 (FP8 GEMMs, BF16 elsewhere)")
-    if a.fp8_param_gather and not a.fp8_format:
+    if a.fp8_param_gather and not a.fp8:
         p.error("--fp8-param-gather needs --fp8-format")
     if a.fp8_param_gather and not a.use_distributed_optimizer:
         p.error("--fp8-param-gather needs --use-distributed-optimizer (it gathers FP8 parameter shards)")
@@ -391,7 +466,9 @@ def _check_inputs(a: argparse.Namespace) -> None:
     from megatron_fixedcode.data.validate import check_shards
 
     source = f"--data-args-path {a.data_args_path}" if a.data_args_path else "--data-path"
-    for flag, field, paths in ((source, "data_path", a.data_path), ("--valid-data-path", "valid_data_path", a.valid_data_path)):
+    train_flag = source if a.data_path or a.data_args_path else "--train-data-path"
+    train_field = "data_path" if a.data_path or a.data_args_path else "train_data_path"
+    for flag, field, paths in ((train_flag, train_field, train_paths(a)), ("--valid-data-path", "valid_data_path", valid_paths(a))):
         if paths:
             prefixes, _ = parse_blend(paths, flag)
             if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
@@ -402,8 +479,96 @@ def _check_inputs(a: argparse.Namespace) -> None:
         build_tokenizer(a.tokenizer_type, a.tokenizer_model)
 
 
+def train_paths(a: argparse.Namespace) -> list[str] | None:
+    """The training blend: --data-path (split by --split) wins over --train-data-path (Megatron-LM)."""
+    return a.data_path or a.train_data_path
+
+
+def valid_paths(a: argparse.Namespace) -> list[str] | None:
+    """A validation blend of its own: --valid-data-path, unless --data-path is given (then --split)."""
+    return None if a.data_path else a.valid_data_path
+
+
+def _refuse_out_of_scope(argv: list[str], parser: argparse.ArgumentParser) -> None:
+    known = set(parser._option_string_actions)
+    for token in argv:
+        flag = token.split("=", 1)[0]
+        if flag.startswith("--") and flag not in known and (what := out_of_scope(flag)):
+            parser.error(f"{flag}: {what}: {SCOPE_NOTE}")
+
+
+def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """What Megatron-LM's validate_args derives from the flags, and the combinations refused here."""
+    a.transformer_impl_given = not isinstance(a.transformer_impl, _Default)
+    a.transformer_impl = str(a.transformer_impl)
+    if a.transformer_impl == "inference_optimized":
+        p.error("--transformer-impl inference_optimized: inference layers are outside this project's scope")
+    if a.recompute_activations:
+        a.recompute_granularity = "selective"
+    if a.data_path and a.split is None:  # Megatron-LM's validate_args, with its warning
+        a.split = "969, 30, 1"
+        if _is_rank0():
+            print("note: --split not given with --data-path: using Megatron-LM's legacy default '969, 30, 1'",
+                  file=sys.stderr)
+    if a.sequence_parallel and a.tensor_model_parallel_size == 1:  # Megatron-LM turns it off, with a warning
+        a.sequence_parallel = False
+        if _is_rank0():
+            print("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1: turned off "
+                  "(as Megatron-LM does)", file=sys.stderr)
+    if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
+        p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
+                "(as Megatron-LM's TransformerConfig)")
+    if a.recompute_granularity != "full" and (a.recompute_method or a.recompute_num_layers):
+        p.error("--recompute-method/--recompute-num-layers act with --recompute-granularity full only")
+    if a.lr_decay_style == "WSD":
+        p.error("--lr-decay-style WSD is not supported here: constant, linear, cosine or inverse-square-root")
+    if a.tokenizer_type == "NullTokenizer" and a.tokenizer_model:
+        p.error("--tokenizer-type NullTokenizer reads pre-tokenized data without a tokenizer: drop --tokenizer-model")
+    if a.train_iters is not None and a.train_samples is not None:
+        p.error("give one of --train-iters and --train-samples (Megatron-LM: iteration- or sample-based training)")
+    if a.train_samples is not None and (a.lr_decay_iters is not None or a.lr_warmup_iters):
+        p.error("--train-samples takes the sample-based LR flags: --lr-warmup-samples/--lr-decay-samples, "
+                "not --lr-warmup-iters/--lr-decay-iters")
+    if a.train_samples is None and (a.lr_decay_samples is not None or a.lr_warmup_samples):
+        p.error("--lr-warmup-samples/--lr-decay-samples need sample-based training (--train-samples)")
+    if a.lr_warmup_fraction is not None and (a.lr_warmup_iters or a.lr_warmup_samples):
+        p.error("give one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples")
+    if a.data_path and (a.train_data_path or a.valid_data_path or a.test_data_path) and _is_rank0():
+        ignored = [f"--{k.replace('_', '-')}" for k in ("train_data_path", "valid_data_path", "test_data_path")
+                   if getattr(a, k)]
+        print(f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
+              "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
+              "blends give --train-data-path and --valid-data-path", file=sys.stderr)
+    try:
+        a.block = architecture_block(a)
+    except ValueError as e:
+        p.error(str(e))
+    if a.ffn_hidden_size is None and a.hidden_size:  # Megatron-LM's validate_args derives it
+        a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
+    if a.kv_channels is None and a.hidden_size and a.num_attention_heads:
+        a.kv_channels = a.hidden_size // a.num_attention_heads
+    if a.kv_channels is not None and a.hidden_size and a.num_attention_heads and \
+            a.kv_channels * a.num_attention_heads != a.hidden_size:
+        p.error(f"--kv-channels {a.kv_channels}: only hidden-size / num-attention-heads "
+                f"= {a.hidden_size // a.num_attention_heads} is built here")
+    if a.max_position_embeddings is not None and a.seq_length and a.max_position_embeddings < a.seq_length:
+        p.error(f"--max-position-embeddings {a.max_position_embeddings} is below --seq-length {a.seq_length}")
+    if a.layernorm_zero_centered_gamma and a.transformer_impl == "local":
+        p.error("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
+                "support it): drop --transformer-impl local, or drop the flag")
+    for name in ("hidden_dropout", "attention_dropout"):
+        if not 0 <= getattr(a, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(a, name)}")
+
+
+def _is_rank0() -> bool:
+    return int(os.environ.get("RANK", "0")) == 0
+
+
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     parser = build_parser()
+    argv = list(sys.argv[1:] if argv is None else argv)
+    _refuse_out_of_scope(argv, parser)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
         parser.set_defaults(**load_recipe(pre.config, parser))
@@ -411,15 +576,14 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     try:
         from megatron_fixedcode.data.manifest import resolve_data_sources
 
-        recipe_data = {k: parser.get_default(k) for k in ("data_path", "valid_data_path")}
-        resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> --data-path (docs/data.md)
+        recipe_data = {k: parser.get_default(k) for k in ("data_path", "train_data_path", "valid_data_path")}
+        resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> data paths (docs/data.md)
         _check_inputs(a)
     except ValueError as e:
         parser.error(str(e))
-    if a.precision == "fp16":
-        parser.error("--fp16: FP16 training (loss scaling) is not supported; use --precision bf16 (megatron's BF16 "
-                     "mode) or --precision fp32-autocast-bf16 (paper 2's)")
     a.bf16 = a.precision == "bf16"  # what the rest of the trainer reads for megatron's BF16 mode
+    a.fp16 = False
+    _megatron_semantics(a, parser)
     _validate(a, parser)
     try:
         layout = ParallelLayout(
@@ -438,4 +602,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
     except ValueError as e:
         parser.error(str(e))
+    cfg.inert = inert_in_use(a, parser)
     return cfg

@@ -16,6 +16,8 @@ older checkpoint that verifies (``--ckpt-step N``).
 """
 from __future__ import annotations
 
+import dataclasses
+
 import json
 import logging
 import os
@@ -301,7 +303,8 @@ def _fork_results_queue() -> None:
         filesystem_async._results_queue = helper_queue("fork")
 
 
-def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict, keep_last: int) -> Path:
+def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict,
+                    keep_last: int | None = None, retain_interval: int | None = None) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
     from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
 
@@ -328,14 +331,22 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     record_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
     if rank == 0:
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
-        _prune(Path(root), keep_last, step)
+        _prune(Path(root), keep_last, step, retain_interval)
     dist.barrier()
     return target
 
 
-def _prune(root: Path, keep_last: int, newest: int) -> None:
+def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None) -> None:
+    """Keep every checkpoint (Megatron-LM) unless told: --save-retain-interval N keeps the steps
+    that are multiples of N and the newest; --ckpt-keep-last K keeps the newest K."""
     steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
-    for old in [s for s in steps if s <= newest][:-keep_last]:
+    older = [s for s in steps if s < newest]
+    drop = set()
+    if retain_interval:
+        drop |= {s for s in older if s % retain_interval}
+    if keep_last:
+        drop |= set([s for s in steps if s <= newest][:-keep_last])
+    for old in sorted(drop):
         shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
 
 
@@ -365,7 +376,7 @@ def read_common_state_of(target: str | Path) -> dict:
 
 
 def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
-                    weights_only: bool = False) -> dict | None:
+                    weights_only: bool = False, load_optim: bool = True, load_rng: bool = True) -> dict | None:
     """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
     state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
     without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
@@ -385,7 +396,11 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     scope = resume_scope(saved, now, weights_only=weights_only,
                          rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
                          saved_optimizer_format=saved_format,
-                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER)
+                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER) if load_optim else \
+        resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
+    if not load_optim or not load_rng:  # Megatron-LM's --no-load-optim (optimizer and scheduler) / --no-load-rng
+        scope = dataclasses.replace(scope, rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(
+            saved, now, trainer_state), note=f"{scope.note}; --no-load-optim/--no-load-rng")
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
     if scope.optimizer:
@@ -414,6 +429,16 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
+
+
+def _rng_scope(saved: dict, now: dict, trainer_state: dict) -> str:
+    """The RNG part of a full resume's scope (for --no-load-optim without --no-load-rng)."""
+    try:
+        return resume_scope(saved, now, weights_only=False,
+                            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+                            saved_optimizer_format=PER_PARAMETER, distributed_optimizer=False).rng
+    except ValueError:
+        return "none"
 
 
 def _ranks() -> dict:

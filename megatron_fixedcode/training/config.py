@@ -20,6 +20,10 @@ class OptimConfig:
     lr_warmup_iters: int
     lr_decay_iters: int | None
     lr_decay_style: str
+    lr_warmup_samples: int = 0       # sample-based schedule (--train-samples): steps = samples // global batch
+    lr_decay_samples: int | None = None
+    lr_warmup_fraction: float | None = None
+    lr_warmup_init: float = 0.0
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "OptimConfig":
@@ -31,7 +35,9 @@ class OptimConfig:
         return cls(lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, adam_beta1=a.adam_beta1,
                    adam_beta2=a.adam_beta2, adam_eps=a.adam_eps, clip_grad=a.clip_grad,
                    use_distributed_optimizer=a.use_distributed_optimizer, lr_warmup_iters=a.lr_warmup_iters,
-                   lr_decay_iters=a.lr_decay_iters, lr_decay_style=a.lr_decay_style)
+                   lr_decay_iters=a.lr_decay_iters, lr_decay_style=a.lr_decay_style,
+                   lr_warmup_samples=a.lr_warmup_samples, lr_decay_samples=a.lr_decay_samples,
+                   lr_warmup_fraction=a.lr_warmup_fraction, lr_warmup_init=a.lr_warmup_init)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -43,6 +49,7 @@ class ScheduleConfig:
     seq_length: int
     train_iters: int | None
     train_tokens: int | None
+    train_samples: int | None
     eval_interval: int | None
     eval_iters: int
     seed: int
@@ -58,10 +65,13 @@ class ScheduleConfig:
             raise ValueError(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size {a.micro_batch_size}")
         if a.train_iters is not None and a.train_iters < 1:
             raise ValueError(f"--train-iters must be >= 1, got {a.train_iters}")
+        if a.train_samples is not None and a.train_samples < 1:
+            raise ValueError(f"--train-samples must be >= 1, got {a.train_samples}")
         if a.train_tokens is not None and a.train_tokens < 1:
             raise ValueError(f"--train-tokens must be >= 1, got {a.train_tokens}")
         return cls(micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
                    seq_length=a.seq_length, train_iters=a.train_iters, train_tokens=a.train_tokens,
+                   train_samples=a.train_samples,
                    eval_interval=a.eval_interval, eval_iters=a.eval_iters, seed=a.seed)
 
     def resolve_global_batch(self, data_parallel_size: int) -> int:
@@ -79,7 +89,8 @@ class ScheduleConfig:
         if self.train_tokens is not None:
             per_step = global_batch_size * self.seq_length
             by_tokens = -(-self.train_tokens // per_step)
-        candidates = [s for s in (self.train_iters, by_tokens) if s is not None]
+        by_samples = None if self.train_samples is None else max(1, self.train_samples // global_batch_size)
+        candidates = [s for s in (self.train_iters, by_samples, by_tokens) if s is not None]
         return min(candidates)
 
 
@@ -88,7 +99,7 @@ class CheckpointConfig:
     save: str | None
     load: str | None
     save_interval: int | None
-    keep_last: int
+    keep_last: int | None  # None: keep every checkpoint (Megatron-LM)
     load_step: int | None
     finetune: bool
     exit_duration_in_mins: float | None
@@ -97,17 +108,30 @@ class CheckpointConfig:
     override_opt_param_scheduler: bool = False
     use_checkpoint_opt_param_scheduler: bool = False
     verify: bool = True  # --no-verify-checkpoint: load without checking the checksums
+    exit_signal: str = "SIGTERM"
+    retain_interval: int | None = None  # --save-retain-interval
+    no_load_optim: bool = False
+    no_load_rng: bool = False
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
-        if a.ckpt_keep_last < 1:
+        if a.ckpt_keep_last is not None and a.ckpt_keep_last < 1:
             raise ValueError(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
+        if a.save_retain_interval is not None and a.save_retain_interval < 1:
+            raise ValueError(f"--save-retain-interval must be >= 1, got {a.save_retain_interval}")
+        if a.exit_interval is not None and a.exit_interval < 1:
+            raise ValueError(f"--exit-interval must be >= 1, got {a.exit_interval}")
+        if a.ckpt_format != "torch_dist":
+            raise ValueError(f"--ckpt-format {a.ckpt_format}: only torch_dist (megatron-core's dist_checkpointing) "
+                             "is written and read here")
         return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
                    exit_interval=a.exit_interval,
                    override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
                    use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False),
-                   verify=getattr(a, "verify_checkpoint", True))
+                   verify=getattr(a, "verify_checkpoint", True), exit_signal=a.exit_signal,
+                   retain_interval=a.save_retain_interval, no_load_optim=bool(a.no_load_optim),
+                   no_load_rng=bool(a.no_load_rng))
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -116,10 +140,13 @@ class LoggingConfig:
     tensorboard_dir: str | None
     metrics_file: str | None
     wandb_project: str | None
+    tensorboard_log_interval: int = 1
+    wandb_exp_name: str | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
         if a.log_interval < 1:
             raise ValueError(f"--log-interval must be >= 1, got {a.log_interval}")
         return cls(log_interval=a.log_interval, tensorboard_dir=a.tensorboard_dir,
-                   metrics_file=a.metrics_file, wandb_project=a.wandb_project)
+                   metrics_file=a.metrics_file, wandb_project=a.wandb_project,
+                   tensorboard_log_interval=a.tensorboard_log_interval, wandb_exp_name=a.wandb_exp_name)

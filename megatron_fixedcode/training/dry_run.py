@@ -35,7 +35,8 @@ def vocab_size_of(a: argparse.Namespace) -> tuple[int, str]:
 
 
 def uses_transformer_engine(a: argparse.Namespace) -> bool:
-    return a.transformer_impl == "transformer_engine" or bool(a.fp8_format) or bool(a.tp_comm_overlap)
+    named_te = a.transformer_impl == "transformer_engine" and getattr(a, "transformer_impl_given", True)
+    return named_te or bool(a.fp8) or bool(a.tp_comm_overlap)
 
 
 def te_warning(a: argparse.Namespace) -> str | None:
@@ -43,7 +44,7 @@ def te_warning(a: argparse.Namespace) -> str | None:
     if not uses_transformer_engine(a) or importlib.util.find_spec("transformer_engine") is not None:
         return None
     wants = [f"--transformer-impl {a.transformer_impl}" if a.transformer_impl == "transformer_engine" else None,
-             f"--fp8-format {a.fp8_format}" if a.fp8_format else None,
+             f"--fp8-format {a.fp8}" if a.fp8 else None,
              "--tp-comm-overlap" if a.tp_comm_overlap else None]
     return (f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
             f"installed here: the compute nodes will need it ({TE_INSTALL_HINT})")
@@ -63,7 +64,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
 
     h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
     groups = a.num_query_groups or heads
-    gated = a.block == "llama"
+    gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
     multiple = a.make_vocab_size_divisible_by * tp
     padded = math.ceil(vocab / multiple) * multiple

@@ -39,8 +39,9 @@ def check_gpu_features(a: argparse.Namespace) -> None:
     """Refuse, naming what to install or change, GPU/TE features this machine cannot run."""
     on_gpu = torch.cuda.is_available()
     has_te = importlib.util.find_spec("transformer_engine") is not None
-    wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"),
-                                      (f"--fp8-format {a.fp8_format}", a.fp8_format is not None),
+    wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"
+                                       and getattr(a, "transformer_impl_given", True)),
+                                      (f"--fp8-format {a.fp8}", a.fp8 is not None),
                                       ("--tp-comm-overlap", a.tp_comm_overlap)) if on]
     if not on_gpu:  # overlap of grad reduce / param gather runs on gloo too (async collectives, no streams)
         if wants_te:
@@ -50,14 +51,14 @@ def check_gpu_features(a: argparse.Namespace) -> None:
         return
     if wants_te and not has_te:
         raise ValueError(f"{', '.join(wants_te)} needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}")
-    te_layers = bool(wants_te) or (a.transformer_impl == "auto" and has_te)
+    te_layers = bool(wants_te) or (a.transformer_impl in ("auto", "transformer_engine") and has_te)
     refusal = tf32_refusal(tf32=a.tf32, fp32_gemms=a.precision == "fp32", te_layers=te_layers, environ=os.environ)
     if refusal:
         raise ValueError(refusal)
-    if a.fp8_format:
+    if a.fp8:
         ok, reason = _fp8_support(a.fp8_recipe)
         if not ok:
-            raise ValueError(f"--fp8-format {a.fp8_format} --fp8-recipe {a.fp8_recipe} is not supported on "
+            raise ValueError(f"--fp8-format {a.fp8} --fp8-recipe {a.fp8_recipe} is not supported on "
                              f"{torch.cuda.get_device_name()}: {reason}")
 
 
@@ -69,7 +70,7 @@ def initialize_tp_comm_overlap(a: argparse.Namespace) -> None:
 
     shape = [a.seq_length * a.micro_batch_size // a.context_parallel_size, a.hidden_size]
     te_module.base.initialize_ub(shape=shape, tp_size=a.tensor_model_parallel_size,
-                                 use_fp8=a.fp8_format is not None)
+                                 use_fp8=a.fp8 is not None)
 
 
 def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
@@ -137,7 +138,7 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
         # megatron refuses the bias-activation fusion for a bias-free GELU MLP; SwiGLU has its fused kernel
         "bias_activation_fusion": (a.bias_swiglu_fusion, gated_linear_unit),
         "bias_dropout_fusion": (a.bias_dropout_fusion, True),
-        "apply_rope_fusion": (a.rope_fusion, _importable("transformer_engine")),
+        "apply_rope_fusion": (a.apply_rope_fusion, _importable("transformer_engine")),
         # only the local attention uses it; TE attention (flash / cuDNN fused) always fuses
         "masked_softmax_fusion": (a.masked_softmax_fusion, te_layers or _importable("scaled_masked_softmax_cuda")),
     }

@@ -8,6 +8,7 @@ Where each decision lives (docs/training.md, "How the trainer is put together"):
 """
 from __future__ import annotations
 
+import gc
 import json
 import logging
 import os
@@ -24,7 +25,7 @@ from megatron_fixedcode.models.report import model_flops_per_token
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.checkpointing import CorruptCheckpoint
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
-from megatron_fixedcode.training.metrics import MetricsSink
+from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.rank_agreement import any_rank
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
 from megatron_fixedcode.training.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
@@ -34,13 +35,13 @@ logger = logging.getLogger(__name__)
 
 
 class ExitRequest:
-    """Set by SIGTERM/SIGUSR1 (Slurm's --signal); acted on at the next step boundary."""
+    """Set by --exit-signal (default SIGTERM, as Megatron-LM) under --exit-signal-handler; acted
+    on at the next step boundary."""
 
-    def __init__(self, enabled: bool):
+    def __init__(self, enabled: bool, exit_signal: str = "SIGTERM"):
         self.flag = False
         if enabled:
-            for sig in (signal.SIGTERM, signal.SIGUSR1):
-                signal.signal(sig, self._handle)
+            signal.signal(signal.Signals[exit_signal], self._handle)
 
     def _handle(self, signum, frame):
         logger.warning("received signal %d: saving a checkpoint at the end of this step", signum)
@@ -105,8 +106,17 @@ def train(trainer: Trainer) -> int:
     if rank0:
         logger.info(format_parameter_report(trainer.report))
         overlap = [what for what, on in (("grad reduce", a.overlap_grad_reduce), ("param gather", a.overlap_param_gather)) if on]
-        logger.info("layers: %s%s; optimizer: %s; overlap: %s", trainer.chunks[0].config.transformer_impl,
-                    f", FP8 {a.fp8_format}/{a.fp8_recipe}" if a.fp8_format else "", trainer.optimizer_kind,
+        impl = trainer.chunks[0].config.transformer_impl
+        if impl == "local" and a.transformer_impl == "transformer_engine":
+            logger.info("--transformer-impl transformer_engine (Megatron-LM's default, not named) needs CUDA and "
+                        "Transformer Engine, absent here: building megatron-core's local layers; name "
+                        "--transformer-impl local to say so, or install TE on the GPU machine")
+        if cfg.inert:
+            logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
+        if trainer.plan.stream_change:
+            logger.warning("%s", trainer.plan.stream_change)
+        logger.info("layers: %s%s; optimizer: %s; overlap: %s", impl,
+                    f", FP8 {a.fp8}/{a.fp8_recipe}" if a.fp8 else "", trainer.optimizer_kind,
                     ", ".join(overlap) or "none")
         if trainer.device.type == "cuda":
             on = [k for k, v in trainer.fusions.items() if v]
@@ -123,7 +133,9 @@ def train(trainer: Trainer) -> int:
     flops_per_token = model_flops_per_token(trainer.report, a.num_layers, a.hidden_size, a.seq_length)
     sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=trainer.max_steps, flops_per_token=flops_per_token,
                        num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
-                       run_config=cfg.as_dict())
+                       run_config=cfg.as_dict(), global_batch=trainer.global_batch,
+                       matmul=matmul_precision(a.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
+                       log_throughput=a.log_throughput, wandb_run_id=trainer.wandb_run_id)
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
@@ -132,16 +144,23 @@ def train(trainer: Trainer) -> int:
             sink.metrics_file.write(json.dumps(record) + "\n")
         sink.close()
         return 0
-    exit_request = ExitRequest(ck.exit_signal_handler)
+    exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
     started = time.time()
     saved_at = trainer.step
+    if a.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
+        gc.disable()
+        gc.collect()
     while trainer.step < trainer.max_steps:
         record = trainer.train_step()
+        if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
+            gc.collect()
+        if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
+            torch.cuda.empty_cache()
         if trainer.valid_ds is not None and a.eval_interval and (trainer.step % a.eval_interval == 0 or trainer.step == trainer.max_steps):
             record.update(trainer.evaluate())
         sink.record(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
-        stop = any_rank(exit_request.flag or timed_out, trainer.device) or (ck.exit_interval and trainer.step >= ck.exit_interval)
+        stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
             trainer.save(final=stop or trainer.step == trainer.max_steps)
             saved_at = trainer.step

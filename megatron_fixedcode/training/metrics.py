@@ -4,8 +4,8 @@ from __future__ import annotations
 import json
 import logging
 import math
-import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -16,11 +16,23 @@ from megatron_fixedcode.training.config import LoggingConfig
 
 logger = logging.getLogger(__name__)
 
-# Dense BF16 peak per GPU, for the MFU estimate.
-# Dense BF16 peaks (datasheets' sparse figures halved). SXM parts report "H100 80GB HBM3" / "H200";
-# the PCIe and NVL boards run at lower clocks and power and report their form factor in the name.
-_PEAK_BF16_FLOPS = {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12,
-                    "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12, "H200 NVL": 835.5e12}
+# SXM parts report "H100 80GB HBM3" / "H200"; PCIe and NVL boards run at lower clocks and name their form factor.
+# Dense peak per GPU by the precision the matmuls run in, for the MFU estimate: BF16 tensor cores
+# (bf16 and fp32-autocast-bf16), TF32 tensor cores (FP32 with --tf32), plain FP32 (FP32 otherwise).
+_PEAK_FLOPS = {
+    "bf16": {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12,
+             "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12, "H200 NVL": 835.5e12},
+    "tf32": {"H100": 494.7e12, "H200": 494.7e12, "GH200": 494.7e12, "A100": 156e12, "B200": 1100e12,
+             "H100 PCIe": 378.0e12, "H100 NVL": 417.5e12, "H200 NVL": 417.5e12},
+    "fp32": {"H100": 66.9e12, "H200": 66.9e12, "GH200": 66.9e12, "A100": 19.5e12, "B200": 80e12,
+             "H100 PCIe": 51.2e12, "H100 NVL": 60.0e12, "H200 NVL": 60.0e12},
+}
+_PEAK_BF16_FLOPS = _PEAK_FLOPS["bf16"]
+
+
+def matmul_precision(precision: str, tf32: bool) -> str:
+    """The peak an MFU is measured against: bf16, tf32 or fp32."""
+    return "bf16" if precision in ("bf16", "fp32-autocast-bf16") else "tf32" if tf32 else "fp32"
 
 
 def require_logging_backends(cfg: LoggingConfig) -> None:
@@ -36,13 +48,14 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
         require("wandb", "wandb", "--wandb-project")
 
 
-def peak_bf16_flops(device_name: str) -> float | None:
-    """Dense BF16 peak of a GPU by its name (the longest matching model name wins), else None."""
-    return next((v for k, v in sorted(_PEAK_BF16_FLOPS.items(), key=lambda kv: -len(kv[0])) if k in device_name), None)
+def peak_bf16_flops(device_name: str, kind: str = "bf16") -> float | None:
+    """Dense peak of a GPU by its name (the longest matching model name wins) for ``kind``, else None."""
+    table = _PEAK_FLOPS[kind]
+    return next((v for k, v in sorted(table.items(), key=lambda kv: -len(kv[0])) if k in device_name), None)
 
 
-def peak_flops() -> float | None:
-    return peak_bf16_flops(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+def peak_flops(kind: str = "bf16") -> float | None:
+    return peak_bf16_flops(torch.cuda.get_device_name(), kind) if torch.cuda.is_available() else None
 
 
 def memory_gib() -> float:
@@ -52,14 +65,20 @@ def memory_gib() -> float:
 
 
 class MetricsSink:
-    """Written on rank 0 only; every rank may call it (others do nothing)."""
+    """Written on rank 0 only; every rank may call it (others do nothing). The log line is
+    Megatron-LM's ``training_log`` line, then this project's fields; TensorBoard and W&B get
+    Megatron-LM's tags ('lm loss', 'learning-rate', 'grad-norm', ...) and ours after them."""
 
     def __init__(self, cfg: LoggingConfig, *, enabled: bool, max_steps: int, flops_per_token: float,
-                 num_gpus: int, run_config: dict[str, Any]):
+                 num_gpus: int, run_config: dict[str, Any], global_batch: int = 1, matmul: str = "bf16",
+                 code: str = "", log_throughput: bool = False, wandb_run_id: str | None = None):
         self.cfg, self.enabled, self.max_steps = cfg, enabled, max_steps
         self.flops_per_token, self.num_gpus = flops_per_token, num_gpus
+        self.global_batch, self.matmul, self.code, self.log_throughput = global_batch, matmul, code, log_throughput
         self.metrics_file = self.tensorboard = self.wandb = None
         self._t_last, self._tokens_last, self._steps_last = time.perf_counter(), None, None
+        self._losses: list[float] = []
+        self._nan_iterations = 0
         if not enabled:
             return
         if cfg.metrics_file:
@@ -72,7 +91,18 @@ class MetricsSink:
         if cfg.wandb_project:
             import wandb
 
-            self.wandb = wandb.init(project=cfg.wandb_project, config=run_config, resume="allow")
+            # The id is kept with the checkpoint: a requeued job continues the same W&B run.
+            self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_exp_name, id=wandb_run_id,
+                                    config=run_config, resume="allow")
+
+    def _scalars(self, values: dict[str, float], step: int) -> None:
+        samples = step * self.global_batch
+        if self.tensorboard:
+            for tag, value in values.items():
+                self.tensorboard.add_scalar(tag, value, step)
+                self.tensorboard.add_scalar(f"{tag} vs samples", value, samples)
+        if self.wandb:
+            self.wandb.log(values, step=step)
 
     def record(self, record: dict[str, Any]) -> None:
         """One optimizer step (and its evaluation, if any)."""
@@ -81,14 +111,23 @@ class MetricsSink:
         if self.metrics_file:
             self.metrics_file.write(json.dumps(record) + "\n")
             self.metrics_file.flush()
-        for key, value in record.items():
-            if key != "step" and isinstance(value, (int, float)):
-                if self.tensorboard:
-                    self.tensorboard.add_scalar(f"train/{key}" if not key.startswith("val_") else f"valid/{key}", value, record["step"])
-        if self.wandb:
-            self.wandb.log(record, step=record["step"])
-        if record["step"] % self.cfg.log_interval == 0 or "val_loss" in record or record["step"] == self.max_steps:
+        step = record["step"]
+        if math.isfinite(record["loss"]):
+            self._losses.append(record["loss"])
+        else:
+            self._nan_iterations += 1
+        if step % self.cfg.tensorboard_log_interval == 0:
+            self._scalars({"learning-rate": record["lr"], "batch-size": self.global_batch, "lm loss": record["loss"],
+                           "loss-scale": 1.0, "grad-norm": record["grad_norm"],
+                           "iteration-time": record["step_time_s"], "tokens": record["tokens"]}, step)
+        if "val_loss" in record:
+            self._scalars({"lm loss validation": record["val_loss"], "lm loss validation ppl": record["val_ppl"]}, step)
+        if step % self.cfg.log_interval == 0 or step == self.max_steps:
             self._log_line(record)
+        if "val_loss" in record:
+            bar = "-" * 100
+            logger.info("%s\n validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E | \n%s",
+                        bar, step, record["val_loss"], record["val_ppl"], bar)
 
     def _log_line(self, record: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -96,26 +135,33 @@ class MetricsSink:
             self._tokens_last, self._steps_last = record["tokens"] - record["step_tokens"], record["step"] - 1
             self._t_last = now - record["step_time_s"]
         elapsed = max(now - self._t_last, 1e-9)
+        steps = max(record["step"] - self._steps_last, 1)
         tokens_per_s = (record["tokens"] - self._tokens_last) / elapsed
-        steps_per_s = (record["step"] - self._steps_last) / elapsed
         self._t_last, self._tokens_last, self._steps_last = now, record["tokens"], record["step"]
-        eta_s = (self.max_steps - record["step"]) / max(steps_per_s, 1e-9)
-        parts = [f"step {record['step']}/{self.max_steps}", f"loss {record['loss']:.4f}", f"lr {record['lr']:.3e}",
-                 f"grad norm {record['grad_norm']:.3f}", f"{tokens_per_s:,.0f} tokens/s",
-                 f"mem {memory_gib():.2f} GiB", f"ETA {_hms(eta_s)}"]
-        peak = peak_flops()
+        eta_s = (self.max_steps - record["step"]) * elapsed / steps
+        loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
+        tflops = tokens_per_s * self.flops_per_token / self.num_gpus / 1e12
+        line = (f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+                f" iteration {record['step']:8d}/{self.max_steps:8d} |"
+                f" consumed samples: {record['step'] * self.global_batch:12d} |"
+                f" elapsed time per iteration (ms): {1000 * elapsed / steps:.1f} |")
+        if self.log_throughput:
+            line += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
+        line += (f" learning rate: {record['lr']:.6E} | global batch size: {self.global_batch:5d} |"
+                 f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {record['grad_norm']:.3f} |"
+                 f" number of skipped iterations: {0:3d} | number of nan iterations: {self._nan_iterations:3d} |")
+        # this project's fields, after Megatron-LM's
+        line += f" tokens/s: {tokens_per_s:,.0f} |"
+        peak = peak_flops(self.matmul)
         if peak:
-            tflops = tokens_per_s * self.flops_per_token / self.num_gpus / 1e12
-            parts.insert(5, f"{tflops:.1f} TFLOP/s/GPU MFU {100 * tflops * 1e12 / peak:.1f}%")
-        if "val_loss" in record:
-            parts.append(f"val loss {record['val_loss']:.4f} ppl {record['val_ppl']:.2f}")
-        line = " | ".join(parts)
-        if sys.stdout.isatty() and "val_loss" not in record:
-            print("\r" + line, end="", flush=True)
-        else:
-            logger.info(line)
-        if self.tensorboard:
-            self.tensorboard.add_scalar("train/tokens_per_s", tokens_per_s, record["step"])
+            line += f" TFLOP/s/GPU: {tflops:.1f} | MFU ({self.matmul} peak): {100 * tflops * 1e12 / peak:.1f}% |"
+        line += f" mem (GiB): {memory_gib():.2f} | ETA: {_hms(eta_s)} | code: {self.code} |"
+        self._losses, self._nan_iterations = [], 0
+        logger.info("%s", line)
+        values = {"tokens-per-sec": tokens_per_s}
+        if peak:
+            values["mfu"] = tflops * 1e12 / peak
+        self._scalars(values, record["step"])
 
     def close(self) -> None:
         if self.metrics_file:

@@ -21,7 +21,7 @@ from pathlib import Path
 from megatron_fixedcode.files import indexed_dataset_fingerprint
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.training.runtime_checks import check_runtime
 
@@ -56,10 +56,10 @@ def _is_number(text: str) -> bool:
 def stream_identity(a, global_batch: int, max_steps: int) -> dict:
     """What fixes the sample stream; a resume must match it to continue exactly."""
     ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
-             "dataset_type": a.dataset_type, "data_path": resolve_data_paths(a.data_path),
-             "valid_data_path": resolve_data_paths(a.valid_data_path)}
+             "dataset_type": a.dataset_type, "data_path": resolve_data_paths(train_paths(a)),
+             "valid_data_path": resolve_data_paths(valid_paths(a))}
     if a.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
-        ident["data_fingerprint"] = data_fingerprint(a.data_path, a.valid_data_path)
+        ident["data_fingerprint"] = data_fingerprint(train_paths(a), valid_paths(a))
     if a.dataset_type == "document_windows":
         ident["samples_per_shard_visit"] = a.samples_per_shard_visit
     elif a.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
@@ -78,9 +78,15 @@ SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--
                   "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay"}
 
 
-def scheduler_settings(o, max_steps: int) -> dict:
-    return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": o.lr_warmup_iters,
-            "lr_decay_steps": o.lr_decay_iters or max(max_steps, o.lr_warmup_iters + 1),
+def scheduler_settings(o, max_steps: int, global_batch: int = 1) -> dict:
+    """In steps. Sample-based flags (--lr-*-samples) become steps of ``global_batch`` samples, and
+    --lr-warmup-fraction a fraction of the decay steps, as Megatron-LM's scheduler counts them."""
+    warmup = o.lr_warmup_iters or o.lr_warmup_samples // global_batch
+    decay = o.lr_decay_iters or (o.lr_decay_samples // global_batch if o.lr_decay_samples else None) or max_steps
+    if o.lr_warmup_fraction is not None:
+        warmup = int(o.lr_warmup_fraction * decay)
+    return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": warmup,
+            "lr_decay_steps": max(decay, warmup + 1),
             "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay}
 
 
@@ -116,6 +122,7 @@ class RunPlan:
     schedule: dict              # the LR schedule in force
     schedule_source: str
     checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
+    stream_change: str | None = None  # a resume whose sample stream does not continue exactly: what changes
 
 
 def sft_fields(a):
@@ -135,7 +142,7 @@ def plan_run(cfg: PretrainConfig) -> RunPlan:
     if a.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
         from megatron_fixedcode.data.sft import fit_to_window, load_sft_examples
 
-        for flag, paths in (("--data-path", a.data_path), ("--valid-data-path", a.valid_data_path)):
+        for flag, paths in (("--data-path", train_paths(a)), ("--valid-data-path", valid_paths(a))):
             if paths:
                 fit_to_window(load_sft_examples(paths, sft_fields(a), tokenizer), a.seq_length, flag)
     model_cfg = cfg.model_config(tokenizer.vocab_size)
@@ -146,7 +153,7 @@ def plan_run(cfg: PretrainConfig) -> RunPlan:
     dp_size = data_parallel_size(cfg.layout)
     global_batch = cfg.schedule.resolve_global_batch(dp_size)
     max_steps = cfg.schedule.max_steps(global_batch)
-    schedule = scheduler_settings(cfg.optim, max_steps)
+    schedule = scheduler_settings(cfg.optim, max_steps, global_batch)
     plan = RunPlan(tokenizer=tokenizer, model_cfg=model_cfg, identity=identity, dp_size=dp_size,
                    global_batch=global_batch, max_steps=max_steps, load_step=None, schedule=schedule,
                    schedule_source="command line")
@@ -238,17 +245,25 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
             raise ValueError(f"{where}: the shards under --data-path / --valid-data-path are not the ones this "
                              f"checkpoint trained on (data_fingerprint {before} when saved, {now} now: re-indexed "
                              "with another corpus?); the data stream would not continue exactly")
+        if key == "num_train_samples" and before is not None and before != now:
+            # A longer (or shorter) run: megatron's GPT shuffle is sized by the total, so from the
+            # resumed step on the samples come from the shuffle of the new total (Megatron-LM does the same).
+            plan.stream_change = (f"the run now has {now} train samples (the checkpoint's run had {before}): from step "
+                                  f"{plan.load_step + 1} on, samples are drawn from megatron's GPT shuffle of {now} "
+                                  "samples, not the checkpoint's; steps up to the checkpoint are unchanged")
+            continue
         if before != now:
             raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
                              "the data stream would not continue exactly")
     try:  # what the load will keep; refused here, before any process group, when it cannot
-        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=False,
+        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=cfg.checkpoint.no_load_optim,
                      rng_by_model_parallel_rank=saved.get(checkpointing.RNG_BY_MODEL_PARALLEL_RANK, False),
                      saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
                      distributed_optimizer=cfg.optim.use_distributed_optimizer)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
-    reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+    if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
+        reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
 
 
 def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:

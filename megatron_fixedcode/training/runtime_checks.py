@@ -8,6 +8,7 @@ import os
 
 import torch
 
+from megatron_fixedcode.models.builder import transformer_engine_available
 from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.gpu_features import check_gpu_features
 from megatron_fixedcode.training.metrics import require_logging_backends
@@ -24,6 +25,9 @@ def check_runtime(cfg: PretrainConfig) -> None:
     if os.environ.get(REQUIRE_CUDA_ENV) == "1" and not torch.cuda.is_available():
         raise ValueError(NO_GPU_UNDER_LAUNCHER)
     check_gpu_features(cfg.args)  # first: its message says what to install
+    if cfg.args.layernorm_zero_centered_gamma and not transformer_engine_available():
+        raise ValueError("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
+                         "support it), and this machine has no CUDA GPU with Transformer Engine: drop the flag here")
     if cfg.layout.context_parallel_size > 1:
         raise ValueError(CONTEXT_PARALLEL_UNPROVEN)
     if torch.cuda.is_available() and cfg.args.code_kernel == "fused":

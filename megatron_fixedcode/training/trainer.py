@@ -24,6 +24,7 @@ import shutil
 import subprocess
 import sys
 import time
+import uuid
 from pathlib import Path
 
 import torch
@@ -40,7 +41,7 @@ from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
@@ -95,13 +96,13 @@ def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | Non
     )
 
 
-def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int) -> OptimizerParamScheduler:
+def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch: int = 1) -> OptimizerParamScheduler:
     """megatron's LR/WD scheduler from this run's flags; a resume's mismatches were resolved (or
     refused) in the run plan, so the checkpoint's values load unless overridden."""
     o, ck = cfg.optim, cfg.checkpoint
-    sched = scheduler_settings(o, max_steps)
+    sched = scheduler_settings(o, max_steps, global_batch)
     return OptimizerParamScheduler(
-        optimizer, init_lr=0.0 if o.lr_warmup_iters else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
+        optimizer, init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
         lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
         lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
         wd_incr_steps=max_steps, wd_incr_style="constant",
@@ -116,9 +117,10 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     a = cfg.args
     try:
         return build_datasets(
-            DataConfig(data_path=a.data_path, valid_data_path=a.valid_data_path, dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split, cache_path=a.data_cache_path,
-                       samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a)),
+            DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
+                       seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
+                       samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
+                       mmap_bin_files=a.mmap_bin_files),
             tokenizer, num_train_samples=max_steps * global_batch,
             num_valid_samples=(a.eval_iters * global_batch) if (a.eval_interval or a.skip_train) else 0,
             seed=a.seed,
@@ -138,7 +140,8 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     error = checkpointing.verify_checkpoint_share(target, rank, world) if ck.verify else None
     raise_if_any_rank_failed(error and checkpointing.corrupt_message(ck.load, plan.load_step, error),
                              runtime_device(), checkpointing.CorruptCheckpoint)
-    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune)
+    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
+                                          load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
     if ck.finetune:
         return 0, 0
     if ck.override_opt_param_scheduler:
@@ -146,6 +149,18 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
             group.update({k: v for k, v in (("max_lr", o.lr), ("min_lr", o.min_lr)) if k in group})
         scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
     return state["step"], state["tokens"]
+
+
+def wandb_run_id(cfg: PretrainConfig, plan: RunPlan) -> str | None:
+    """The W&B run of this training run: the checkpoint's on a resume (a requeued job continues
+    it), a new one otherwise (also for --finetune, a new run)."""
+    if not cfg.logging.wandb_project:
+        return None
+    if plan.load_step is not None and not cfg.checkpoint.finetune:
+        saved = checkpointing.read_trainer_state(cfg.checkpoint.load, plan.load_step) or {}
+        if saved.get("wandb_run_id"):
+            return saved["wandb_run_id"]
+    return uuid.uuid4().hex[:8]
 
 
 class Trainer:
@@ -175,9 +190,10 @@ class Trainer:
         self.report = parameter_report(self.model_cfg, [checkpointing.unwrap(c) for c in self.chunks], self.pg)
         self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule)
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
-        self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps)
+        self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps, self.global_batch)
         self.train_ds, self.valid_ds = build_run_datasets(cfg, self.tokenizer, self.max_steps, self.global_batch)
         self.step, self.tokens = resume(cfg, plan, self.chunks, self.optimizer, self.scheduler)
+        self.wandb_run_id = wandb_run_id(cfg, plan)
 
     def _stream_identity(self) -> dict:
         return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
@@ -188,7 +204,7 @@ class Trainer:
         return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
                 "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
                 "tokenizer": {"type": self.cfg.args.tokenizer_type, "model": self.cfg.args.tokenizer_model},
-                "run_config": self.cfg.as_dict(),
+                "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id,
                 "optimizer_format": checkpointing.optimizer_format(self.optimizer,
                                                                    self.cfg.args.dist_ckpt_optim_fully_reshardable),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
@@ -308,7 +324,7 @@ class Trainer:
         try:
             with params_synced(self.chunks):
                 path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                     self.trainer_state(), ck.keep_last)
+                                                     self.trainer_state(), ck.keep_last, ck.retain_interval)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
                 raise

@@ -76,7 +76,7 @@ def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: in
                  num_layers: int = 4, *, compile_fusions: bool = True, cpu_standin: bool = False) -> list[str]:
     """The trainer's command line for one variant (bench.py and ckpt_roundtrip.py build theirs here)."""
     recipe, extra = VARIANTS[variant]
-    return ["--config", str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"), "--data-path", data_prefix,
+    return ["--config", str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"), "--train-data-path", data_prefix,
             "--num-layers", str(num_layers),
             "--valid-data-path", data_prefix, "--tokenizer-model", "", "--dataset-type", "gpt",
             "--vocab-size", str(VOCAB), "--seed", "1234",
@@ -209,7 +209,7 @@ def run(a: argparse.Namespace) -> dict:
                "model_flops_per_token_24_layers": flops_recipe, "build_s": build_s, "wall_s": time.perf_counter() - START,
                "parameters": trainer.report, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
                "ffn_hidden_size": args.ffn_hidden_size, "num_attention_heads": args.num_attention_heads,
-               "transformer_impl": trainer.chunks[0].config.transformer_impl, "fp8": args.fp8_format,
+               "transformer_impl": trainer.chunks[0].config.transformer_impl, "fp8": args.fp8,
                "optimizer": trainer.optimizer_kind, "micro_batch_size": args.micro_batch_size,
                "global_batch_size": trainer.global_batch, "seq_length": args.seq_length,
                "recompute_granularity": args.recompute_granularity, "bf16": args.bf16, "placement": where})

@@ -1,0 +1,423 @@
+"""Issue 31: a Megatron-LM user's command line runs here unchanged — Megatron-LM's flags (core_v0.16.1),
+their meanings and defaults, its log line and TensorBoard tags; the refusals are one line each."""
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import re
+import signal
+import subprocess
+import sys
+import types
+
+import pytest
+
+from megatron_fixedcode.pretrain import main
+from megatron_fixedcode.training.arguments import build_parser, parse_pretrain_args, train_paths, valid_paths
+from tests.helpers import REPO
+from tests.pretrain_helpers import TINY, pretrain, write_corpus
+
+# The flag lists of Megatron-LM's examples at core_v0.16.1, copied as data; sizes shrunk (marked "shrunk").
+# examples/llama/train_llama3_8b_h100_fp8.sh, the real-data configuration:
+LLAMA3_8B_FP8 = [
+    "--use-mcore-models", "--num-layers", "2",  # shrunk: 32
+    "--hidden-size", "64", "--ffn-hidden-size", "224", "--num-attention-heads", "4",  # shrunk: 4096, 14336, 32
+    "--group-query-attention", "--num-query-groups", "2", "--kv-channels", "16",  # shrunk: 8, 128
+    "--seq-length", "32", "--max-position-embeddings", "32",  # shrunk: 8192
+    "--position-embedding-type", "rope", "--rotary-base", "1000000", "--rotary-percent", "1.0",
+    "--attention-dropout", "0.0", "--hidden-dropout", "0.0", "--swiglu", "--init-method-std", "0.0134",
+    "--attention-backend", "fused", "--apply-layernorm-1p", "--untie-embeddings-and-output-weights",
+    "--disable-bias-linear",
+    "--micro-batch-size", "1", "--global-batch-size", "8",  # shrunk: 128
+    "--train-samples", "64", "--lr-decay-samples", "56", "--lr-warmup-samples", "16",  # shrunk
+    "--lr", "0.00015", "--min-lr", "0.00001",
+    "--decoupled-lr", "5.0e-4", "--decoupled-min-lr", "4.5e-5",
+    "--lr-decay-style", "cosine", "--clip-grad", "1.0", "--weight-decay", "0.1", "--adam-beta1", "0.9",
+    "--adam-beta2", "0.95", "--bf16", "--grad-reduce-in-bf16", "--cross-entropy-loss-fusion",
+    "--calculate-per-token-loss", "--manual-gc", "--empty-unused-memory-level", "1", "--exit-duration-in-mins", "235",
+    "--fp8-format", "hybrid", "--fp8-amax-history-len", "1024", "--fp8-amax-compute-algo", "max", "--fp8-param-gather",
+    "--tensor-model-parallel-size", "1", "--context-parallel-size", "1", "--sequence-parallel",
+    "--use-distributed-optimizer", "--overlap-grad-reduce", "--overlap-param-gather",
+    "--data-path", "DATA", "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "TOKENIZER",
+    "--data-cache-path", "CACHE", "--split", "99,1,0", "--no-create-attention-mask-in-dataloader",
+    "--no-mmap-bin-files", "--num-workers", "1", "--vocab-size", "1024",  # shrunk: 128256
+    "--log-interval", "1", "--eval-iters", "2", "--eval-interval", "100",  # shrunk: 32 eval iters
+    "--save-interval", "1000", "--log-throughput", "--profile", "--profile-step-start", "4", "--profile-step-end", "6",
+    "--ckpt-format", "torch_dist", "--distributed-timeout-minutes", "60", "--save", "CKPT", "--load", "CKPT",
+    "--tensorboard-dir", "TB",
+]
+# examples/gpt3/train_gpt3_175b_distributed.sh:
+GPT3_175B = [
+    "--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",  # shrunk: 96, 12288, 96
+    "--seq-length", "32", "--max-position-embeddings", "32", "--attention-backend", "auto",  # shrunk: 2048
+    "--micro-batch-size", "1", "--global-batch-size", "4", "--rampup-batch-size", "16", "16", "5859375",
+    "--train-iters", "4", "--weight-decay", "0.1", "--adam-beta1", "0.9", "--adam-beta2", "0.95",  # shrunk: 500000
+    "--init-method-std", "0.006", "--clip-grad", "1.0", "--fp16", "--lr", "6.0e-5", "--lr-decay-style", "cosine",
+    "--min-lr", "6.0e-6", "--lr-warmup-fraction", ".25", "--lr-decay-iters", "4",  # shrunk: .001, 430000
+    "--tensor-model-parallel-size", "1", "--pipeline-model-parallel-size", "1",  # shrunk: 8, 16
+    "--data-path", "DATA", "--vocab-file", "VOCAB", "--merge-file", "MERGES", "--split", "949,50,1",
+    "--log-interval", "100", "--save-interval", "10000", "--eval-interval", "1000", "--save", "CKPT", "--load", "CKPT",
+    "--eval-iters", "10", "--tensorboard-dir", "TB",
+]
+
+
+def _without(argv: list[str], *flags: str) -> list[str]:
+    """``argv`` less ``flags`` and their values (the tokens up to the next ``--flag``)."""
+    out, skip = [], False
+    for token in argv:
+        if token.startswith("--"):
+            skip = token in flags
+        if not skip:
+            out.append(token)
+    return out
+
+
+def _fill(argv: list[str], corpus, tmp_path) -> list[str]:
+    names = {"DATA": corpus[0], "CKPT": str(tmp_path / "ckpt"), "TB": str(tmp_path / "tb"), "CACHE": str(tmp_path / "cache")}
+    return [names.get(t, t) for t in argv]
+
+
+def _refused(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    captured = capsys.readouterr()
+    lines = [line for line in captured.err.splitlines() if line.strip() and not line.startswith("note: ")]
+    assert len(lines) == 1 and ": error: " in lines[0], lines
+    return lines[0]
+
+
+def _train(*argv: str) -> subprocess.CompletedProcess:
+    """The trainer with exactly ``argv`` (no test defaults), one CPU process."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", *argv], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    return proc
+
+
+def _dry_run(argv: list[str], capsys) -> dict:
+    assert main([*argv, "--dry-run"]) == 0
+    return json.loads(capsys.readouterr().out)
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory):
+    return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, caplog):
+    argv = _without(_fill(LLAMA3_8B_FP8, corpus, tmp_path), "--tokenizer-model")
+    # the decoupled learning rates are outside this project's scope: one line naming the flag
+    line = _refused(argv, capsys)
+    assert "--decoupled-lr: a separate learning rate for the input/output layers: outside this project's scope" in line
+    argv = _without(argv, "--decoupled-lr", "--decoupled-min-lr")
+    resolved = _dry_run(argv, capsys)
+    megatron_meaning = {  # what Megatron-LM's parser and validate_args give these flags
+        "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 224, "num_attention_heads": 4,
+        "group_query_attention": True, "num_query_groups": 2, "kv_channels": 16, "seq_length": 32,
+        "max_position_embeddings": 32, "position_embedding_type": "rope", "rotary_base": 1000000, "rotary_percent": 1.0,
+        "attention_dropout": 0.0, "hidden_dropout": 0.0, "swiglu": True, "normalization": "LayerNorm",
+        "init_method_std": 0.0134, "attention_backend": "fused", "layernorm_zero_centered_gamma": True,
+        "untie_embeddings_and_output_weights": True, "add_bias_linear": False, "micro_batch_size": 1,
+        "global_batch_size": 8, "train_samples": 64, "train_iters": None, "lr_decay_samples": 56,
+        "lr_warmup_samples": 16, "lr": 0.00015, "min_lr": 0.00001, "lr_decay_style": "cosine", "clip_grad": 1.0,
+        "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "bf16": True, "fp16": False,
+        "grad_reduce_in_bf16": True, "cross_entropy_loss_fusion": True, "calculate_per_token_loss": True,
+        "manual_gc": True, "empty_unused_memory_level": 1, "exit_duration_in_mins": 235, "fp8": "hybrid",
+        "fp8_amax_history_len": 1024, "fp8_amax_compute_algo": "max", "fp8_param_gather": True,
+        "tensor_model_parallel_size": 1, "context_parallel_size": 1,
+        "sequence_parallel": False,  # Megatron-LM turns it off at TP 1
+        "use_distributed_optimizer": True, "overlap_grad_reduce": True, "overlap_param_gather": True,
+        "data_path": [corpus[0]], "tokenizer_type": "HuggingFaceTokenizer", "split": "99,1,0",
+        "create_attention_mask_in_dataloader": False, "mmap_bin_files": False, "num_workers": 1, "vocab_size": 1024,
+        "log_interval": 1, "eval_iters": 2, "eval_interval": 100, "save_interval": 1000, "log_throughput": True,
+        "profile": True, "profile_step_start": 4, "profile_step_end": 6, "ckpt_format": "torch_dist",
+        "distributed_timeout_minutes": 60, "transformer_impl": "transformer_engine", "layernorm_epsilon": 1e-5,
+        "seed": 1234, "tensorboard_log_interval": 1, "exit_signal": "SIGTERM", "recompute_granularity": None,
+    }
+    assert {k: resolved[k] for k in megatron_meaning} == megatron_meaning
+    assert resolved["block"] == "layernorm_swiglu"  # LayerNorm (1p) + SwiGLU, as Megatron-LM builds it
+    # the LR schedule in steps of the global batch, as Megatron-LM counts samples
+    cfg = parse_pretrain_args(argv)
+    from megatron_fixedcode.training.run_plan import scheduler_settings
+
+    assert cfg.schedule.max_steps(8) == 8
+    assert {k: scheduler_settings(cfg.optim, 8, 8)[k] for k in ("lr_warmup_steps", "lr_decay_steps")} == \
+        {"lr_warmup_steps": 2, "lr_decay_steps": 7}
+    # training it on this CPU: FP8 is refused in one line (exit 2) before any work
+    from megatron_fixedcode.training.loop import run_pretraining
+
+    assert run_pretraining(cfg) == 2
+    assert "--fp8-format hybrid needs a CUDA GPU" in capsys.readouterr().err + caplog.text
+
+
+def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, capsys):
+    argv = _fill(GPT3_175B, corpus, tmp_path)
+    assert "--rampup-batch-size: batch-size ramp-up" in _refused(argv, capsys)
+    argv = _without(argv, "--rampup-batch-size")
+    assert "--fp16: FP16 training with loss scaling" in _refused(argv, capsys)
+    argv = _without(argv, "--fp16")
+    assert "--vocab-file: GPT2BPETokenizer" in _refused(argv, capsys)
+    argv = [*_without(argv, "--vocab-file", "--merge-file"), "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8"]
+    # Megatron-LM's default architecture (tied head, biases, learned positions) is not built here
+    assert "the output head is always untied here" in _refused(argv, capsys)
+    argv += ["--untie-embeddings-and-output-weights"]
+    assert "linear biases are not built here" in _refused(argv, capsys)
+    argv += ["--disable-bias-linear"]
+    assert "--position-embedding-type learned_absolute is not built here" in _refused(argv, capsys)
+    argv += ["--position-embedding-type", "rope", "--transformer-impl", "local"]
+    resolved = _dry_run(argv, capsys)
+    megatron_meaning = {
+        "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
+        "ffn_hidden_size": 256, "kv_channels": 16,  # derived by Megatron-LM's validate_args: 4 x hidden, hidden / heads
+        "max_position_embeddings": 32, "micro_batch_size": 1, "global_batch_size": 4, "train_iters": 4,
+        "weight_decay": 0.1, "adam_beta2": 0.95, "init_method_std": 0.006, "lr": 6.0e-5, "lr_decay_style": "cosine",
+        "min_lr": 6.0e-6, "lr_warmup_fraction": 0.25, "lr_decay_iters": 4, "split": "949,50,1",
+        "log_interval": 100, "save_interval": 10000, "eval_interval": 1000, "eval_iters": 10,
+        "normalization": "LayerNorm", "swiglu": False, "hidden_dropout": 0.1, "attention_dropout": 0.1,
+        "num_query_groups": 1, "group_query_attention": False, "ckpt_keep_last": None, "save_retain_interval": None,
+    }
+    assert {k: resolved[k] for k in megatron_meaning} == megatron_meaning
+    metrics = tmp_path / "metrics.jsonl"
+    # the tiny corpus's 270 documents leave a 0.1% test part empty: --split 90,9,1 for the run
+    proc = _train(*_without(argv, "--eval-interval", "--save-interval", "--tensorboard-dir", "--split"),
+                  "--split", "90,9,1", "--metrics-file", str(metrics))
+    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [r["step"] for r in records] == [1, 2, 3, 4]
+    # warmup = 0.25 x 4 decay steps = 1 step: the first step's LR is the peak, as Megatron-LM's scheduler
+    assert records[0]["lr"] == pytest.approx(6.0e-5)
+    assert re.search(r" iteration +4/ +4 \| consumed samples: +16 \|", proc.stderr)
+
+
+def test_out_of_scope_flags_and_abbreviations_refused_in_one_line(capsys):
+    base = [*TINY, "--train-iters", "2"]
+    for flag in ("--num-experts", "--moe-router-topk", "--mtp-num-layers", "--hybrid-override-pattern",
+                 "--multi-latent-attention"):
+        line = _refused([*base, flag, "4"], capsys)
+        assert f"{flag}: " in line and "outside this project's scope" in line, line
+    # Megatron-LM sets allow_abbrev=False: --save-int is not --save-interval
+    assert "unrecognized arguments: --save-int" in _refused([*base, "--save-int", "7"], capsys)
+    assert "unrecognized arguments: --no-such-flag" in _refused([*base, "--no-such-flag"], capsys)
+
+
+def test_megatron_defaults(capsys):
+    minimal = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
+               "--seq-length", "32", "--train-iters", "2", "--vocab-size", "1024", "--block", "llama"]
+    assert "--lr is required" in _refused(minimal, capsys)
+    a = _dry_run([*minimal, "--lr", "1e-3"], capsys)
+    assert {k: a[k] for k in ("adam_beta2", "lr_decay_style", "log_interval", "eval_iters", "transformer_impl",
+                              "hidden_dropout", "attention_dropout", "tf32", "ckpt_keep_last", "save_retain_interval",
+                              "num_query_groups", "exit_signal")} == {
+        "adam_beta2": 0.999, "lr_decay_style": "linear", "log_interval": 100, "eval_iters": 100,
+        "transformer_impl": "transformer_engine", "hidden_dropout": 0.1, "attention_dropout": 0.1, "tf32": False,
+        "ckpt_keep_last": None, "save_retain_interval": None, "num_query_groups": 1, "exit_signal": "SIGTERM"}
+    # the dropout reaches the model; --num-query-groups acts only with --group-query-attention
+    cfg = parse_pretrain_args([*minimal, "--lr", "1e-3", "--num-query-groups", "2", "--dry-run"])
+    model = cfg.model_config(1024)
+    assert (model.hidden_dropout, model.attention_dropout, model.num_query_groups) == (0.1, 0.1, None)
+    assert parse_pretrain_args([*minimal, "--lr", "1e-3", "--num-query-groups", "2", "--group-query-attention",
+                                "--dry-run"]).model_config(1024).num_query_groups == 2
+
+
+# Megatron-LM's defaults (its parser at core_v0.16.1) of the dests this parser shares with it, as data.
+MEGATRON_DEFAULTS = {
+    "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08, "add_bias_linear": True, "apply_rope_fusion": True,
+    "attention_backend": "auto", "attention_dropout": 0.1, "bias_dropout_fusion": True, "bias_gelu_fusion": True,
+    "bias_swiglu_fusion": True, "calculate_per_token_loss": False, "check_for_nan_in_loss_and_grad": True,
+    "ckpt_format": "torch_dist", "clip_grad": 1.0, "context_parallel_size": 1, "create_attention_mask_in_dataloader": True,
+    "cross_entropy_loss_fusion": False, "distributed_timeout_minutes": 10, "empty_unused_memory_level": 0,
+    "eval_interval": None, "eval_iters": 100, "exit_signal": "SIGTERM", "exit_signal_handler": False, "fp8": None,
+    "fp8_amax_compute_algo": "most_recent", "fp8_amax_history_len": 1, "fp8_param_gather": False,
+    "fp8_recipe": "delayed", "global_batch_size": None, "gradient_accumulation_fusion": True,
+    "group_query_attention": False, "hidden_dropout": 0.1, "init_method_std": 0.02, "kv_channels": None,
+    "layernorm_epsilon": 1e-05, "layernorm_zero_centered_gamma": False, "log_interval": 100, "log_throughput": False,
+    "lr": None, "lr_decay_iters": None, "lr_decay_samples": None, "lr_decay_style": "linear",
+    "lr_warmup_fraction": None, "lr_warmup_init": 0.0, "lr_warmup_iters": 0, "lr_warmup_samples": 0,
+    "make_vocab_size_divisible_by": 128, "manual_gc": False, "manual_gc_interval": 0, "masked_softmax_fusion": True,
+    "max_position_embeddings": None, "min_lr": 0.0, "mmap_bin_files": True, "normalization": "LayerNorm",
+    "num_query_groups": 1, "num_workers": 2, "overlap_grad_reduce": False, "overlap_param_gather": False,
+    "position_embedding_type": "learned_absolute", "recompute_activations": False, "recompute_granularity": None,
+    "recompute_method": None, "recompute_num_layers": None, "rotary_base": 10000, "rotary_percent": 1.0,
+    "save_interval": None, "save_retain_interval": None, "seed": 1234, "sequence_parallel": False, "split": None,
+    "swiglu": False, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "tensorboard_log_interval": 1,
+    "tp_comm_overlap": False, "train_iters": None, "train_samples": None, "transformer_impl": "transformer_engine",
+    "untie_embeddings_and_output_weights": False, "use_distributed_optimizer": False, "weight_decay": 0.01,
+    "data_path": None, "train_data_path": None, "valid_data_path": None, "test_data_path": None,
+    "exit_interval": None, "finetune": False, "skip_train": False, "wandb_exp_name": None,
+}
+# Where this parser's default differs, and why (docs/training.md has the table).
+DIFFERENT = {"micro_batch_size": (1, None), "tokenizer_type": ("HuggingFaceTokenizer", None),
+             "dist_ckpt_optim_fully_reshardable": (True, False)}
+
+
+def test_defaults_and_flag_spellings_match_megatron():
+    p = build_parser()
+    defaults = {}
+    for a in p._actions:  # argparse: the first action of a dest sets its default
+        defaults.setdefault(a.dest, a.default)
+    assert {k: str(defaults[k]) if k == "transformer_impl" else defaults[k] for k in MEGATRON_DEFAULTS} == MEGATRON_DEFAULTS
+    assert {k: (defaults[k], v[1]) for k, v in DIFFERENT.items()} == DIFFERENT
+    flags = set(p._option_string_actions)
+    for spelling in ("--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler", "--norm-epsilon",
+                     "--apply-layernorm-1p", "--no-rope-fusion", "--fp8-format", "--persistent-save-interval"):
+        assert spelling in flags
+    assert p._option_string_actions["--fp8-format"].dest == "fp8"
+    assert p._option_string_actions["--norm-epsilon"].dest == "layernorm_epsilon"
+
+
+def test_every_flag_has_help_and_help_shows_defaults(capsys):
+    p = build_parser()
+    assert [a.option_strings for a in p._actions if not a.help] == []
+    with pytest.raises(SystemExit):
+        p.parse_args(["-h"])
+    out = capsys.readouterr().out
+    assert "--adam-beta2 ADAM_BETA2" in out and "(default: 0.999)" in out
+
+
+def test_recipe_keys_are_megatron_dests(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text("norm_epsilon: 1.0e-6\n")
+    assert "unknown key 'norm_epsilon'" in _refused(["--config", str(recipe), *TINY, "--train-iters", "2"], capsys)
+    recipe.write_text("layernorm_epsilon: 1.0e-6\nfp8: null\napply_rope_fusion: false\n")
+    a = _dry_run(["--config", str(recipe), *TINY, "--train-iters", "2"], capsys)
+    assert (a["layernorm_epsilon"], a["apply_rope_fusion"]) == (1e-6, False)
+    recipe.write_text("num_experts: 8\n")
+    assert "num_experts: mixture of experts: outside this project's scope" in _refused(
+        ["--config", str(recipe), *TINY, "--train-iters", "2"], capsys)
+
+
+def test_data_path_wins_over_split_paths(capsys):
+    a = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--data-path", "A", "--valid-data-path", "B"]).args
+    assert (train_paths(a), valid_paths(a)) == (["A"], None)  # --split carves validation out of A
+    assert "--valid-data-path is ignored" in capsys.readouterr().err
+    a = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--train-data-path", "A", "--valid-data-path", "B"]).args
+    assert (train_paths(a), valid_paths(a), a.data_path) == (["A"], ["B"], None)
+    a = parse_pretrain_args(["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4",
+                             "--ffn-hidden-size", "128", "--seq-length", "32", "--lr", "1", "--train-iters", "2",
+                             "--block", "llama", "--vocab-size", "1024", "--dry-run", "--data-path", "A"]).args
+    assert a.split == "969, 30, 1"  # Megatron-LM's legacy default when --data-path comes without --split
+
+
+def test_exit_signal_handler_catches_only_the_exit_signal():
+    from megatron_fixedcode.training.loop import ExitRequest
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        request = ExitRequest(True)
+        assert signal.getsignal(signal.SIGUSR1) == saved[signal.SIGUSR1]
+        signal.raise_signal(signal.SIGTERM)
+        assert request.flag
+        request = ExitRequest(True, parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run",
+                                                         "--exit-signal", "SIGUSR1"]).checkpoint.exit_signal)
+        signal.raise_signal(signal.SIGUSR1)
+        assert request.flag
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)
+
+
+def test_recompute_flags_reach_transformer_config(capsys):
+    from megatron_fixedcode.models import build_transformer_config
+
+    base = [*TINY, "--train-iters", "2", "--dry-run"]
+    assert "needs --recompute-method" in _refused([*base, "--recompute-granularity", "full"], capsys)
+    cfg = parse_pretrain_args([*base, "--recompute-granularity", "full", "--recompute-method", "block",
+                               "--recompute-num-layers", "2"])
+    config = build_transformer_config(cfg.model_config(1024), cfg.layout, te_layers=False)
+    assert (config.recompute_granularity, config.recompute_method, config.recompute_num_layers) == ("full", "block", 2)
+    cfg = parse_pretrain_args([*base, "--recompute-activations"])
+    assert build_transformer_config(cfg.model_config(1024), cfg.layout, te_layers=False).recompute_granularity == "selective"
+
+
+def test_checkpoint_retention(tmp_path):
+    from megatron_fixedcode.training.checkpointing import _prune
+
+    def run(keep_last, retain):
+        root = tmp_path / f"{keep_last}-{retain}"
+        for step in range(1, 7):
+            (root / f"iter_{step:07d}").mkdir(parents=True)
+            _prune(root, keep_last, step, retain)
+        return sorted(int(p.name[5:]) for p in root.glob("iter_*"))
+
+    assert run(None, None) == [1, 2, 3, 4, 5, 6]  # Megatron-LM keeps every checkpoint
+    assert run(None, 2) == [2, 4, 6]
+    assert run(2, None) == [5, 6]
+
+
+class _Recorder:
+    def __init__(self):
+        self.tags = {}
+
+    def add_scalar(self, tag, value, step):
+        self.tags.setdefault(tag, []).append((step, value))
+
+    def close(self):
+        pass
+
+
+def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
+    from megatron_fixedcode.training import metrics
+    from megatron_fixedcode.training.config import LoggingConfig
+
+    cfg = LoggingConfig(log_interval=2, tensorboard_dir=None, metrics_file=None, wandb_project=None)
+    sink = metrics.MetricsSink(cfg, enabled=True, max_steps=4, flops_per_token=6e6, num_gpus=1, run_config={},
+                               global_batch=8, matmul="fp32", code="gf2:abc123")
+    sink.tensorboard = _Recorder()
+    with caplog.at_level(logging.INFO, logger=metrics.__name__):
+        for step in (1, 2):
+            sink.record({"step": step, "loss": 4.0 + step, "lr": 1e-4, "grad_norm": 0.5, "tokens": 256 * step,
+                         "step_tokens": 256, "step_time_s": 0.1, **({"val_loss": 3.0, "val_ppl": 20.1} if step == 2 else {})})
+    line = next(r.getMessage() for r in caplog.records if "iteration" in r.getMessage() and "consumed" in r.getMessage())
+    assert re.fullmatch(
+        r" \[[\d\- :.]+\] iteration +2/ +4 \| consumed samples: +16 \| elapsed time per iteration \(ms\): [\d.]+ \|"
+        r" learning rate: 1\.000000E-04 \| global batch size: +8 \| lm loss: 5\.500000E\+00 \| loss scale: 1\.0 \|"
+        r" grad norm: 0\.500 \| number of skipped iterations: +0 \| number of nan iterations: +0 \|"
+        r" tokens/s: [\d,]+ \| mem \(GiB\): [\d.]+ \| ETA: [\d:]+ \| code: gf2:abc123 \|", line), line
+    assert "validation loss at iteration 2 | lm loss value: 3.000000E+00 | lm loss PPL: 2.010000E+01 |" in caplog.text
+    for tag in ("lm loss", "learning-rate", "grad-norm", "batch-size", "loss-scale", "iteration-time",
+                "lm loss vs samples", "lm loss validation", "lm loss validation ppl"):
+        assert tag in sink.tensorboard.tags, tag
+    assert not any(t.startswith("train/") for t in sink.tensorboard.tags)
+    # MFU against the peak of the precision in use: FP32 runs against the FP32 peak, not BF16's
+    assert metrics.matmul_precision("fp32", tf32=False) == "fp32"
+    assert metrics.matmul_precision("fp32", tf32=True) == "tf32"
+    assert metrics.matmul_precision("fp32-autocast-bf16", tf32=False) == "bf16"
+    assert metrics.peak_bf16_flops("NVIDIA H100 80GB HBM3", "fp32") == 66.9e12
+
+
+def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
+    from megatron_fixedcode.training import checkpointing, metrics, trainer
+    from megatron_fixedcode.training.config import LoggingConfig
+
+    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
+    monkeypatch.setattr(checkpointing, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})
+    assert trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=3)) == "run42"
+    fresh = trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=None))
+    assert fresh and fresh != "run42"
+    calls = []
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw)))
+    metrics.MetricsSink(LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None, wandb_project="p",
+                                      wandb_exp_name="exp"),
+                        enabled=True, max_steps=1, flops_per_token=1.0, num_gpus=1, run_config={}, wandb_run_id="run42")
+    assert calls[0]["id"] == "run42" and calls[0]["resume"] == "allow" and calls[0]["name"] == "exp"
+
+
+def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
+    """A larger --train-iters resumes (refused before); the GPT stream's change is one logged line;
+    --exit-interval exits at a multiple of N (step 6 of 4..8, not at the first step past N)."""
+    ckpt = tmp_path / "ckpt"
+    common = ["--data-path", corpus[0], "--save", str(ckpt), "--load", str(ckpt), "--lr-decay-iters", "8"]
+    pretrain(*common, "--train-iters", "4")
+    metrics = tmp_path / "m.jsonl"
+    proc = pretrain(*common, "--train-iters", "8", "--exit-interval", "3", "--metrics-file", str(metrics))
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines()]
+    assert steps == [5, 6]
+    assert "from step 5 on, samples are drawn from megatron's GPT shuffle of 64 samples" in proc.stderr
+    # --no-load-optim: Adam and the LR schedule start fresh (warmup again: 2 steps from 0), the weights and step load
+    fresh = tmp_path / "fresh.jsonl"
+    pretrain(*common, "--train-iters", "8", "--no-load-optim", "--no-load-rng", "--metrics-file", str(fresh))
+    records = [json.loads(line) for line in fresh.read_text().splitlines()]
+    assert [r["step"] for r in records] == [7, 8] and records[0]["lr"] == pytest.approx(3e-3 / 2)
