@@ -235,7 +235,8 @@ def test_recipe_matches_the_paper1_model_and_passes_the_dry_run(capsys):
     recipes = REPO / "examples" / "recipes"
     sft, base = (yaml.safe_load((recipes / n).read_text()) for n in ("paper1_sft.yaml", "paper1_0p4b_binary.yaml"))
     model_keys = ("num_layers", "hidden_size", "num_attention_heads", "num_query_groups", "ffn_hidden_size",
-                  "seq_length", "block", "vocab_size", "make_vocab_size_divisible_by", "input_embedding",
+                  "seq_length", "normalization", "swiglu", "add_bias_linear", "position_embedding_type",
+                  "untie_embeddings_and_output_weights", "vocab_size", "make_vocab_size_divisible_by", "input_embedding",
                   "code_impl", "code_scale", "tokenizer_model")
     assert {k: sft[k] for k in model_keys} == {k: base[k] for k in model_keys}
     assert sft["dataset_type"] == "sft" and "finetune" not in sft and "load" not in sft
