@@ -295,7 +295,7 @@ def test_list_variables_split_on_any_whitespace_and_are_counted(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "# paths passed: DATA_PATH=3 VALID_DATA_PATH=2" in out.stdout.splitlines()
     config = json.loads(out.stdout.splitlines()[out.stdout.splitlines().index("# resolved config:") + 1])
-    assert config["data_path"] == [f"/fwe/00{i}_train_text_document" for i in range(3)]
+    assert config["train_data_path"] == [f"/fwe/00{i}_train_text_document" for i in range(3)]
     assert config["valid_data_path"] == ["0.5", "/v/a_text_document", "0.5", "/v/b_text_document"]
 
 

@@ -449,9 +449,9 @@ def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tok
     assert config["train_data_path"] == [str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]]
     env.update(DATA_MANIFEST=f"{fwe} {cosmo}", DATA_MANIFEST_WEIGHTS="0.8 0.2")
     command, config, _ = run_dry("pretrain_paper1.sh", ["binary"], env)
-    weights = [float(w) for w in config["data_path"][0::2]]
+    weights = [float(w) for w in config["train_data_path"][0::2]]
     assert sum(weights[:2]) == pytest.approx(0.8) and sum(weights[2:]) == pytest.approx(0.2)
-    assert all("cosmo" in p for p in config["data_path"][1::2][2:]) and "${" not in json.dumps(config)
+    assert all("cosmo" in p for p in config["train_data_path"][1::2][2:]) and "${" not in json.dumps(config)
 
 
 def test_verify_checks_the_recorded_idx_hash_of_shard_outputs(tmp_path, small_tokenizer, capsys):

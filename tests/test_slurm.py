@@ -154,7 +154,7 @@ def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(s
         assert (a["loss"], a["grad_norm"], a["lr"]) == (b["loss"], b["grad_norm"], b["lr"]), a["step"]
     # every shard reached the trainer (DATA_PATH holds one prefix per line)
     config = json.loads((interrupted / "logs" / f"config-{job}.json").read_text())
-    assert config["data_path"] == [str(shards / f"{i:05d}_train_text_document") for i in range(3)]
+    assert config["train_data_path"] == [str(shards / f"{i:05d}_train_text_document") for i in range(3)]
     # the node log kept what was printed after the signal; the launcher's lines keep their date
     node = (interrupted / "logs" / "node0.log").read_text()
     saved = int(re.search(r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint \S+iter_0*(\d+)", node).group(1))
