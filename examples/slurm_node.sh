@@ -17,5 +17,9 @@ if [[ -n ${MFC_NODE_LOG_DIR:-} ]]; then
     exec > >(trap '' TERM USR1; exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
 fi
 export TORCHELASTIC_SIGNALS_TO_HANDLE=${TORCHELASTIC_SIGNALS_TO_HANDLE:-SIGINT,SIGHUP,SIGQUIT}
+# torch >= 2.10's torchrun takes the list as --signals-to-handle (its default, with SIGTERM, overrides the variable)
+if [[ ${1##*/} == torchrun ]] && "$1" --help 2>/dev/null | grep -q -- --signals-to-handle; then
+    set -- "$1" --signals-to-handle "$TORCHELASTIC_SIGNALS_TO_HANDLE" "${@:2}"
+fi
 printf '[%(%F %T)T] %s\n' -1 "node $node of ${SLURM_NNODES:-1} on $(hostname) (${SLURMD_NODENAME:-?}): task ${SLURM_PROCID:-0}, job ${SLURM_JOB_ID:-none}, restart ${SLURM_RESTART_COUNT:-0}: $*"
 exec "$@"

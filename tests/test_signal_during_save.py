@@ -18,13 +18,17 @@ class _FakeTrainer:
 
     def __init__(self, save_dir: str, signal_at_save: int):
         args = types.SimpleNamespace(skip_train=False, eval_interval=None, num_layers=2, hidden_size=64,
-                                     seq_length=32, bf16=False)
+                                     seq_length=32, bf16=False, precision="fp32", log_throughput=False,
+                                     manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0)
         checkpoint = types.SimpleNamespace(save=save_dir, save_interval=2, exit_duration_in_mins=None,
-                                           exit_interval=None, exit_signal_handler=True)
+                                           exit_interval=None, exit_signal_handler=True,
+                                           exit_signal="SIGTERM")
         self.cfg = types.SimpleNamespace(args=args, checkpoint=checkpoint, logging=None, as_dict=lambda: {})
         self.ranks = {"rank": 1, "world_size": 1}  # not rank 0: no start-up report
         self.report, self.device, self.valid_ds = {}, torch.device("cpu"), None
         self.step, self.max_steps, self.tokens = 0, 10, 0
+        self.global_batch, self.tf32, self.wandb_run_id = 4, False, None
+        self.identity = {"code_fingerprint": "0" * 16}
         self.saves: list[int] = []
         self.signal_at_save = signal_at_save
 

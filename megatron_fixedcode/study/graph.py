@@ -228,9 +228,12 @@ def slurm_state(job_id: str, log=print) -> str | None:
     if shutil.which("sacct") is not None:
         res = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True,
                              text=True)
-        if res.returncode == 0:
-            return _combined_state([s.split()[0] for s in res.stdout.split("\n") if s.strip()])
-        log(f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead")
+        states = [s.split()[0] for s in res.stdout.split("\n") if s.strip()] if res.returncode == 0 else []
+        if states:
+            return _combined_state(states)
+        if res.returncode != 0:
+            log(f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead")
+        # rc 0 and no line: slurmdbd has not recorded the job yet (it lags the controller): ask the controller
     if shutil.which("squeue") is None:
         return None
     res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
