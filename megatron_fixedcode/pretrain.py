@@ -7,29 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 import warnings
 
-
-def _exit_at_once(signum, frame) -> None:
-    """SIGTERM/SIGUSR1 before the training loop (data, model, checkpoint load, kernel build): nothing
-    new to checkpoint, so the rank ends now with exit 0 and the next run starts from the last
-    checkpoint; once the loop runs, training/loop.py's ExitRequest finishes the step and saves."""
-    print(f"received signal {signum} during start-up: nothing to checkpoint yet, exiting", file=sys.stderr, flush=True)
-    sys.stdout.flush()
-    os._exit(0)
-
-
-def exit_on_signal_until_training() -> None:
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
-        signal.signal(sig, _exit_at_once)
-
+from megatron_fixedcode.exit_signals import exit_at_once_until_training
 
 # First thing, before the imports below take seconds: under the Slurm launchers the ranks start with
 # TERM and USR1 ignored (examples/slurm_node.sh), so a signal would otherwise be lost until the loop.
 if __name__ == "__main__" and "--exit-signal-handler" in sys.argv and "--dry-run" not in sys.argv:
-    exit_on_signal_until_training()
+    exit_at_once_until_training()
 
 # megatron-core warns at import time that TE/apex are absent; the CPU path is intended.
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
@@ -59,8 +45,8 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.as_dict(), sort_keys=True))
         _print_plan(cfg.args)
         return 0
-    if cfg.args.exit_signal_handler:
-        exit_on_signal_until_training()
+    if cfg.args.exit_signal_handler:  # also when called as a function (a recipe may set the flag)
+        exit_at_once_until_training()
     from megatron_fixedcode.training.loop import run_pretraining
 
     return run_pretraining(cfg)

@@ -421,3 +421,23 @@ def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
     pretrain(*common, "--train-iters", "8", "--no-load-optim", "--no-load-rng", "--metrics-file", str(fresh))
     records = [json.loads(line) for line in fresh.read_text().splitlines()]
     assert [r["step"] for r in records] == [7, 8] and records[0]["lr"] == pytest.approx(3e-3 / 2)
+
+
+def test_the_loop_hands_the_start_up_signals_back():
+    """Start-up exits at once on SIGTERM/SIGUSR1; once the loop runs only --exit-signal is caught,
+    and a signal it does not name has its earlier handler again (not a silent exit 0)."""
+    from megatron_fixedcode.exit_signals import exit_at_once_until_training
+    from megatron_fixedcode.training.loop import ExitRequest
+
+    saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
+    try:
+        signal.signal(signal.SIGUSR1, signal.SIG_IGN)  # as under examples/slurm_node.sh
+        exit_at_once_until_training()
+        exit_at_once_until_training()  # the entry point and main() both install it
+        assert signal.getsignal(signal.SIGUSR1) is not signal.SIG_IGN
+        request = ExitRequest(True)
+        assert signal.getsignal(signal.SIGUSR1) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGTERM) == request._handle
+    finally:
+        for s, handler in saved.items():
+            signal.signal(s, handler)

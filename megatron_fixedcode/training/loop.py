@@ -19,6 +19,7 @@ import torch
 
 from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
+from megatron_fixedcode.exit_signals import end_start_up
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.report import model_flops_per_token
@@ -40,6 +41,7 @@ class ExitRequest:
 
     def __init__(self, enabled: bool, exit_signal: str = "SIGTERM"):
         self.flag = False
+        end_start_up()  # the start-up's exit-at-once handlers end here, whatever --exit-signal is
         if enabled:
             signal.signal(signal.Signals[exit_signal], self._handle)
 

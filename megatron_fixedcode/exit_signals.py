@@ -1,0 +1,32 @@
+"""Exit signals over a run's two phases. During start-up (data, model, checkpoint load, kernel
+build) there is nothing new to checkpoint, so SIGTERM/SIGUSR1 end the rank at once with exit 0
+and the next run starts from the last checkpoint. Once the loop runs, it hands these signals back
+(:func:`end_start_up`) and catches only Megatron-LM's ``--exit-signal`` (training/loop.py's
+ExitRequest), which finishes the step and saves. Import-light: the entry point installs it before
+its imports take seconds."""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+_BEFORE_START_UP: dict[signal.Signals, object] = {}  # the handler each signal had before start-up took it
+
+
+def _exit_at_once(signum, frame) -> None:
+    print(f"received signal {signum} during start-up: nothing to checkpoint yet, exiting", file=sys.stderr, flush=True)
+    sys.stdout.flush()
+    os._exit(0)
+
+
+def exit_at_once_until_training() -> None:
+    for sig in (signal.SIGTERM, signal.SIGUSR1):
+        _BEFORE_START_UP.setdefault(sig, signal.signal(sig, _exit_at_once))  # a second call keeps the first
+
+
+def end_start_up() -> None:
+    """Give each start-up signal back the handler it had before (ignored under the Slurm launchers,
+    the default elsewhere): a signal other than --exit-signal must not end a training rank with exit 0."""
+    while _BEFORE_START_UP:
+        sig, handler = _BEFORE_START_UP.popitem()
+        signal.signal(sig, handler)
