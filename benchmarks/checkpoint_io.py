@@ -163,15 +163,20 @@ def format_phase(size: str, out_dir: str, fmt: str) -> dict:
             "save_added_rss_by_rank": [int(t.item()) for t in per_rank]}
 
 
-def run_format_phase(size: str, root: Path, fmt: str) -> dict:
-    out, result = root / f"ckpt_{fmt}", root / f"result_{fmt}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           __file__, "--phase", size, "--format", fmt, "--out", str(out), "--result", str(result)]
+def _launch(nproc: int, size: str, root: Path, tag: str, *extra: str) -> dict:
+    """One phase under torchrun (this file, --phase): its JSON result, or the run's output on failure."""
+    out, result = root / f"ckpt_{tag}", root / f"result_{tag}.json"
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
+           __file__, "--phase", size, *extra, "--out", str(out), "--result", str(result)]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if proc.returncode != 0:
-        sys.exit(f"{fmt} phase failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        sys.exit(f"phase {tag} ({nproc} ranks) failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
     return json.loads(result.read_text())
+
+
+def run_format_phase(size: str, root: Path, fmt: str) -> dict:
+    return _launch(2, size, root, fmt, "--format", fmt)
 
 
 def format_table(r: dict) -> str:
@@ -186,15 +191,7 @@ def format_table(r: dict) -> str:
 
 
 def run_phase(nproc: int, size: str, root: Path) -> dict:
-    out = root / f"ckpt_{nproc}"
-    result = root / f"result_{nproc}.json"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc),
-           __file__, "--phase", size, "--out", str(out), "--result", str(result)]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(cmd, env=env, capture_output=True, text=True)
-    if proc.returncode != 0:
-        sys.exit(f"phase with {nproc} ranks failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
-    return json.loads(result.read_text())
+    return _launch(nproc, size, root, str(nproc))
 
 
 def table(r: dict) -> str:
