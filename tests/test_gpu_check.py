@@ -124,9 +124,9 @@ def test_manifest_round_trip_and_folder_mismatch(tmp_path, capsys):
     ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H200", 989.4), ("NVIDIA GH200 480GB", 989.4),  # SXM / Grace Hopper
     ("NVIDIA H100 PCIe", 756.5), ("NVIDIA H100 NVL", 835.5), ("NVIDIA H200 NVL", 835.5), ("Tesla V100", None)])
 def test_mfu_peak_is_the_exact_devices(name, tflops):
-    from megatron_fixedcode.training.metrics import peak_bf16_flops
+    from megatron_fixedcode.training.metrics import device_peak_flops
 
-    assert peak_bf16_flops(name) == (None if tflops is None else pytest.approx(tflops * 1e12))
+    assert device_peak_flops(name) == (None if tflops is None else pytest.approx(tflops * 1e12))
 
 
 def test_plan_reads_packaging_from_the_wheels_when_python_has_none(tmp_path):

@@ -385,7 +385,7 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
     assert metrics.matmul_precision("fp32", tf32=False) == "fp32"
     assert metrics.matmul_precision("fp32", tf32=True) == "tf32"
     assert metrics.matmul_precision("fp32-autocast-bf16", tf32=False) == "bf16"
-    assert metrics.peak_bf16_flops("NVIDIA H100 80GB HBM3", "fp32") == 66.9e12
+    assert metrics.device_peak_flops("NVIDIA H100 80GB HBM3", "fp32") == 66.9e12
 
 
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):

@@ -27,7 +27,6 @@ _PEAK_FLOPS = {
     "fp32": {"H100": 66.9e12, "H200": 66.9e12, "GH200": 66.9e12, "A100": 19.5e12, "B200": 80e12,
              "H100 PCIe": 51.2e12, "H100 NVL": 60.0e12, "H200 NVL": 60.0e12},
 }
-_PEAK_BF16_FLOPS = _PEAK_FLOPS["bf16"]
 
 
 def matmul_precision(precision: str, tf32: bool) -> str:
@@ -48,14 +47,14 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
         require("wandb", "wandb", "--wandb-project")
 
 
-def peak_bf16_flops(device_name: str, kind: str = "bf16") -> float | None:
+def device_peak_flops(device_name: str, kind: str = "bf16") -> float | None:
     """Dense peak of a GPU by its name (the longest matching model name wins) for ``kind``, else None."""
     table = _PEAK_FLOPS[kind]
     return next((v for k, v in sorted(table.items(), key=lambda kv: -len(kv[0])) if k in device_name), None)
 
 
 def peak_flops(kind: str = "bf16") -> float | None:
-    return peak_bf16_flops(torch.cuda.get_device_name(), kind) if torch.cuda.is_available() else None
+    return device_peak_flops(torch.cuda.get_device_name(), kind) if torch.cuda.is_available() else None
 
 
 def memory_gib() -> float:

@@ -44,7 +44,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
-from megatron_fixedcode.training.metrics import peak_bf16_flops  # noqa: E402
+from megatron_fixedcode.training.metrics import device_peak_flops  # noqa: E402
 
 LOCAL = ["--transformer-impl", "local"]
 TE = ["--transformer-impl", "transformer_engine"]
@@ -112,7 +112,7 @@ def summarize(*, variant: str, gpu: str, step_times: list[float], tokens_per_ste
     step_s = statistics.median(step_times)
     tokens_s = tokens_per_step / step_s
     tflops = tokens_s * flops_tok / 1e12
-    peak = peak_bf16_flops(gpu)
+    peak = device_peak_flops(gpu)
     return {"variant": variant, "gpu": gpu, "step_time_s": step_s, "step_times_s": step_times,
             "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_s, "model_flops_per_token": flops_tok,
             "model_tflops_per_s": tflops, "mfu": tflops * 1e12 / peak if peak else None,
