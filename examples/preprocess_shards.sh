@@ -13,7 +13,8 @@
 #      on that shard), skipping shards that are already complete;
 #   3. submits the manifest step (after all tasks, whatever their exit): tools/write_manifest.py,
 #      which refuses while a shard is missing or failed.
-# Re-running the same command after a failure or a killed task indexes only what is missing.
+# Re-running the same command after a failure or a killed task submits only the tasks with a shard
+# that is not complete (--array=1,3), which index only what is missing.
 # Any node count works, including 1: every array task is one single-node job step.
 #
 # Options:
@@ -94,7 +95,8 @@ output_dir=$(realpath -m "$output_dir")
 plan_text=$("${plan[@]}" $( ((dry_run)) && echo --dry-run)) || exit $?
 echo "$plan_text"
 num_tasks=$(sed -n 's/^# [0-9]* shards, \([0-9]*\) array tasks.*/\1/p' <<<"$plan_text")
-array="0-$((num_tasks - 1))${max_parallel:+%$max_parallel}"
+todo=$(sed -n 's/^# tasks to run: \([^ ]*\) .*/\1/p' <<<"$plan_text")   # tasks with a shard not complete
+array="$todo${max_parallel:+%$max_parallel}"
 self=$MFC_ROOT/examples/preprocess_shards.sh
 index_job=(sbatch --parsable --job-name=mfc-index --array="$array" --nodes=1 --ntasks=1 --cpus-per-task="$cpus"
            --time="$time_limit" --output="$output_dir/logs/index-%A_%a.out" --export=ALL,MFC_ROOT="$MFC_ROOT"
@@ -102,16 +104,26 @@ index_job=(sbatch --parsable --job-name=mfc-index --array="$array" --nodes=1 --n
 manifest_job=(sbatch --parsable --job-name=mfc-manifest --dependency=afterany:JOBID --nodes=1 --ntasks=1
               --cpus-per-task=2 --time=01:00:00 --output="$output_dir/logs/manifest-%j.out"
               --export=ALL,MFC_ROOT="$MFC_ROOT" "${sbatch_extra[@]}" "$self" --manifest "$output_dir" "${skip_failed[@]}")
+if [[ $todo == none ]]; then   # every shard complete: the manifest step alone
+    index_job=()
+    for i in "${!manifest_job[@]}"; do [[ ${manifest_job[i]} == --dependency=* ]] && unset 'manifest_job[i]'; done
+    manifest_job=("${manifest_job[@]}")
+fi
 if ((dry_run)); then
-    echo "# array: $num_tasks tasks ($array), 1 node x $cpus CPUs each; then the manifest step"
-    printf '%q ' "${index_job[@]}"; echo
+    echo "# array: tasks $array of $num_tasks, 1 node x $cpus CPUs each; then the manifest step"
+    ((${#index_job[@]})) && { printf '%q ' "${index_job[@]}"; echo; }
     printf '%q ' "${manifest_job[@]}"; echo
     exit 0
 fi
 mkdir -p "$output_dir/logs"
-job=$("${index_job[@]}")
-job=${job%%;*}
-manifest_job=("${manifest_job[@]/JOBID/$job}")
+if ((${#index_job[@]})); then
+    job=$("${index_job[@]}")
+    job=${job%%;*}
+    manifest_job=("${manifest_job[@]/JOBID/$job}")
+    what="array job $job (tasks $todo of $num_tasks, logs $output_dir/logs/index-${job}_*.out)"
+else
+    what="no array job (every shard is complete)"
+fi
 manifest=$("${manifest_job[@]}")
-echo "submitted: array job $job ($num_tasks tasks, logs $output_dir/logs/index-${job}_*.out), manifest job ${manifest%%;*}"
+echo "submitted: $what, manifest job ${manifest%%;*}"
 echo "status:    $PYTHON tools/preprocess_shards.py status --output-dir $output_dir"

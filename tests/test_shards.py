@@ -503,3 +503,9 @@ def test_shard_locked_by_another_task_is_left_to_it_not_failed(tmp_path, small_t
     assert report["busy"] == ["part-000"] and report["done"] == ["part-001"] and not report["failed"]
     assert not (tmp_path / "out" / "part-000_failed.json").exists()
     assert shards.run_task(plan, 0)["done"] == ["part-000"]
+
+
+def test_array_spec_of_the_tasks_to_resubmit():
+    from megatron_fixedcode.data.shards import array_spec
+
+    assert array_spec([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8" and array_spec([3]) == "3" and array_spec([]) == ""

@@ -281,29 +281,105 @@ def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm,
     assert "report: done" in _study(layout.root)
 
 
-def test_shard_indexing_array_job_and_its_manifest(slurm, tmp_path):
-    """examples/preprocess_shards.sh: an array of one task per shard, then the manifest job (afterany)."""
-    rng = np.random.default_rng(0)
-    words = "the a of to and in is it that was for on are with as be at by this from".split()
-    inputs = tmp_path / "in"
-    inputs.mkdir()
-    for s in range(3):
-        with open(inputs / f"s{s}.jsonl", "w") as f:
-            for d in range(20):
-                f.write(json.dumps({"id": f"{s}-{d}", "text": " ".join(rng.choice(words, 150))}) + "\n")
-    out = tmp_path / "idx"
-    res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", f"{inputs}/*.jsonl",
-                          "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--shards-per-task", "1",
-                          "--cpus-per-task", "1", "--time", "00:10:00", "--", "--id-key", "id", "--append-eod"],
-                         env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
-                              "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"},
-                         capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0, res.stdout + res.stderr
-    array, manifest_job = re.search(r"submitted: array job (\d+) .*manifest job (\d+)", res.stdout).groups()
-    assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "COMPLETED", \
-        "".join(p.read_text() for p in (out / "logs").glob("*.out"))[-3000:]
-    states = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
-                            text=True).stdout.split()
-    assert sorted(states) == [f"{array}_{t}|COMPLETED" for t in range(3)]
+def _corpus_shards(directory: Path) -> list[Path]:
+    """Six shards of Gutenberg paragraphs: Parquet, JSONL.gz and JSONL; one without ids, one truncated (bad),
+    one six times bigger (the second shard of the task that is cancelled while writing it)."""
+    import gzip
+
+    import pyarrow
+    import pyarrow.parquet
+
+    texts = []
+    for path in sorted((SHARED / "corpus" / "gutenberg").glob("*.txt")):
+        texts += [p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")) if p.strip()]
+    directory.mkdir(parents=True)
+    paths = []
+    for s in range(6):
+        name = f"s{s:02d}"
+        chunk = texts[:3000][s::6] * (6 if name == "s03" else 1)
+        records = [{"text": t} if name == "s01" else {"id": f"{name}:{i}", "text": t} for i, t in enumerate(chunk)]
+        path = directory / (f"{name}.parquet", f"{name}.jsonl.gz", f"{name}.jsonl")[s % 3]
+        if s % 3 == 0:
+            pyarrow.parquet.write_table(pyarrow.Table.from_pylist(records), path)
+        else:
+            data = "".join(json.dumps(r) + "\n" for r in records).encode()
+            path.write_bytes(gzip.compress(data, mtime=0) if s % 3 == 1 else data)
+        if name == "s04":
+            path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+        paths.append(path)
+    return paths
+
+
+def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_process_indexing(slurm, tmp_path):
+    """examples/preprocess_shards.sh: 6 shards in 3 array tasks, then the manifest job (afterany). Task 1 is
+    scancelled while writing its second shard, task 2 holds a truncated shard: the manifest is refused. The
+    same command again submits tasks 1 and 2 only (task 0's shards are complete); the outputs then equal
+    one-process indexing byte for byte and the manifest lists the good shards."""
+    from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
+
+    inputs, out = tmp_path / "in", tmp_path / "idx"
+    paths = _corpus_shards(inputs)
+    flags = ["--id-key", "id", "--append-eod", "--valid-fraction", "0.05", "--min-doc-tokens", "65"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix, "OMP_NUM_THREADS": "1",
+           "PYTHONWARNINGS": "ignore", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+
+    def submit() -> tuple[str, str, str]:
+        res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", str(inputs),
+                              "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--array-size", "3",
+                              "--cpus-per-task", "1", "--time", "00:10:00", "--skip-failed", "--", *flags],
+                             env=env, capture_output=True, text=True, timeout=300)
+        assert res.returncode == 0, res.stdout + res.stderr
+        return re.search(r"submitted: array job (\d+) \(tasks (\S+) of 3.*manifest job (\d+)", res.stdout).groups()
+
+    def tasks(array: str) -> dict[str, str]:
+        lines = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
+                               text=True).stdout.splitlines()
+        return {line.split("|")[0].split("_")[1]: line.split("|")[1].split()[0] for line in lines if line.strip()}
+
+    array, todo, manifest_job = submit()
+    assert todo == "0-2"
+    wait_until(lambda: (out / "s03_train_text_document.bin.tmp").exists(), 300, "task 1's second shard")
+    subprocess.run(["scancel", f"{array}_1"], check=True)
+    assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "FAILED"
+    assert tasks(array) == {"0": "COMPLETED", "1": "CANCELLED", "2": "FAILED"}
+    log = (out / "logs" / f"manifest-{manifest_job}.out").read_text()
+    assert "s03 (missing)" in log and "re-submit" in log and not (out / "manifest.json").exists()
+    assert f"error: shard s04: {inputs / 's04.jsonl.gz'}" in (out / "logs" / f"index-{array}_2.out").read_text()
+    # the cancelled shard looks complete nowhere: no summary, its outputs at most as .tmp
+    assert not (out / "s03_summary.json").exists()
+    assert all(p.name.endswith((".tmp", ".lock")) for p in out.glob("s03_*")), sorted(out.glob("s03_*"))
+    kept = {p.name: p.read_bytes() for p in out.glob("s0[01]_*")}
+
+    array, todo, manifest_job = submit()  # the same command: tasks 1 (cancelled) and 2 (a failed shard) only
+    assert todo == "1-2"
+    assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "COMPLETED"
+    assert tasks(array) == {"1": "COMPLETED", "2": "FAILED"}
+    assert "task 1: 1 indexed, 1 already complete, 0 failed" in (out / "logs" / f"index-{array}_1.out").read_text()
+    assert "excluded s04" in (out / "logs" / f"manifest-{manifest_job}.out").read_text()
+    assert {p.name: p.read_bytes() for p in out.glob("s0[01]_*")} == kept and not list(out.glob("*.tmp"))
+
+    # byte-identical to one process per shard (tools/preprocess_data.py for the shard without ids)
+    good = [p for p in paths if not p.name.startswith("s04")]
+    ref = tmp_path / "ref"
+    for p in good:
+        name = p.name.split(".")[0]
+        if name == "s01":
+            cli = [sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(p), "--output-prefix",
+                   str(ref / name), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(TOKENIZER), *flags]
+            assert subprocess.run(cli, env=env, capture_output=True, timeout=300).returncode == 0
+        else:
+            preprocess(PreprocessConfig(input=[str(p)], output_prefix=str(ref / name), tokenizer_type="HuggingFaceTokenizer",
+                                        tokenizer_model=str(TOKENIZER), id_key="id", append_eod=True,
+                                        valid_fraction=0.05, min_doc_tokens=65))
+    produced = {p.name: p.read_bytes() for p in sorted(out.glob("*_document.*"))}
+    assert len(produced) == 5 * 4 and produced == {p.name: p.read_bytes() for p in sorted(ref.glob("*_document.*"))}
     manifest = json.loads((out / "manifest.json").read_text())
-    assert [s["name"] for s in manifest["shards"]] == ["s0", "s1", "s2"]
+    assert [s["name"] for s in manifest["shards"]] == ["s00", "s01", "s02", "s03", "s05"]
+    assert [e["name"] for e in manifest["excluded"]] == ["s04"]
+
+    # without the bad shard nothing is left to index: the manifest step alone, no dependency
+    res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", *map(str, good),
+                          "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--array-size", "3",
+                          "--dry-run", "--", *flags], env=env, capture_output=True, text=True, timeout=300)
+    assert "# tasks to run: none (0 of 3;" in res.stdout, res.stdout + res.stderr
+    assert "--array" not in res.stdout and "--dependency" not in res.stdout and "--manifest" in res.stdout

@@ -6,7 +6,7 @@
     python tools/preprocess_shards.py status --output-dir /data/fwe_idx
 
 `plan` writes OUTPUT_DIR/plan.json (sorted shards, settings, task groups; --dry-run only prints
-it). `task` indexes its group's shards that are not complete (default task id
+it) and names the tasks that have a shard to (re)index. `task` indexes its group's shards that are not complete (default task id
 $SLURM_ARRAY_TASK_ID): one .bin/.idx pair per shard and split, byte-identical to
 tools/preprocess_data.py on that shard; exits 1 naming each shard whose input is bad. `status`
 lists every shard as done / missing / stale / failed. See docs/data.md.
@@ -70,6 +70,9 @@ def main(argv=None) -> int:
               f"of at most {plan['shards_per_task']} shards, outputs in {plan['output_dir']}")
         for i in range(plan["num_tasks"]):
             print(f"task {i}: " + " ".join(shards.shard_name(f) for f in shards.task_inputs(plan, i)))
+        todo = shards.tasks_to_run(plan)
+        print(f"# tasks to run: {shards.array_spec(todo) or 'none'} ({len(todo)} of {plan['num_tasks']}; "
+              "the others' shards are complete)")
         if not args.dry_run:
             print(f"# plan: {shards.write_plan(plan)}")
         return 0

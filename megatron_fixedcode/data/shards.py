@@ -202,6 +202,28 @@ def plan_status(plan: dict, tokenizer_fingerprint: str) -> dict[str, tuple[str, 
     return {shard_name(p): shard_status(plan, p, tokenizer_fingerprint) for p in plan["inputs"]}
 
 
+def tasks_to_run(plan: dict) -> list[int]:
+    """The array tasks with a shard that is not done (missing, stale or failed): a re-submission runs only these."""
+    from megatron_fixedcode.tokenizers import build_tokenizer
+
+    s = plan["settings"]
+    fingerprint = build_tokenizer(s["tokenizer_type"], s["tokenizer_model"], s["eod_token"]).fingerprint
+    status = plan_status(plan, fingerprint)
+    return [i for i in range(plan["num_tasks"])
+            if any(status[shard_name(p)][0] != "done" for p in task_inputs(plan, i))]
+
+
+def array_spec(tasks: Sequence[int]) -> str:
+    """Slurm's --array list of task ids: [0, 1, 2, 5] -> "0-2,5"."""
+    runs: list[list[int]] = []
+    for t in sorted(tasks):
+        if runs and t == runs[-1][1] + 1:
+            runs[-1][1] = t
+        else:
+            runs.append([t, t])
+    return ",".join(f"{a}-{b}" if b > a else f"{a}" for a, b in runs)
+
+
 def shard_prefixes(plan: dict, input_path: str) -> dict[str, str]:
     """Output prefix per split of the first json key."""
     cfg = shard_config(plan, input_path)
