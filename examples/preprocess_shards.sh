@@ -27,6 +27,7 @@
 #   --cpus-per-task N          default 16 (tokenizer threads of one task)
 #   --time HH:MM:SS            per array task, default 04:00:00
 #   --partition P, --account A passed to sbatch
+#   --hold                     submit held (sbatch --hold; `scontrol release JOBID` starts a job)
 #   --skip-failed              write the manifest without shards whose input is bad (listed as excluded)
 #   --dry-run                  print the plan and the sbatch commands only
 #   -- FLAGS                   tools/preprocess_data.py flags shaping the outputs (--id-key, --append-eod,
@@ -75,6 +76,7 @@ while (($#)); do
         --cpus-per-task) cpus=$2; shift 2 ;;
         --time) time_limit=$2; shift 2 ;;
         --partition|--account) sbatch_extra+=("$1=$2"); shift 2 ;;
+        --hold) sbatch_extra+=(--hold); shift ;;
         --skip-failed) skip_failed=(--skip-failed); shift ;;
         --dry-run) dry_run=1; shift ;;
         -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d; s/^# \{0,1\}//'; exit 0 ;;

@@ -1,8 +1,6 @@
 """The paper-2 study in one command (issue 22): the Slurm job graph of examples/paper2_study.sh
-(--dry-run), the study record's refusals, the report, and the rehearsal on one machine (slow; under a
-real Slurm cluster: tests/test_slurm.py):
-the whole graph under sbatch/sacct/srun shims to a report, with a job that fails once and a
-second invocation that resumes without touching any finished output."""
+(--dry-run), the study record's refusals and the report. The whole graph under a real Slurm cluster:
+tests/test_slurm_study.py."""
 from __future__ import annotations
 
 import json
@@ -140,37 +138,3 @@ def test_report_table_audit_and_references(tmp_path):
     assert "evaluation standard errors" in md and "SmolLM2-135M (reference)" in md and "| **NO** |" in md
     assert "0.6250 ± 0.1000" in md
     assert (layout.report_dir / "loss_curves.png").stat().st_size > 0
-
-
-@pytest.mark.slow
-@pytest.mark.skipif(not (SHARED / "eval" / "piqa").exists() or not (SHARED / "tokenizers" / "smollm2").exists(),
-                    reason="shared data not found (set MFC_SHARED_DATA)")
-def test_rehearsal_fails_once_and_resumes_to_a_report(tmp_path):
-    """examples/rehearse_study.sh: the real graph under Slurm shims; train-binary fails once, the
-    second invocation submits only it and what depends on it, and every output of run 1 is
-    byte-identical after run 2 (the script compares the sha256 of every file)."""
-    pytest.importorskip("lm_eval")
-    env = _env()
-    env.update(OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore", MFC_SHARED_DATA=str(SHARED))
-    res = subprocess.run(["bash", str(REPO / "examples" / "rehearse_study.sh"), "--work-dir", str(tmp_path),
-                          "--fail-once", "train-binary"], env=env, capture_output=True, text=True, timeout=900)
-    assert res.returncode == 0, res.stdout[-3000:] + res.stderr[-5000:]
-    assert "output files of run 1 are byte-identical" in res.stderr
-    study = tmp_path / "study"
-    run1, run2 = (tmp_path / "slurm-state" / "submitted.log").read_text().split("# run 2\n")
-    names = lambda text: [line.split()[1] for line in text.splitlines()]  # noqa: E731
-    assert names(run1) == ["index", "manifest", "train-learned", "export-learned", "eval-learned", "train-binary",
-                           "export-binary", "eval-binary", "train-gf2", "export-gf2", "eval-gf2", "report"]
-    assert names(run2) == ["train-binary", "export-binary", "eval-binary", "report"]  # nothing finished again
-    report = json.loads((study / "report" / "report.json").read_text())
-    assert sorted(report["runs"]) == ["binary", "gf2", "learned"]
-    manifest = json.loads((study / "data" / "manifest.json").read_text())
-    for v, rec in report["runs"].items():
-        last = json.loads((study / "runs" / v / "logs" / "metrics.jsonl").read_text().splitlines()[-1])
-        assert rec["step"] == rec["planned_steps"] == 4 and 0 < rec["tokens"] == last["tokens"] <= 4 * 8 * 64
-        assert rec["tokenizer_fingerprint"] == manifest["tokenizer"]["fingerprint"]
-        assert rec["input_embedding"] == v
-    assert {"piqa_local@0shot/acc", "piqa_local@0shot/acc_norm", "lambada_local@0shot/perplexity",
-            "wikitext2_local@0shot/word_perplexity"} <= set(report["table"])
-    assert all(a["equal"] for a in report["audit"].values())
-    assert (study / "report" / "loss_curves.png").is_file() and (study / "report" / "report.md").is_file()

@@ -245,9 +245,9 @@ def test_study_state_reads_every_array_task_and_falls_back_without_accounting(sl
         subprocess.run(["scancel", job])
 
 
-def _study(study: Path, **env) -> str:
+def _study(study: Path, *args: str, **env) -> str:
     res = subprocess.run(["bash", str(ROOT / "examples" / "paper2_study.sh"), "--study-dir", str(study),
-                          "--stages", "report"], env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
+                          "--stages", "report", *args], env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
                                                        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
                                                        **env},
                          capture_output=True, text=True, timeout=120)
@@ -266,7 +266,7 @@ def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm,
     for v in ("learned", "binary", "gf2"):
         write_json_atomic(layout.record(v), _record(v, **({"tokenizer_fingerprint": "x" * 16} if v == "gf2" else {})))
         write_json_atomic(layout.eval_result(v), _result(0.5))
-    first = _study(layout.root, SBATCH_HOLD="1")  # held: stays PENDING
+    first = _study(layout.root, "--hold")  # held: stays PENDING
     job = re.search(r"^report: job (\d+)$", first, re.M).group(1)
     again = _study(layout.root)
     assert f"report: job {job} is PENDING: not resubmitted" in again

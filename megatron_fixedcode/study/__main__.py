@@ -51,6 +51,8 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-time", default=d.eval_time)
     p.add_argument("--partition", default=None)
     p.add_argument("--account", default=None)
+    p.add_argument("--hold", action="store_true",
+                   help="submit every job held (look at the graph in squeue; `scontrol release JOBID` starts it)")
     p.add_argument("--reference", dest="references", action="append", default=[],
                    help="an external model's result JSON (tools/evaluate.py --output), shown as a reference column")
     p.add_argument("--dry-run", action="store_true", help="print the job graph and the commands; submit nothing")
@@ -83,7 +85,7 @@ def main(argv=None) -> int:
         train_nodes=a.train_nodes, gpus_per_node=a.gpus_per_node, cpus_per_task=a.cpus_per_task,
         train_time=a.train_time, train_flags=train_flags, export_time=a.export_time, eval_tasks=a.eval_tasks,
         eval_limit=a.eval_limit, eval_batch_size=a.eval_batch_size, eval_gpus=a.eval_gpus, eval_time=a.eval_time,
-        partition=a.partition, account=a.account, references=[str(Path(r).resolve()) for r in a.references])
+        partition=a.partition, account=a.account, hold=a.hold, references=[str(Path(r).resolve()) for r in a.references])
     opts.validate()
     check_fixed_options(opts)
     jobs = build_graph(opts)

@@ -60,6 +60,7 @@ class StudyOptions:
     report_time: str = "00:30:00"
     partition: str | None = None
     account: str | None = None
+    hold: bool = False  # submit every job held (sbatch --hold): started by `scontrol release JOBID`
     references: list[str] = dataclasses.field(default_factory=list)
 
     def validate(self) -> None:
@@ -131,6 +132,7 @@ def _common(opts: StudyOptions, layout: StudyLayout, name: str) -> list[str]:
     out = [f"--job-name=mfc-study-{name}", f"--output={layout.logs}/{name}-%j.out", "--kill-on-invalid-dep=yes"]
     out += [f"--partition={opts.partition}"] if opts.partition else []
     out += [f"--account={opts.account}"] if opts.account else []
+    out += ["--hold"] if opts.hold else []
     return out
 
 
@@ -150,6 +152,7 @@ def build_graph(opts: StudyOptions, *, check_outputs: bool = True) -> list[Job]:
         submit += ["--max-parallel", opts.max_parallel] if opts.max_parallel else []
         submit += ["--partition", opts.partition] if opts.partition else []
         submit += ["--account", opts.account] if opts.account else []
+        submit += ["--hold"] if opts.hold else []
         submit += ["--", *opts.index_flags]
         jobs.append(Job("index", "index", [], ["--array=<one task per --shards-per-task shards>",
                         f"--cpus-per-task={opts.index_cpus}", f"--time={opts.index_time}"],
@@ -251,6 +254,11 @@ def _sbatch(args: list[str]) -> str:
     return res.stdout.strip().split(";")[0]
 
 
+def _tasks(out: str) -> str:
+    m = re.search(r"^# tasks to run: (\S+)", out, re.M)
+    return m.group(1) if m else "?"
+
+
 def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
     """Submit every job that is not done; returns {name: job id} of the submitted or in-flight jobs."""
     layout = StudyLayout(Path(opts.study_dir))
@@ -266,9 +274,19 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
         if j.name == "manifest" and "manifest" in ids:
             continue  # submitted with the array just now
         id_file = layout.jobs / f"{j.name}.id"
+        if j.name == "index" and not id_file.is_file() and (layout.jobs / "manifest.id").is_file():
+            id_file = layout.jobs / "manifest.id"  # submitted without an array (every shard was complete)
         if id_file.is_file():
             old = id_file.read_text().strip()
             state = slurm_state(old, log)
+            if j.name == "index" and state not in IN_FLIGHT and (layout.jobs / "manifest.id").is_file():
+                # the array ended, its manifest job may not have: then neither is resubmitted
+                manifest = (layout.jobs / "manifest.id").read_text().strip()
+                manifest_state = slurm_state(manifest, log)
+                if manifest_state in IN_FLIGHT:
+                    ids[j.name] = old
+                    log(f"index: job {old} ended {state}, its manifest job {manifest} is {manifest_state}: not resubmitted")
+                    continue
             if state in IN_FLIGHT:
                 ids[j.name] = old
                 log(f"{j.name}: job {old} is {state}: not resubmitted")
@@ -282,13 +300,18 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
             res = subprocess.run(shlex.split(j.script), capture_output=True, text=True)
             if res.returncode != 0:
                 raise ValueError(f"examples/preprocess_shards.sh failed: {res.stderr.strip()}")
-            m = re.search(r"array job (\S+) .*manifest job (\S+)", res.stdout)
+            m = re.search(r"submitted: (?:array job (\S+)|no array job) .*manifest job (\S+)", res.stdout)
             if not m:
                 raise ValueError(f"examples/preprocess_shards.sh: no job ids in its output: {res.stdout}")
-            ids["index"], ids["manifest"] = m.group(1), m.group(2)
-            (layout.jobs / "index.id").write_text(ids["index"] + "\n")
+            ids["manifest"] = m.group(2)
             (layout.jobs / "manifest.id").write_text(ids["manifest"] + "\n")
-            log(f"index: array job {ids['index']}, manifest job {ids['manifest']}")
+            if m.group(1):
+                ids["index"] = m.group(1)
+                (layout.jobs / "index.id").write_text(ids["index"] + "\n")
+                log(f"index: array job {ids['index']} (tasks {_tasks(res.stdout)}), manifest job {ids['manifest']}")
+            else:
+                (layout.jobs / "index.id").unlink(missing_ok=True)
+                log(f"index: every shard complete, no array; manifest job {ids['manifest']}")
             continue
         script = layout.jobs / f"{j.name}.sh"
         script.write_text(j.script)
