@@ -331,17 +331,23 @@ def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_proces
         assert res.returncode == 0, res.stdout + res.stderr
         return re.search(r"submitted: array job (\d+) \(tasks (\S+) of 3.*manifest job (\d+)", res.stdout).groups()
 
-    def tasks(array: str) -> dict[str, str]:
-        lines = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
-                               text=True).stdout.splitlines()
-        return {line.split("|")[0].split("_")[1]: line.split("|")[1].split()[0] for line in lines if line.strip()}
+    def tasks(array: str, want: dict[str, str]) -> dict[str, str]:
+        for _ in range(100):  # slurmdbd may lag the controller by a moment
+            lines = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
+                                   text=True).stdout.splitlines()
+            got = {line.split("|")[0].split("_")[1]: line.split("|")[1].split()[0] for line in lines if line.strip()}
+            if got == want:
+                break
+            time.sleep(0.3)
+        return got
 
     array, todo, manifest_job = submit()
     assert todo == "0-2"
     wait_until(lambda: (out / "s03_train_text_document.bin.tmp").exists(), 300, "task 1's second shard")
     subprocess.run(["scancel", f"{array}_1"], check=True)
     assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "FAILED"
-    assert tasks(array) == {"0": "COMPLETED", "1": "CANCELLED", "2": "FAILED"}
+    want = {"0": "COMPLETED", "1": "CANCELLED", "2": "FAILED"}
+    assert tasks(array, want) == want
     log = (out / "logs" / f"manifest-{manifest_job}.out").read_text()
     assert "s03 (missing)" in log and "re-submit" in log and not (out / "manifest.json").exists()
     assert f"error: shard s04: {inputs / 's04.jsonl.gz'}" in (out / "logs" / f"index-{array}_2.out").read_text()
@@ -353,7 +359,8 @@ def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_proces
     array, todo, manifest_job = submit()  # the same command: tasks 1 (cancelled) and 2 (a failed shard) only
     assert todo == "1-2"
     assert wait_done(manifest_job, tmp_path, 300)["JobState"] == "COMPLETED"
-    assert tasks(array) == {"1": "COMPLETED", "2": "FAILED"}
+    want = {"1": "COMPLETED", "2": "FAILED"}
+    assert tasks(array, want) == want
     assert "task 1: 1 indexed, 1 already complete, 0 failed" in (out / "logs" / f"index-{array}_1.out").read_text()
     assert "excluded s04" in (out / "logs" / f"manifest-{manifest_job}.out").read_text()
     assert {p.name: p.read_bytes() for p in out.glob("s0[01]_*")} == kept and not list(out.glob("*.tmp"))

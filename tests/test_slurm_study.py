@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_slurm import ROOT, SHARED, TOKENIZER, job_info, slurm, wait_done, wait_until  # noqa: F401
+from tests.test_slurm import ROOT, SHARED, TOKENIZER, job_info, sacct, slurm, wait_done, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.slow
 NAMES = ["index", "manifest", "train-learned", "export-learned", "eval-learned", "train-binary", "export-binary",
@@ -107,6 +107,8 @@ def test_study_graph_resumes_a_cancelled_training_to_its_report(slurm, tmp_path)
             assert wait_done(job[n], tmp_path, 300)["JobState"] == "CANCELLED", n + logs()
         assert wait_done(job["train-learned"], tmp_path, 600)["JobState"] == "COMPLETED", logs()
         assert not (study / "report").exists()
+        wait_until(lambda: all(sacct(job[n])[0].startswith("CANCELLED") for n in ("train-binary", "report")), 60,
+                   "sacct to record the cancellations")  # slurmdbd may lag the controller; the study reads sacct
         before = _hashes(study, "data", "runs/learned")  # finished: the index outputs, the learned training
 
         out = run()  # run 4: the cancelled training and what depends on it, nothing else
