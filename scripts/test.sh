@@ -6,7 +6,7 @@
 #      scripts/setup_env.sh --py312): the core subset below (test_quickstart_pipeline runs the
 #      quickstart pipeline --quick end to end on that line).
 #      MFC_SKIP_PY312=1 skips it, MFC_SKIP_PY311=1 skips leg 1 (quick local runs only: CI runs both).
-# Leg 1 runs tests/test_slurm.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
+# Leg 1 runs tests/test_slurm*.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
 # its fixture start one (scripts/slurm_local.sh start: root, apt-get on a fresh machine) and fail when it
 # cannot; outside CI, MFC_SLURM=0 leaves them skipped unless a cluster already runs.
 # Both legs run even when the first fails; the script fails if either did. Each leg runs on two pytest-xdist
