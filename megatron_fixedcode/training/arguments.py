@@ -34,9 +34,9 @@ from megatron_fixedcode.training.megatron_args import (
     add_accepted_args,
     architecture_block,
     expand_block_key,
-    inert_in_use,
     out_of_scope,
 )
+from megatron_fixedcode.training.megatron_inert import add_inert_args, default_only_error, inert_in_use
 from megatron_fixedcode.yaml_files import load_yaml
 
 
@@ -99,7 +99,12 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel ranks")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="model chunks per pipeline rank (interleaved schedule)")
+                   help="model chunks per pipeline rank (interleaved schedule); this project's name for the value "
+                        "Megatron-LM derives from the two flags below")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="interleaved schedule: layers per model chunk (Megatron-LM)")
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
+                   help="interleaved schedule: model chunks per pipeline rank (Megatron-LM)")
     g.add_argument("--context-parallel-size", type=int, default=1, help="context-parallel ranks")
     g.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the sequence (TP > 1)")
     g.add_argument("--use-distributed-optimizer", action="store_true",
@@ -221,8 +226,11 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
-    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"],
-                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size")
+    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
+                                                "Llama2Tokenizer", "NullTokenizer"],
+                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size; the three "
+                   "SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
+                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...)")
     g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
 
 
@@ -243,7 +251,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any layout) and start at step 0")
-    g.add_argument("--exit-duration-in-mins", type=float, default=None, help="save and exit after this many minutes")
+    g.add_argument("--exit-duration-in-mins", type=int, default=None, help="save and exit after this many minutes")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal, save at the end of the step and exit")
     g.add_argument("--exit-interval", type=int, default=None, help="save and exit at a step that is a multiple of N")
@@ -270,6 +278,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(p)
     _add_checkpoint_and_logging(p)
     add_accepted_args(p)
+    add_inert_args(p)
     return p
 
 
@@ -350,8 +359,12 @@ class PretrainConfig:
             vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.layernorm_epsilon,
             hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
             layernorm_zero_centered_gamma=a.layernorm_zero_centered_gamma,
-            recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers,
+            # without full recompute Megatron-LM leaves them unused
+            recompute_method=a.recompute_method if a.recompute_granularity == "full" else None,
+            recompute_num_layers=a.recompute_num_layers if a.recompute_granularity == "full" else None,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
+            kv_channels=None if a.kv_channels == a.hidden_size // a.num_attention_heads else a.kv_channels,
+            rotary_percent=a.rotary_percent, rotary_interleaved=a.rotary_interleaved,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
             code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
@@ -403,17 +416,14 @@ def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--finetune needs --load")
     if a.hf_export_interval and not a.save:
         p.error("--hf-export-interval exports saved checkpoints: it needs --save")
-    if a.save_interval and not a.save:
-        p.error("--save-interval needs --save")
     if a.lr_decay_iters is not None and a.lr_decay_iters <= a.lr_warmup_iters:
         p.error(f"--lr-decay-iters {a.lr_decay_iters} must exceed --lr-warmup-iters {a.lr_warmup_iters}")
     if a.override_opt_param_scheduler and a.use_checkpoint_opt_param_scheduler:
         p.error("give at most one of --override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler")
     if a.eval_iters < 0:
         p.error(f"--eval-iters must be >= 0, got {a.eval_iters}")
-    if a.eval_iters == 0 and (a.eval_interval or a.skip_train):
-        p.error("--eval-iters 0 evaluates nothing: give --eval-iters >= 1 with "
-                + ("--skip-train" if a.skip_train else f"--eval-interval {a.eval_interval}") + ", or drop it")
+    if a.eval_iters == 0 and a.skip_train:  # with --eval-interval: no evaluation, as in Megatron-LM
+        p.error("--eval-iters 0 evaluates nothing: give --eval-iters >= 1 with --skip-train")
     if a.eval_interval is not None and a.eval_interval < 1:
         p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
     if a.min_lr > a.lr:
@@ -518,8 +528,8 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
     if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
         p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
                 "(as Megatron-LM's TransformerConfig)")
-    if a.recompute_granularity != "full" and (a.recompute_method or a.recompute_num_layers):
-        p.error("--recompute-method/--recompute-num-layers act with --recompute-granularity full only")
+    if a.recompute_granularity == "selective" and a.recompute_method:  # Megatron-LM's validate_args
+        p.error("--recompute-method acts with --recompute-granularity full only (not selective)")
     if a.lr_decay_style == "WSD":
         p.error("--lr-decay-style WSD is not supported here: constant, linear, cosine or inverse-square-root")
     if a.tokenizer_type == "NullTokenizer" and a.tokenizer_model:
@@ -539,6 +549,12 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
         print(f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
               "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
               "blends give --train-data-path and --valid-data-path", file=sys.stderr)
+    if (error := default_only_error(a)) is not None:
+        p.error(error)
+    if a.dataloader_type is None:  # Megatron-LM's validate_args
+        a.dataloader_type = "single"
+    _virtual_pipeline(a, p)
+    _derived_like_megatron(a)
     try:
         a.block = architecture_block(a)
     except ValueError as e:
@@ -547,10 +563,10 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
         a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
     if a.kv_channels is None and a.hidden_size and a.num_attention_heads:
         a.kv_channels = a.hidden_size // a.num_attention_heads
-    if a.kv_channels is not None and a.hidden_size and a.num_attention_heads and \
-            a.kv_channels * a.num_attention_heads != a.hidden_size:
-        p.error(f"--kv-channels {a.kv_channels}: only hidden-size / num-attention-heads "
-                f"= {a.hidden_size // a.num_attention_heads} is built here")
+    if a.kv_channels is not None and a.kv_channels < 1:
+        p.error(f"--kv-channels must be >= 1, got {a.kv_channels}")
+    if not 0 < a.rotary_percent <= 1:
+        p.error(f"--rotary-percent must be in (0, 1], got {a.rotary_percent}")
     if a.max_position_embeddings is not None and a.seq_length and a.max_position_embeddings < a.seq_length:
         p.error(f"--max-position-embeddings {a.max_position_embeddings} is below --seq-length {a.seq_length}")
     if a.layernorm_zero_centered_gamma and a.transformer_impl == "local":
@@ -559,6 +575,46 @@ def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> No
     for name in ("hidden_dropout", "attention_dropout"):
         if not 0 <= getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(a, name)}")
+
+
+def _virtual_pipeline(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Megatron-LM's --num-layers-per-virtual-pipeline-stage / --num-virtual-stages-per-pipeline-rank ->
+    virtual_pipeline_model_parallel_size (None for one chunk), as its validate_args derives it."""
+    given = [f for f, v in (("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage),
+                            ("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank),
+                            ("--virtual-pipeline-model-parallel-size", a.virtual_pipeline_model_parallel_size))
+             if v is not None]
+    if len(given) > 1:
+        p.error(f"give one of {' and '.join(given)}")
+    if a.num_virtual_stages_per_pipeline_rank is not None:
+        a.virtual_pipeline_model_parallel_size = a.num_virtual_stages_per_pipeline_rank
+    elif a.num_layers_per_virtual_pipeline_stage is not None and a.num_layers:
+        pp, per_chunk = a.pipeline_model_parallel_size, a.num_layers_per_virtual_pipeline_stage
+        if a.num_layers % pp or (a.num_layers // pp) % per_chunk:
+            p.error(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {a.num_layers // pp if a.num_layers % pp == 0 else a.num_layers / pp} "
+                    f"layers of each of the {pp} pipeline stages do not split into chunks of {per_chunk}")
+        a.virtual_pipeline_model_parallel_size = a.num_layers // pp // per_chunk
+    if a.virtual_pipeline_model_parallel_size == 1:
+        a.virtual_pipeline_model_parallel_size = None
+
+
+def _derived_like_megatron(a: argparse.Namespace) -> None:
+    """The values Megatron-LM's validate_args derives from the flags and the world size (``WORLD_SIZE``,
+    1 when unset, as Megatron-LM reads it), so that the dry run prints what Megatron-LM's parser gives."""
+    a.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    model_parallel = a.tensor_model_parallel_size * a.pipeline_model_parallel_size * a.context_parallel_size
+    a.data_parallel_size = a.world_size // model_parallel if a.world_size % model_parallel == 0 else None
+    if a.global_batch_size is None and a.data_parallel_size:
+        a.global_batch_size = a.micro_batch_size * a.data_parallel_size
+    a.encoder_num_layers, a.encoder_seq_length = a.num_layers, a.seq_length
+    if not a.add_bias_linear:
+        a.bias_gelu_fusion = False
+    if a.bf16:  # BF16 grads are accumulated and reduced in FP32 unless --grad-reduce-in-bf16
+        a.accumulate_allreduce_grads_in_fp32 = not a.grad_reduce_in_bf16
+    if a.virtual_pipeline_model_parallel_size is None:  # p2p overlap is for the interleaved schedule
+        a.overlap_p2p_comm = False
+    if a.apply_query_key_layer_scaling:
+        a.attention_softmax_in_fp32 = True
 
 
 def _is_rank0() -> bool:
