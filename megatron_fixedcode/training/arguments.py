@@ -607,12 +607,13 @@ def _derived_like_megatron(a: argparse.Namespace) -> None:
     if a.global_batch_size is None and a.data_parallel_size:
         a.global_batch_size = a.micro_batch_size * a.data_parallel_size
     a.encoder_num_layers, a.encoder_seq_length = a.num_layers, a.seq_length
+    a.start_weight_decay = a.end_weight_decay = a.weight_decay  # --weight-decay-incr-style constant
     if not a.add_bias_linear:
         a.bias_gelu_fusion = False
     if a.bf16:  # BF16 grads are accumulated and reduced in FP32 unless --grad-reduce-in-bf16
         a.accumulate_allreduce_grads_in_fp32 = not a.grad_reduce_in_bf16
-    if a.virtual_pipeline_model_parallel_size is None:  # p2p overlap is for the interleaved schedule
-        a.overlap_p2p_comm = False
+    if a.virtual_pipeline_model_parallel_size is None:  # p2p overlap and aligned gathers: interleaved schedule
+        a.overlap_p2p_comm = a.align_param_gather = False
     if a.apply_query_key_layer_scaling:
         a.attention_softmax_in_fp32 = True
 

@@ -9,6 +9,7 @@ one line naming what is built here instead.
 from __future__ import annotations
 
 import argparse
+import os
 
 # dest -> why it has no effect here (logged once at startup when set away from Megatron's default).
 INERT = {
@@ -62,6 +63,97 @@ INERT = {
     "tp_comm_overlap_cfg": "TE userbuffers use their default configuration",
     "use_tp_pp_dp_mapping": "megatron-core's default rank order", "use_flash_attn": "deprecated in Megatron-LM too",
     "num_dataset_builder_threads": "datasets are built in one thread",
+    "pipeline_model_parallel_comm_backend": "megatron-core's default pipeline communication",
+    "tp_comm_bulk_wgrad": 'TE userbuffers use their default configuration',
+    "tp_comm_bulk_dgrad": 'TE userbuffers use their default configuration',
+    "tp_comm_overlap_ag": 'TE userbuffers use their default configuration',
+    "tp_comm_overlap_rs": 'TE userbuffers use their default configuration',
+    "tp_comm_overlap_rs_dgrad": 'TE userbuffers use their default configuration',
+    "tp_comm_split_ag": 'TE userbuffers use their default configuration',
+    "tp_comm_split_rs": 'TE userbuffers use their default configuration',
+    "tp_comm_bootstrap_backend": 'TE userbuffers use their default configuration',
+    "delay_wgrad_compute": 'no delayed weight-gradient compute',
+    "use_ring_exchange_p2p": "megatron-core's default pipeline communication",
+    "init_model_with_meta_device": 'parameters are initialized on the device they train on',
+    "disable_bf16_reduced_precision_matmul": "torch's default matmul precision",
+    "clone_scatter_output_in_embedding": "megatron-core's default embedding",
+    "config_logger_dir": 'no config logger',
+    "use_te_activation_func": "the activation is megatron-core's",
+    "symmetric_ar_type": "megatron-core's default all-reduce",
+    "onnx_safe": 'no ONNX export',
+    "apply_wd_to_qk_layernorm": 'no QK layer norm here',
+    "profile_ranks": 'no built-in profiler',
+    "record_memory_history": 'no built-in memory snapshot',
+    "memory_snapshot_path": 'no built-in memory snapshot',
+    "train_sync_interval": 'no CPU-GPU sync tuning',
+    "exit_signal_handler_for_dataloader": 'batches are read in the training process',
+    "manual_gc_eval": '--manual-gc collects at its interval only',
+    "check_for_large_grads": 'no rerun state machine',
+    "result_rejected_tracker_filename": 'no rerun state machine',
+    "dump_param_to_param_group_map": 'no parameter-group dump',
+    "pin_cpu_grads": 'no optimizer CPU offload',
+    "pin_cpu_params": 'no optimizer CPU offload',
+    "high_priority_stream_groups": "megatron-core's default streams",
+    "disable_jit_fuser": "torch's default fusers",
+    "te_rng_tracker": "megatron's CUDA RNG tracker",
+    "lr_wsd_decay_style": '--lr-decay-style WSD is refused',
+    "lr_wsd_decay_iters": '--lr-decay-style WSD is refused',
+    "lr_wsd_decay_samples": '--lr-decay-style WSD is refused',
+    "exit_on_missing_checkpoint": 'a missing --load is refused already',
+    "dist_ckpt_save_pre_mcore_014": "dist_checkpointing's current format",
+    "distrib_optim_fully_reshardable_mem_efficient": "dist_checkpointing's default save strategy",
+    "use_dist_ckpt_deprecated": 'deprecated in Megatron-LM too: --ckpt-format sets it',
+    "dist_ckpt_format_deprecated": 'deprecated in Megatron-LM too',
+    "reuse_grad_buf_for_mxfp8_param_ag": "megatron's default MXFP8 buffers",
+    "distributed_timeout_seconds_after_init": "the process group uses torch's default timeout",
+    "align_grad_reduce": "megatron's DDP default",
+    "ddp_num_buckets": "megatron's DDP default buckets",
+    "ddp_bucket_size": "megatron's DDP default buckets",
+    "ddp_pad_buckets_for_high_nccl_busbw": "megatron's DDP default buckets",
+    "ddp_reduce_scatter_with_fp32_accumulation": 'gradients are reduced in FP32 already',
+    "align_param_gather": "megatron's DDP default",
+    "scatter_gather_tensors_in_pipeline": "megatron-core's default pipeline communication",
+    "local_rank": "torchrun's LOCAL_RANK is read from the environment",
+    "lazy_mpu_init": 'the process groups are built at start-up',
+    "nccl_ub": "megatron's DDP default buffers",
+    "disable_symmetric_registration": "megatron's DDP default buffers",
+    "use_sharp": "NCCL's default collectives",
+    "sharp_enabled_group": "NCCL's default collectives",
+    "create_all_gather_group": "megatron's DDP default",
+    "gradient_reduce_div_fusion": "megatron's DDP default",
+    "keep_fp8_transpose_cache": "TE's default FP8 caches",
+    "nccl_communicator_config_path": "NCCL's default communicators",
+    "dataloader_fast_cache_load": "megatron's default dataset cache",
+    "dataloader_defer_npy_index_mmap": "megatron's default dataset cache",
+    "object_storage_cache_path": 'data are read from local files',
+    "allow_ambiguous_pad_tokens": 'no pad tokens in pretraining samples',
+    "tokenizer_metadata": 'the tokenizer is the one --tokenizer-model names',
+    "tokenizer_special_tokens": 'the tokenizer is the one --tokenizer-model names',
+    "tokenizer_sentencepiece_legacy": 'the tokenizer is the one --tokenizer-model names',
+    "tokenizer_hf_use_fast": 'the tokenizer is the one --tokenizer-model names',
+    "tokenizer_hf_include_special_tokens": 'the tokenizer is the one --tokenizer-model names',
+    "adlr_autoresume": 'no ADLR autoresume',
+    "adlr_autoresume_interval": 'no ADLR autoresume',
+    "tensorboard_queue_size": "TensorBoard's default queue",
+    "log_loss_scale_to_tensorboard": 'the loss scale is 1 (no FP16)',
+    "log_memory_interval": 'memory is in the log line',
+    "log_device_memory_used": 'memory is in the log line',
+    "log_max_attention_logit": 'no attention-logit logging',
+    "barrier_with_L1_time": 'no timers',
+    "logging_level": "the trainer's log level",
+    "log_energy": 'no energy monitor',
+    "log_straggler": 'no straggler detector',
+    "straggler_ctrlr_port": 'no straggler detector',
+    "disable_straggler_on_startup": 'no straggler detector',
+    "run_workload_inspector_server": 'no workload inspector',
+    "enable_one_logger": 'no one-logger',
+    "one_logger_project": 'no one-logger',
+    "one_logger_run_name": 'no one-logger',
+    "one_logger_async": 'no one-logger',
+    "app_tag_run_name": 'no one-logger',
+    "app_tag_run_version": 'no one-logger',
+    "check_for_spiky_loss": 'no rerun state machine',
+    "enable_msc": 'data are read from local files',
 }
 
 # (option strings, dest, argparse kwargs): store_true / store_false flags give their kind as "true" / "false".
@@ -131,51 +223,210 @@ _FLAGS = (
     (("--tp-comm-overlap-cfg",), "tp_comm_overlap_cfg", {"default": None}),
     (("--use-tp-pp-dp-mapping",), "use_tp_pp_dp_mapping", "true"),
     (("--use-flash-attn",), "use_flash_attn", "true"),
+    (('--pipeline-model-parallel-comm-backend',), "pipeline_model_parallel_comm_backend", {"choices": ['nccl', 'ucc'], "default": None}),
+    (('--no-tp-comm-bulk-wgrad', '--disable-tp-comm-bulk-wgrad'), "tp_comm_bulk_wgrad", "false"),
+    (('--no-tp-comm-bulk-dgrad', '--disable-tp-comm-bulk-dgrad'), "tp_comm_bulk_dgrad", "false"),
+    (('--no-tp-comm-overlap-ag', '--disable-tp-comm-overlap-ag'), "tp_comm_overlap_ag", "false"),
+    (('--no-tp-comm-overlap-rs', '--disable-tp-comm-overlap-rs'), "tp_comm_overlap_rs", "false"),
+    (('--tp-comm-overlap-rs-dgrad',), "tp_comm_overlap_rs_dgrad", "true"),
+    (('--no-tp-comm-split-ag', '--disable-tp-comm-split-ag'), "tp_comm_split_ag", "false"),
+    (('--no-tp-comm-split-rs', '--disable-tp-comm-split-rs'), "tp_comm_split_rs", "false"),
+    (('--tp-comm-bootstrap-backend',), "tp_comm_bootstrap_backend", {"choices": ['nccl', 'mpi', 'gloo'], "default": 'nccl'}),
+    (('--delay-wgrad-compute',), "delay_wgrad_compute", "true"),
+    (('--use-ring-exchange-p2p',), "use_ring_exchange_p2p", "true"),
+    (('--init-model-with-meta-device',), "init_model_with_meta_device", "true"),
+    (('--disable-bf16-reduced-precision-matmul',), "disable_bf16_reduced_precision_matmul", "true"),
+    (('--no-clone-scatter-output-in-embedding', '--disable-clone-scatter-output-in-embedding'), "clone_scatter_output_in_embedding", "false"),
+    (('--config-logger-dir',), "config_logger_dir", {"default": ''}),
+    (('--use-te-activation-func',), "use_te_activation_func", "true"),
+    (('--symmetric-ar-type',), "symmetric_ar_type", {"choices": ['two_shot', 'one_shot', 'multimem_all_reduce'], "default": None}),
+    (('--onnx-safe',), "onnx_safe", {"default": None}),
+    (('--apply-wd-to-qk-layernorm',), "apply_wd_to_qk_layernorm", "true"),
+    (('--profile-ranks',), "profile_ranks", {"type": int, "nargs": '+', "default": [0]}),
+    (('--record-memory-history',), "record_memory_history", "true"),
+    (('--memory-snapshot-path',), "memory_snapshot_path", {"default": 'snapshot.pickle'}),
+    (('--train-sync-interval',), "train_sync_interval", {"type": int, "default": None}),
+    (('--exit-signal-handler-for-dataloader',), "exit_signal_handler_for_dataloader", "true"),
+    (('--no-manual-gc-eval', '--disable-manual-gc-eval'), "manual_gc_eval", "false"),
+    (('--check-for-large-grads',), "check_for_large_grads", "true"),
+    (('--result-rejected-tracker-filename',), "result_rejected_tracker_filename", {"default": None}),
+    (('--dump-param-to-param-group-map',), "dump_param_to_param_group_map", {"default": None}),
+    (('--no-pin-cpu-grads',), "pin_cpu_grads", "false"),
+    (('--no-pin-cpu-params',), "pin_cpu_params", "false"),
+    (('--high-priority-stream-groups',), "high_priority_stream_groups", {"nargs": '*', "default": []}),
+    (('--disable-jit-fuser',), "disable_jit_fuser", "true"),
+    (('--te-rng-tracker',), "te_rng_tracker", "true"),
+    (('--lr-wsd-decay-style',), "lr_wsd_decay_style", {"choices": ['exponential', 'linear', 'cosine', 'minus_sqrt'], "default": 'exponential'}),
+    (('--lr-wsd-decay-iters',), "lr_wsd_decay_iters", {"type": int, "default": None}),
+    (('--lr-wsd-decay-samples',), "lr_wsd_decay_samples", {"type": int, "default": None}),
+    (('--exit-on-missing-checkpoint',), "exit_on_missing_checkpoint", "true"),
+    (('--dist-ckpt-save-pre-mcore-014',), "dist_ckpt_save_pre_mcore_014", "true"),
+    (('--distrib-optim-fully-reshardable-mem-efficient',), "distrib_optim_fully_reshardable_mem_efficient", "true"),
+    (('--use-dist-ckpt',), "use_dist_ckpt_deprecated", "true"),
+    (('--dist-ckpt-format',), "dist_ckpt_format_deprecated", {"default": None}),
+    (('--reuse-grad-buf-for-mxfp8-param-ag',), "reuse_grad_buf_for_mxfp8_param_ag", "true"),
+    (('--distributed-timeout-seconds-after-init',), "distributed_timeout_seconds_after_init", {"type": int, "default": None}),
+    (('--no-align-grad-reduce',), "align_grad_reduce", "false"),
+    (('--ddp-num-buckets',), "ddp_num_buckets", {"type": int, "default": None}),
+    (('--ddp-bucket-size',), "ddp_bucket_size", {"type": int, "default": None}),
+    (('--ddp-pad-buckets-for-high-nccl-busbw',), "ddp_pad_buckets_for_high_nccl_busbw", "true"),
+    (('--ddp-reduce-scatter-with-fp32-accumulation',), "ddp_reduce_scatter_with_fp32_accumulation", "true"),
+    (('--no-align-param-gather',), "align_param_gather", "false"),
+    (('--no-scatter-gather-tensors-in-pipeline',), "scatter_gather_tensors_in_pipeline", "false"),
+    (('--local-rank',), "local_rank", {"type": int, "default": 'LOCAL_RANK'}),
+    (('--lazy-mpu-init',), "lazy_mpu_init", {"default": None}),
+    (('--use-nccl-ub',), "nccl_ub", "true"),
+    (('--disable-symmetric-registration',), "disable_symmetric_registration", "true"),
+    (('--use-sharp',), "use_sharp", "true"),
+    (('--sharp-enabled-group',), "sharp_enabled_group", {"choices": ['dp', 'dp_replica'], "default": None}),
+    (('--create-all-gather-group',), "create_all_gather_group", "true"),
+    (('--no-gradient-reduce-div-fusion',), "gradient_reduce_div_fusion", "false"),
+    (('--keep-fp8-transpose-cache',), "keep_fp8_transpose_cache", "true"),
+    (('--nccl-communicator-config-path',), "nccl_communicator_config_path", {"default": None}),
+    (('--dataloader-fast-cache-load',), "dataloader_fast_cache_load", "true"),
+    (('--dataloader-defer-npy-index-mmap',), "dataloader_defer_npy_index_mmap", "true"),
+    (('--object-storage-cache-path',), "object_storage_cache_path", {"default": None}),
+    (('--allow-ambiguous-pad-tokens',), "allow_ambiguous_pad_tokens", "true"),
+    (('--tokenizer-metadata',), "tokenizer_metadata", {"default": None}),
+    (('--tokenizer-special-tokens',), "tokenizer_special_tokens", {"nargs": '+', "default": None}),
+    (('--tokenizer-sentencepiece-legacy',), "tokenizer_sentencepiece_legacy", "true"),
+    (('--tokenizer-hf-use-fast',), "tokenizer_hf_use_fast", "true"),
+    (('--tokenizer-hf-include-special-tokens',), "tokenizer_hf_include_special_tokens", "true"),
+    (('--adlr-autoresume',), "adlr_autoresume", "true"),
+    (('--adlr-autoresume-interval',), "adlr_autoresume_interval", {"type": int, "default": 1000}),
+    (('--tensorboard-queue-size',), "tensorboard_queue_size", {"type": int, "default": 1000}),
+    (('--no-log-loss-scale-to-tensorboard', '--disable-log-loss-scale-to-tensorboard'), "log_loss_scale_to_tensorboard", "false"),
+    (('--log-memory-interval',), "log_memory_interval", {"type": int, "default": None}),
+    (('--log-device-memory-used',), "log_device_memory_used", "true"),
+    (('--log-max-attention-logit',), "log_max_attention_logit", "true"),
+    (('--no-barrier-with-level-1-timing',), "barrier_with_L1_time", "false"),
+    (('--logging-level',), "logging_level", {"type": int, "default": None}),
+    (('--log-energy',), "log_energy", "true"),
+    (('--log-straggler',), "log_straggler", "true"),
+    (('--straggler-ctrlr-port',), "straggler_ctrlr_port", {"type": int, "default": 65535}),
+    (('--disable-straggler-on-startup',), "disable_straggler_on_startup", "true"),
+    (('--run-workload-inspector-server',), "run_workload_inspector_server", "true"),
+    (('--no-one-logger',), "enable_one_logger", "false"),
+    (('--one-logger-project',), "one_logger_project", {"default": 'megatron-lm'}),
+    (('--one-logger-run-name',), "one_logger_run_name", {"default": None}),
+    (('--one-logger-async',), "one_logger_async", "true"),
+    (('--app-tag-run-name',), "app_tag_run_name", {"default": None}),
+    (('--app-tag-run-version',), "app_tag_run_version", {"default": '0.0.0'}),
+    (('--check-for-spiky-loss',), "check_for_spiky_loss", "true"),
+    (('--disable-msc',), "enable_msc", "false"),
 )
 
-# dest -> (flag, Megatron's default, argparse kwargs, what is built here instead of another value)
+# dest -> (option strings, "true"/"false" for store_true/store_false or argparse kwargs with Megatron's
+# default, what is built here instead of another value)
 DEFAULT_ONLY = {
-    "optimizer": ("--optimizer", "adam", {"choices": ["adam", "sgd", "muon", "dist_muon"]}, "AdamW only"),
-    "cp_comm_type": ("--cp-comm-type", ["p2p"], {"nargs": "+"}, "context parallelism communicates p2p (ring) only"),
-    "dataloader_type": ("--dataloader-type", None, {"choices": ["single", "cyclic", "external"]},
+    "optimizer": (("--optimizer",), {"choices": ["adam", "sgd", "muon", "dist_muon"], "default": "adam"}, "AdamW only"),
+    "cp_comm_type": (("--cp-comm-type",), {"nargs": "+", "default": ["p2p"]},
+                     "context parallelism communicates p2p (ring) only"),
+    "dataloader_type": (("--dataloader-type",), {"choices": ["single", "cyclic", "external"], "default": None},
                         "the sampler is Megatron's 'single' (step n reads global samples [n*G, (n+1)*G))"),
-    "padded_vocab_size": ("--padded-vocab-size", None, {"type": int},
+    "padded_vocab_size": (("--padded-vocab-size",), {"type": int, "default": None},
                           "the output layer is padded by --make-vocab-size-divisible-by"),
-    "ckpt_format": ("--ckpt-format", "torch_dist", {"choices": ["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"]},
+    "ckpt_format": (("--ckpt-format",), {"choices": ["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
+                                         "default": "torch_dist"},
                     "checkpoints are megatron-core's dist_checkpointing (torch_dist)"),
+    "max_seqlen_per_dp_cp_rank": (('--max-seqlen-per-dp-cp-rank',), {"type": int, "default": None}, 'sequences are packed to --seq-length here'),
+    "perform_initialization": (('--no-initialization',), "false", 'parameters are always initialized'),
+    "softmax_type": (('--softmax-type',), {"choices": ['vanilla', 'off-by-one', 'learnable'], "default": 'vanilla'}, 'the attention softmax is the standard one'),
+    "fp32_residual_connection": (('--fp32-residual-connection',), "true", "the residual stream is FP32 under --precision fp32-autocast-bf16 (this project's mode)"),
+    "apply_residual_connection_post_layernorm": (('--apply-residual-connection-post-layernorm',), "true", 'the blocks are pre-norm'),
+    "glu_linear_offset": (('--glu-linear-offset',), {"type": float, "default": 0.0}, 'the SwiGLU here has no offset'),
+    "activation_func_clamp_value": (('--activation-func-clamp-value',), {"type": float, "default": None}, 'the activations are not clamped'),
+    "embedding_init_method_std": (('--embedding-init-method-std',), {"type": float, "default": None}, 'the learned table is initialized with --init-method-std'),
+    "distribute_saved_activations": (('--distribute-saved-activations',), "true", 'activations are not distributed over TP ranks'),
+    "recompute_modules": (('--recompute-modules',), {"nargs": '+', "default": None}, "selective recompute covers the core attention (megatron-core's default)"),
+    "fp8_margin": (('--fp8-margin',), {"type": int, "default": 0}, "the FP8 scaling margin is TE's default"),
+    "fp8_interval": (('--fp8-interval',), {"type": int, "default": 1}, "the FP8 scaling interval is TE's default"),
+    "fp8_wgrad": (('--no-fp8-wgrad', '--disable-fp8-wgrad'), "false", 'the weight gradients are FP8 under --fp8-format too'),
+    "batch_invariant_mode": (('--batch-invariant-mode',), "true", 'no batch-invariant kernels'),
+    "rotary_seq_len_interpolation_factor": (('--rotary-seq-len-interpolation-factor',), {"type": int, "default": None}, 'RoPE is not interpolated'),
+    "no_rope_freq": (('--no-rope-freq',), {"default": None}, 'RoPE is applied in every layer'),
+    "no_weight_decay_cond_type": (('--no-weight-decay-cond-type',), {"choices": ['apply_wd_to_qk_layernorm'], "default": None}, 'weight decay: matrices only, none on 1-D parameters'),
+    "decrease_batch_size_if_needed": (('--decrease-batch-size-if-needed',), "true", 'the global batch is fixed'),
+    "iterations_to_skip": (('--iterations-to-skip',), {"type": int, "nargs": '+', "default": []}, 'no iteration is skipped'),
+    "batch_size": (('--batch-size',), {"type": int, "default": None}, 'deprecated in Megatron-LM too: give --micro-batch-size'),
+    "checkpoint_activations": (('--checkpoint-activations',), "true", 'deprecated in Megatron-LM too: give --recompute-activations'),
+    "rope_type": (('--rope-type',), {"choices": ['rope', 'yarn'], "default": None}, "the RoPE of megatron-core's default"),
+    "data_parallel_random_init": (('--data-parallel-random-init',), "true", 'the DP replicas start from the same weights'),
+    "init_method_xavier_uniform": (('--init-method-xavier-uniform',), "true", 'the init is normal(0, --init-method-std)'),
+    "start_weight_decay": (('--start-weight-decay',), {"type": float, "default": None}, 'the weight decay is constant (--weight-decay)'),
+    "end_weight_decay": (('--end-weight-decay',), {"type": float, "default": None}, 'the weight decay is constant (--weight-decay)'),
+    "weight_decay_incr_style": (('--weight-decay-incr-style',), {"choices": ['constant', 'linear', 'cosine'], "default": 'constant'}, 'the weight decay is constant (--weight-decay)'),
+    "warmup": (('--warmup',), {"type": int, "default": None}, 'deprecated in Megatron-LM too: give --lr-warmup-fraction'),
+    "save_wgrads_interval": (('--save-wgrads-interval',), {"type": int, "default": None}, 'no gradient dumps'),
+    "save_dgrads_interval": (('--save-dgrads-interval',), {"type": int, "default": None}, 'no gradient dumps'),
+    "load_main_params_from_ckpt": (('--load-main-params-from-ckpt',), "true", "main parameters load with the checkpoint's weights"),
+    "pretrained_checkpoint": (('--pretrained-checkpoint',), {"default": None}, 'give --load with --finetune'),
+    "no_save_optim": (('--no-save-optim',), {"action": "store_true", "default": None}, "checkpoints hold the optimizer's state"),
+    "no_save_rng": (('--no-save-rng',), {"action": "store_true", "default": None}, 'checkpoints hold the RNG states'),
+    "model_parallel_size": (('--model-parallel-size',), {"type": int, "default": None}, 'deprecated in Megatron-LM too: give --tensor-model-parallel-size'),
+    "full_validation": (('--full-validation',), "true", 'validation reads the first --eval-iters batches'),
+    "multiple_validation_sets": (('--multiple-validation-sets',), "true", 'one validation blend'),
+    "phase_transition_iterations": (('--phase-transition-iterations',), {"default": None}, 'one data blend for the whole run'),
+    "per_split_data_args_path": (('--per-split-data-args-path',), {"default": None}, 'give --train-data-path/--valid-data-path/--test-data-path'),
+    "per_dataset_sequences_path": (('--per-dataset-sequences-path',), {"default": None}, "megatron's indexed datasets read their own index"),
+    "encoder_seq_length": (('--encoder-seq-length',), {"type": int, "default": None}, 'give --seq-length'),
+    "decoder_seq_length": (('--decoder-seq-length',), {"type": int, "default": None}, 'give --seq-length'),
+    "sample_rate": (('--sample-rate',), {"type": float, "default": 1.0}, 'every sample of the stream is used'),
+    "reset_position_ids": (('--reset-position-ids',), "true", "positions run across documents in a sample (Megatron-LM's default)"),
+    "reset_attention_mask": (('--reset-attention-mask',), "true", "attention runs across documents in a sample (Megatron-LM's default)"),
+    "eod_mask_loss": (('--eod-mask-loss',), "true", "the loss covers EOD targets (Megatron-LM's default)"),
+    "mid_level_dataset_surplus": (('--mid-level-dataset-surplus',), {"type": float, "default": 0.005}, "megatron's default blend surplus"),
+    "vocab_extra_ids": (('--vocab-extra-ids',), {"type": int, "default": 0}, 'no extra vocabulary ids'),
+    "enable_experimental": (('--enable-experimental',), "true", 'no experimental features'),
 }
+
+
+def _kwargs(spec) -> dict:
+    if spec in ("true", "false"):
+        return {"action": f"store_{spec}"}
+    kwargs = dict(spec)
+    if kwargs.get("default") == "LOCAL_RANK":  # Megatron-LM's default is the launcher's LOCAL_RANK
+        kwargs["default"] = int(os.environ.get("LOCAL_RANK", "0"))
+    return kwargs
+
+
+def _default(spec):
+    return {"true": False, "false": True}[spec] if spec in ("true", "false") else spec.get("default")
 
 
 def add_inert_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("accepted with no effect here (a startup line names the ones set)")
-    for flags, dest, kind in _FLAGS:
-        kwargs = ({"action": "store_true"} if kind == "true" else {"action": "store_false"} if kind == "false"
-                  else dict(kind))
-        g.add_argument(*flags, dest=dest, help="accepted; " + INERT[dest], **kwargs)
+    for flags, dest, spec in _FLAGS:
+        g.add_argument(*flags, dest=dest, help="accepted; " + INERT[dest], **_kwargs(spec))
     g = p.add_argument_group("accepted at Megatron-LM's default only")
-    for dest, (flag, default, kwargs, why) in DEFAULT_ONLY.items():
-        g.add_argument(flag, dest=dest, default=default, help=f"only {default!r}: {why}", **kwargs)
+    for dest, (flags, spec, why) in DEFAULT_ONLY.items():
+        g.add_argument(*flags, dest=dest, help=f"only at Megatron-LM's default: {why}", **_kwargs(spec))
+
+
+def _other_than_default(dest: str, value) -> bool:
+    return value != _default(DEFAULT_ONLY[dest][1]) and not (dest == "dataloader_type" and value == "single")
 
 
 def refused_value(flag: str, values: list[str]) -> str | None:
-    """Why ``flag values`` (as typed) is refused, for a :data:`DEFAULT_ONLY` flag given another value."""
-    for dest, (name, default, kwargs, why) in DEFAULT_ONLY.items():
-        if name == flag:
-            given = values if kwargs.get("nargs") else (values[0] if values else None)
-            converted = [kwargs.get("type", str)(v) for v in given] if isinstance(given, list) else \
-                (kwargs.get("type", str)(given) if given is not None else None)
-            if converted != default and not (dest == "dataloader_type" and converted == "single"):
+    """Why ``flag values`` (as typed) is refused: a :data:`DEFAULT_ONLY` flag away from Megatron's default."""
+    for dest, (flags, spec, why) in DEFAULT_ONLY.items():
+        if flag in flags:
+            if spec in ("true", "false") or "action" in spec:
                 return why
+            convert = spec.get("type", str)
+            value = [convert(v) for v in values] if spec.get("nargs") else convert(values[0]) if values else None
+            return why if _other_than_default(dest, value) else None
     return None
 
 
 def default_only_error(a: argparse.Namespace) -> str | None:
     """One line for a :data:`DEFAULT_ONLY` flag given another value than Megatron's default."""
-    for dest, (flag, default, _, why) in DEFAULT_ONLY.items():
+    for dest, (flags, spec, why) in DEFAULT_ONLY.items():
         value = getattr(a, dest)
-        if value != default and not (dest == "dataloader_type" and value == "single"):
-            shown = " ".join(map(str, value)) if isinstance(value, list) else value
-            return f"{flag} {shown}: {why}"
+        if _other_than_default(dest, value):
+            shown = "" if spec in ("true", "false") or "action" in spec else " " + (" ".join(map(str, value)) if isinstance(value, list)
+                                                               else str(value))
+            return f"{flags[0]}{shown}: {why}"
     return None
 
 
