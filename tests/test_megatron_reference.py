@@ -47,8 +47,26 @@ def test_reference_covers_the_lists_it_claims():
             "gpt3_mcore_te_tp2_pp2", "gpt3_mcore_te_tp1_pp4_vp1"} <= names
     assert {n for n in names if n.startswith("families_")} == {
         "families_architecture", "families_schedule_samples", "families_parallel", "families_vpp_cp",
-        "families_data_logging_checkpoint", "families_data_path"}
+        "families_data_logging_checkpoint", "families_data_path", "families_inert"}
     assert len(MEGATRON_REFUSES) <= 2, MEGATRON_REFUSES
+
+
+def test_every_megatron_flag_is_accepted_or_refused_in_one_line(capsys):
+    """No flag of Megatron-LM's parser is 'unrecognized' here: each is accepted (with its meaning, inert,
+    or at Megatron's default only) or refused in one line as outside this project's scope."""
+    from megatron_fixedcode.training.arguments import build_parser
+
+    known = set(build_parser()._option_string_actions)
+    assert [f for f in REFERENCE["megatron_flags"] if f not in known and not out_of_scope(f)] == []
+    assert len(REFERENCE["megatron_flags"]) > 600
+    base = next(c for c in REFERENCE["cases"] if c["name"] == "gpt3_mcore_te_tp2_pp2")["argv"]
+    for flag in ("--moe-router-topk", "--window-size", "--cuda-graph-impl", "--fp4-format", "--inprocess-restart",
+                 "--eval-micro-batch-size", "--use-mup"):  # the last two: Megatron-LM 0.19 only
+        with pytest.raises(SystemExit):
+            main([*base, flag, "1", "--dry-run"])
+        err = capsys.readouterr().err
+        assert f"{flag}: " in err and "outside this project's scope" in err
+        assert ("added after core_v0.16.1" in err) == (flag in ("--eval-micro-batch-size", "--use-mup"))
 
 
 def test_dry_run_matches_megatron_parser_dest_by_dest(capsys, monkeypatch):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import signal
 
+from megatron_fixedcode.training.megatron_019 import ADDED_AFTER_0_16
 from megatron_fixedcode.training.megatron_inert import INERT
 
 # Flag or prefix -> what it belongs to. A prefix ends with "-".
@@ -93,6 +94,8 @@ OUT_OF_SCOPE = {
     '--no-strict-fsdp-dtensor-load': 'FSDP',
     '--replication': 'non-persistent checkpoint replication', '--replication-': 'non-persistent checkpoint replication',
     '--disable-mamba-mem-eff-path': 'Mamba / hybrid models',
+    "--no-rl-": "reinforcement learning", "--no-langrl-": "reinforcement learning", "--no-inference-": "inference serving",
+    "--disable-strict-fsdp-dtensor-load": "FSDP",
     '--fsdp-': 'FSDP',
     '--outer-dp-sharding-strategy': 'FSDP',
     '--suggested-communication-unit-size': 'FSDP',
@@ -173,6 +176,8 @@ def out_of_scope(option: str) -> str | None:
     for key, what in OUT_OF_SCOPE.items():
         if flag == key or (key.endswith("-") and flag.startswith(key)):
             return what
+    if flag in ADDED_AFTER_0_16:
+        return "a flag Megatron-LM added after core_v0.16.1, whose command line this parser follows"
     return None
 
 

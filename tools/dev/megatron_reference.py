@@ -23,7 +23,7 @@ CPU stand-ins, the only ones: ``megatron.training``'s ``__init__`` is not run (i
 loop, which needs triton), only ``global_vars``; ``get_device_arch_version`` answers 9 (Hopper) and
 ``CUDA_DEVICE_MAX_CONNECTIONS=1`` and ``NCCL_ALGO=Ring`` are set, which ``validate_args`` asks of TP/CP runs
 and of ``--deterministic-mode`` on a GPU.
-Values are those after ``validate_args``: ``megatron_defaults`` holds the parser's defaults, and each
+``megatron_flags`` lists every option string of Megatron-LM's parser. Values are those after ``validate_args``: ``megatron_defaults`` holds the parser's defaults, and each
 list's ``megatron`` only the dests that differ from them (``"__absent__"``: deleted by validate_args,
 as ``recompute_activations``).
 """
@@ -110,6 +110,23 @@ FAMILIES = {
         "--use-mcore-models", "--attention-backend", "flash", "--use-checkpoint-opt_param-scheduler",
         "--profile", "--profile-step-start", "3", "--profile-step-end", "5", "--use-pytorch-profiler",
         "--no-persist-layer-norm", "--use-cpu-initialization", "--seed", "42",
+    ],
+    "families_inert": [
+        "--num-layers", "4", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "128",
+        "--max-position-embeddings", "128", "--untie-embeddings-and-output-weights", "--disable-bias-linear",
+        "--position-embedding-type", "rope", "--vocab-size", "1000", "--tokenizer-type", "NullTokenizer",
+        "--micro-batch-size", "1", "--train-iters", "10", "--lr", "1e-4", "--timing-log-level", "2",
+        "--timing-log-option", "all", "--distributed-backend", "gloo", "--deterministic-mode",
+        "--attention-softmax-in-fp32", "--apply-query-key-layer-scaling", "--dist-ckpt-strictness", "log_all",
+        "--rerun-mode", "disabled", "--no-ckpt-fully-parallel-save", "--ckpt-fully-parallel-load",
+        "--ckpt-assume-constant-structure", "--disable-gloo-process-groups", "--ddp-average-in-collective",
+        "--ddp-bucket-size", "40000000", "--ddp-num-buckets", "4", "--no-align-grad-reduce", "--log-params-norm",
+        "--log-num-zeros-in-grad", "--tensorboard-queue-size", "100", "--logging-level", "20",
+        "--no-position-embedding", "--trust-remote-code", "--te-rng-tracker", "--lr-wsd-decay-style", "linear",
+        "--check-weight-hash-across-dp-replicas-interval", "10", "--num-distributed-optimizer-instances", "2",
+        "--wandb-entity", "team", "--distributed-timeout-seconds-after-init", "300", "--use-dist-ckpt",
+        "--optimizer", "adam", "--cp-comm-type", "p2p", "--dataloader-type", "single", "--ckpt-format", "torch_dist",
+        "--sample-rate", "1.0", "--weight-decay-incr-style", "constant", "--weight-decay", "0.05",
     ],
     "families_data_path": [
         "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "256",
@@ -239,7 +256,11 @@ cases = json.load(sys.stdin)
 sys.argv = ["pretrain_gpt.py"]
 with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
     defaults = vars(A.parse_args())
-out = [{k: plain(defaults[k]) for k in cases[0]["dests"] if k in defaults}]
+import argparse
+parser = argparse.ArgumentParser(allow_abbrev=False)
+A.add_megatron_arguments(parser)
+flags = sorted(o for o in parser._option_string_actions if o.startswith("--"))
+out = [flags, {k: plain(defaults[k]) for k in cases[0]["dests"] if k in defaults}]
 for case in cases:
     sys.argv = ["pretrain_gpt.py", *case["argv"]]
     os.environ["WORLD_SIZE"] = str(case["world_size"])
@@ -248,8 +269,8 @@ for case in cases:
             args = A.parse_args()
             A.validate_args(args, {})
         ns = vars(args)
-        values = {k: plain(ns[k]) for k in case["dests"] if k in ns and (k not in out[0] or plain(ns[k]) != out[0][k])}
-        values.update({k: "__absent__" for k in out[0] if k not in ns})
+        values = {k: plain(ns[k]) for k in case["dests"] if k in ns and (k not in out[1] or plain(ns[k]) != out[1][k])}
+        values.update({k: "__absent__" for k in out[1] if k not in ns})
         out.append(values)
     except BaseException as e:
         out.append({"__error__": f"{type(e).__name__}: {e}"})
@@ -283,13 +304,13 @@ def main() -> None:
         argv, refused, added = adapt(case["argv"])
         cases.append({**case, "argv_megatron": case["argv"], "argv": argv, "refused": refused, "added": added,
                       "world_size": WORLD_SIZE, "dests": sorted(ours)})
-    defaults, *values = megatron_values(a.megatron, cases, a.python)
+    flags, defaults, *values = megatron_values(a.megatron, cases, a.python)
     for case, got in zip(cases, values):
         del case["dests"]
         case["megatron"] = got
     a.out.parent.mkdir(parents=True, exist_ok=True)
     head = {"megatron_lm": a.tag, "world_size": WORLD_SIZE, "generated_by": "tools/dev/megatron_reference.py",
-            "megatron_defaults": defaults}
+            "megatron_defaults": defaults, "megatron_flags": flags}
     lines = [json.dumps(case, sort_keys=True) for case in cases]  # one list a line: diffs stay readable
     a.out.write_text(json.dumps(head, sort_keys=True)[:-1] + ', "cases": [\n' + ",\n".join(lines) + "\n]}\n")
     errors = [c["name"] + ": " + c["megatron"]["__error__"] for c in cases if "__error__" in c["megatron"]]
