@@ -2,7 +2,6 @@
 their meanings and defaults, its log line and TensorBoard tags; the refusals are one line each."""
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
