@@ -1,13 +1,15 @@
 """Megatron-LM's own parser as the reference for this trainer's command line (issue 31).
 
-Writes ``tests/data/megatron_reference.json``: for many dense-GPT argument lists, the values Megatron-LM's
-``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given) give the dests
-this trainer's ``--dry-run`` prints. ``tests/test_megatron_reference.py`` compares them dest by dest;
-the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of Megatron-LM's code
-is copied: its parser runs in a subprocess and only the resulting values are stored.
+Writes ``tests/data/megatron_reference.json``: for many dense-GPT argument lists, the values that
+Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
+give the dests this trainer's ``--dry-run`` prints. ``tests/test_megatron_reference.py`` compares them
+dest by dest; the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of
+Megatron-LM's code is copied: its parser runs in a subprocess and only the resulting values are stored.
 
-    git -C MEGATRON_LM_MIRROR archive core_v0.16.1 megatron examples tests/functional_tests | tar -x -C /tmp/mlm
-    python tools/dev/megatron_reference.py --megatron /tmp/mlm --tag core_v0.16.1   # (py3.11 venv, mcore 0.16.1)
+    git -C MIRROR archive core_v0.16.1 megatron examples tests/functional_tests/test_cases/gpt | tar -x -C /tmp/mlm016
+    python tools/dev/megatron_reference.py --megatron /tmp/mlm016 --tag core_v0.16.1   # py3.11 venv (mcore 0.16.1)
+    # the flags a later tree adds (megatron_019.py), with the interpreter that imports that tree (py3.12 venv):
+    python tools/dev/megatron_reference.py --megatron /tmp/mlm019 --added-since /tmp/mlm016 --python PY312
 
 The argument lists (``collect_cases``): the two of tests/test_megatron_cli.py (Megatron's Llama-3 8B
 FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
@@ -15,17 +17,20 @@ FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
 ``tests/functional_tests/test_cases/gpt/*/model_config.yaml``; and :data:`FAMILIES`, which sets every
 flag family this trainer accepts away from its default. Each list is made runnable here the way a user
 would (``adapt``): the flags this trainer refuses as outside its scope, or at a value other than
-Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks each is refused in one line), a GPT-2 BPE vocabulary becomes ``--tokenizer-type NullTokenizer --vocab-size
-50257``, Megatron's default GPT-2 block gets the flags of the block built here (untied head, no
-linear biases, RoPE), and a list without ``--lr`` / a run length gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with ``WORLD_SIZE`` 8.
+Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks that each is refused
+in one line); a list without a tokenizer (its GPT-2 BPE ``--vocab-file`` was dropped) gets
+``--tokenizer-type NullTokenizer --vocab-size 50257``; Megatron's default GPT-2 block gets the flags of
+the block built here (untied head, no linear biases, RoPE); a list without ``--lr`` or a run length
+gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with
+``WORLD_SIZE`` 8.
 
 CPU stand-ins, the only ones: ``megatron.training``'s ``__init__`` is not run (it imports the training
-loop, which needs triton), only ``global_vars``; ``get_device_arch_version`` answers 9 (Hopper) and
-``CUDA_DEVICE_MAX_CONNECTIONS=1`` and ``NCCL_ALGO=Ring`` are set, which ``validate_args`` asks of TP/CP runs
-and of ``--deterministic-mode`` on a GPU.
-``megatron_flags`` lists every option string of Megatron-LM's parser. Values are those after ``validate_args``: ``megatron_defaults`` holds the parser's defaults, and each
-list's ``megatron`` only the dests that differ from them (``"__absent__"``: deleted by validate_args,
-as ``recompute_activations``).
+loop, which needs triton), only ``global_vars``; ``get_device_arch_version`` answers 9 (Hopper); and
+``CUDA_DEVICE_MAX_CONNECTIONS=1`` and ``NCCL_ALGO=Ring`` are set, which ``validate_args`` asks of
+TP/CP runs and of ``--deterministic-mode``. Values are those after ``validate_args``:
+``megatron_defaults`` holds the parser's defaults, each list's ``megatron`` only the dests that differ
+from them (``"__absent__"``: deleted by validate_args, as ``recompute_activations``; ``__error__``:
+Megatron-LM's parser refuses the list). ``megatron_flags`` lists every option string of its parser.
 """
 from __future__ import annotations
 
@@ -292,10 +297,17 @@ def megatron_values(tree: Path, cases: list[dict], python: str) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--megatron", type=Path, required=True, help="an extracted Megatron-LM tree (megatron/, examples/, tests/)")
-    ap.add_argument("--tag", required=True, help="the tag it was extracted from (recorded)")
+    ap.add_argument("--tag", default=None, help="the tag it was extracted from (recorded)")
     ap.add_argument("--python", default=sys.executable, help="the interpreter with megatron-core's dependencies")
     ap.add_argument("--out", type=Path, default=OUT)
+    ap.add_argument("--added-since", type=Path, default=None, metavar="OLDER_TREE",
+                    help="print the option strings --megatron's parser has and OLDER_TREE's lacks, and exit")
     a = ap.parse_args()
+    if a.added_since is not None:
+        older = set(megatron_values(a.added_since, [{"argv": [], "world_size": 1, "dests": []}], a.python)[0])
+        print(" ".join(f for f in megatron_values(a.megatron, [{"argv": [], "world_size": 1, "dests": []}],
+                                                   a.python)[0] if f not in older))
+        return
     from megatron_fixedcode.training.arguments import build_parser
 
     ours = {action.dest for action in build_parser()._actions} | set(DERIVED)
