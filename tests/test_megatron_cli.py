@@ -453,3 +453,11 @@ def test_megatron_virtual_pipeline_flags_set_the_interleaved_schedule(capsys):
     assert "give one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank" in \
         _refused([*base, "--num-layers-per-virtual-pipeline-stage", "2", "--num-virtual-stages-per-pipeline-rank", "2"],
                  capsys)
+
+
+def test_the_startup_line_names_only_the_inert_flags_given():
+    """Values Megatron-LM's validate_args derives (p2p overlap off without interleaving, FP32 grad
+    reduction under --bf16) are not reported as flags the user set."""
+    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--bf16", "--log-params-norm"])
+    assert (cfg.args.overlap_p2p_comm, cfg.args.accumulate_allreduce_grads_in_fp32) == (False, True)
+    assert cfg.inert == ["--log-params-norm (no parameter norm in the log line)"]

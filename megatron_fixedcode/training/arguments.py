@@ -441,6 +441,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     if pre.config:
         parser.set_defaults(**load_recipe(pre.config, parser))
     a = parser.parse_args(argv)
+    inert = inert_in_use(a, parser)  # as given: the values validate_args derives below are not the user's
     try:
         from megatron_fixedcode.data.manifest import resolve_data_sources
 
@@ -470,5 +471,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
     except ValueError as e:
         parser.error(str(e))
-    cfg.inert = inert_in_use(a, parser)
+    cfg.inert = inert
     return cfg
