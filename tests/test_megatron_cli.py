@@ -461,3 +461,15 @@ def test_the_startup_line_names_only_the_inert_flags_given():
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--bf16", "--log-params-norm"])
     assert (cfg.args.overlap_p2p_comm, cfg.args.accumulate_allreduce_grads_in_fp32) == (False, True)
     assert cfg.inert == ["--log-params-norm (no parameter norm in the log line)"]
+
+
+def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_line(capsys):
+    from megatron_fixedcode.tokenizers.registry import TOKENIZER_TYPES
+    from megatron_fixedcode.training.arguments import TOKENIZER_NAMES
+
+    assert TOKENIZER_NAMES == tuple(TOKENIZER_TYPES)
+    base = [*TINY, "--train-iters", "2"]
+    assert "--tokenizer-type GPT2BPETokenizer: GPT-2 BPE vocab/merges files" in _refused(
+        [*base, "--tokenizer-type", "GPT2BPETokenizer"], capsys)
+    assert "--fp8-recipe custom: custom FP8 quantizers: outside this project's scope" in _refused(
+        [*base, "--fp8-recipe", "custom"], capsys)

@@ -8,7 +8,7 @@ import argparse
 import os
 import sys
 
-from megatron_fixedcode.training.megatron_args import architecture_block
+from megatron_fixedcode.training.megatron_args import OTHER_TOKENIZERS, SCOPE_NOTE, architecture_block
 from megatron_fixedcode.training.megatron_inert import default_only_error
 
 
@@ -134,6 +134,10 @@ def megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> Non
         print(f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
               "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
               "blends give --train-data-path and --valid-data-path", file=sys.stderr)
+    if a.tokenizer_type in OTHER_TOKENIZERS:
+        p.error(f"--tokenizer-type {a.tokenizer_type}: {OTHER_TOKENIZERS[a.tokenizer_type]}: {SCOPE_NOTE}")
+    if a.fp8_recipe == "custom":
+        p.error(f"--fp8-recipe custom: custom FP8 quantizers: {SCOPE_NOTE}")
     if (error := default_only_error(a)) is not None:
         p.error(error)
     if a.dataloader_type is None:  # Megatron-LM's validate_args

@@ -37,6 +37,7 @@ from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, 
 from megatron_fixedcode.training.megatron_args import (
     BLOCK_FLAGS,
     SCOPE_NOTE,
+    OTHER_TOKENIZERS,
     BlockAction,
     add_accepted_args,
     expand_block_key,
@@ -92,6 +93,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 
 PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
+# tokenizers.registry.TOKENIZER_TYPES (not imported: the dry run needs no tokenizer library)
+TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
 # recipe keys of Megatron-LM's precision flags -> --precision
 _PRECISION_ALIASES = {"bf16": "bf16"}
 
@@ -138,7 +141,8 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8-format", dest="fp8", choices=FP8_FORMATS, default=None,
                    help="FP8 GEMMs in the TE layers (needs --bf16 and Transformer Engine); the fixed-code "
                         "input stays in the activation dtype, TE quantizes it")
-    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="delayed", help="TE scaling recipe (mxfp8: Blackwell only)")
+    g.add_argument("--fp8-recipe", choices=[*FP8_RECIPES, "custom"], default="delayed",
+                   help="TE scaling recipe (mxfp8: Blackwell only; custom quantizers are refused)")
     g.add_argument("--fp8-amax-history-len", type=int, default=1, help="delayed scaling: amax history length")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
                    help="delayed scaling: how the amax is taken from the history")
@@ -228,11 +232,11 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
-    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer",
-                                                "Llama2Tokenizer", "NullTokenizer"],
+    g.add_argument("--tokenizer-type", choices=[*TOKENIZER_NAMES, "NullTokenizer", *OTHER_TOKENIZERS],
                    default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size; the three "
                    "SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
-                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...)")
+                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...); Megatron-LM's "
+                   "other types are refused in one line")
     g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
 
 

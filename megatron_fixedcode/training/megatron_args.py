@@ -159,6 +159,13 @@ OUT_OF_SCOPE = {
     "--rl-": "reinforcement learning", "--inference-": "inference serving", "--sft": "Megatron's SFT path "
     "(give --dataset-type sft, docs/sft.md)", "--kitchen-": "kitchen quantization",
 }
+# Megatron-LM's --tokenizer-type values this project does not read -> what they are.
+OTHER_TOKENIZERS = {
+    "GPT2BPETokenizer": "GPT-2 BPE vocab/merges files (give a tokenizer.json: --tokenizer-type HuggingFaceTokenizer)",
+    "TikTokenizer": "TikToken vocabularies", "BertWordPieceLowerCase": "BERT / T5", "BertWordPieceCase": "BERT / T5",
+    "MultimodalTokenizer": "multimodal models", "NullMultimodalTokenizer": "multimodal models",
+    "SFTTokenizer": "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
+}
 SCOPE_NOTE = "outside this project's scope (dense GPT/Llama pretraining; docs/training.md lists what is refused)"
 
 def _signal(text: str) -> signal.Signals:
