@@ -118,6 +118,7 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
         monkeypatch.delenv(key, raising=False)
         if key in env:
             monkeypatch.setenv(key, env[key])
+    monkeypatch.setenv("WORLD_SIZE", str(int(torchrun[torchrun.index("--nnodes") + 1]) * 8))  # as the launcher's dry run
     capsys.readouterr()
     assert main([*trainer_args(command), "--dry-run"]) == 0
     resolved = json.loads(capsys.readouterr().out)

@@ -2,7 +2,6 @@
 their meanings and defaults, its log line and TensorBoard tags; the refusals are one line each."""
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import os
@@ -136,7 +135,7 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
         "log_interval": 1, "eval_iters": 2, "eval_interval": 100, "save_interval": 1000, "log_throughput": True,
         "profile": True, "profile_step_start": 4, "profile_step_end": 6, "ckpt_format": "torch_dist",
         "distributed_timeout_minutes": 60, "transformer_impl": "transformer_engine", "layernorm_epsilon": 1e-5,
-        "seed": 1234, "tensorboard_log_interval": 1, "exit_signal": "SIGTERM", "recompute_granularity": None,
+        "seed": 1234, "tensorboard_log_interval": 1, "exit_signal": 15, "recompute_granularity": None,
     }
     assert {k: resolved[k] for k in megatron_meaning} == megatron_meaning
     assert resolved["block"] == "layernorm_swiglu"  # LayerNorm (1p) + SwiGLU, as Megatron-LM builds it
@@ -213,7 +212,7 @@ def test_megatron_defaults(capsys):
                               "num_query_groups", "exit_signal")} == {
         "adam_beta2": 0.999, "lr_decay_style": "linear", "log_interval": 100, "eval_iters": 100,
         "transformer_impl": "transformer_engine", "hidden_dropout": 0.1, "attention_dropout": 0.1, "tf32": False,
-        "ckpt_keep_last": None, "save_retain_interval": None, "num_query_groups": 1, "exit_signal": "SIGTERM"}
+        "ckpt_keep_last": None, "save_retain_interval": None, "num_query_groups": 1, "exit_signal": 15}
     # the dropout reaches the model; --num-query-groups acts only with --group-query-attention
     cfg = parse_pretrain_args([*minimal, "--lr", "1e-3", "--num-query-groups", "2", "--dry-run"])
     model = cfg.model_config(1024)
@@ -222,44 +221,19 @@ def test_megatron_defaults(capsys):
                                 "--dry-run"]).model_config(1024).num_query_groups == 2
 
 
-# Megatron-LM's defaults (its parser at core_v0.16.1) of the dests this parser shares with it, as data.
-MEGATRON_DEFAULTS = {
-    "adam_beta1": 0.9, "adam_beta2": 0.999, "adam_eps": 1e-08, "add_bias_linear": True, "apply_rope_fusion": True,
-    "attention_backend": "auto", "attention_dropout": 0.1, "bias_dropout_fusion": True, "bias_gelu_fusion": True,
-    "bias_swiglu_fusion": True, "calculate_per_token_loss": False, "check_for_nan_in_loss_and_grad": True,
-    "ckpt_format": "torch_dist", "clip_grad": 1.0, "context_parallel_size": 1, "create_attention_mask_in_dataloader": True,
-    "cross_entropy_loss_fusion": False, "distributed_timeout_minutes": 10, "empty_unused_memory_level": 0,
-    "eval_interval": None, "eval_iters": 100, "exit_signal": "SIGTERM", "exit_signal_handler": False, "fp8": None,
-    "fp8_amax_compute_algo": "most_recent", "fp8_amax_history_len": 1, "fp8_param_gather": False,
-    "fp8_recipe": "delayed", "global_batch_size": None, "gradient_accumulation_fusion": True,
-    "group_query_attention": False, "hidden_dropout": 0.1, "init_method_std": 0.02, "kv_channels": None,
-    "layernorm_epsilon": 1e-05, "layernorm_zero_centered_gamma": False, "log_interval": 100, "log_throughput": False,
-    "lr": None, "lr_decay_iters": None, "lr_decay_samples": None, "lr_decay_style": "linear",
-    "lr_warmup_fraction": None, "lr_warmup_init": 0.0, "lr_warmup_iters": 0, "lr_warmup_samples": 0,
-    "make_vocab_size_divisible_by": 128, "manual_gc": False, "manual_gc_interval": 0, "masked_softmax_fusion": True,
-    "max_position_embeddings": None, "min_lr": 0.0, "mmap_bin_files": True, "normalization": "LayerNorm",
-    "num_query_groups": 1, "num_workers": 2, "overlap_grad_reduce": False, "overlap_param_gather": False,
-    "position_embedding_type": "learned_absolute", "recompute_activations": False, "recompute_granularity": None,
-    "recompute_method": None, "recompute_num_layers": None, "rotary_base": 10000, "rotary_percent": 1.0,
-    "save_interval": None, "save_retain_interval": None, "seed": 1234, "sequence_parallel": False, "split": None,
-    "swiglu": False, "tensor_model_parallel_size": 1, "pipeline_model_parallel_size": 1, "tensorboard_log_interval": 1,
-    "tp_comm_overlap": False, "train_iters": None, "train_samples": None, "transformer_impl": "transformer_engine",
-    "untie_embeddings_and_output_weights": False, "use_distributed_optimizer": False, "weight_decay": 0.01,
-    "data_path": None, "train_data_path": None, "valid_data_path": None, "test_data_path": None,
-    "exit_interval": None, "finetune": False, "skip_train": False, "wandb_exp_name": None,
-}
-# Where this parser's default differs, and why (docs/training.md has the table).
-DIFFERENT = {"micro_batch_size": (1, None), "tokenizer_type": ("HuggingFaceTokenizer", None),
-             "dist_ckpt_optim_fully_reshardable": (True, False)}
-
-
 def test_defaults_and_flag_spellings_match_megatron():
+    """Every default shared with Megatron-LM's parser is its default (read from that parser by
+    tools/dev/megatron_reference.py), but for test_megatron_reference.DIFFERENT."""
+    from tests.test_megatron_reference import DIFFERENT, REFERENCE
+
     p = build_parser()
     defaults = {}
     for a in p._actions:  # argparse: the first action of a dest sets its default
         defaults.setdefault(a.dest, a.default)
-    assert {k: str(defaults[k]) if k == "transformer_impl" else defaults[k] for k in MEGATRON_DEFAULTS} == MEGATRON_DEFAULTS
-    assert {k: (defaults[k], v[1]) for k, v in DIFFERENT.items()} == DIFFERENT
+    megatron = {k: v for k, v in REFERENCE["megatron_defaults"].items() if k in defaults and k not in DIFFERENT}
+    assert len(megatron) > 150
+    assert {k: json.loads(json.dumps(str(defaults[k]) if k == "transformer_impl" else defaults[k]))
+            for k in megatron} == megatron
     flags = set(p._option_string_actions)
     for spelling in ("--use-checkpoint-opt_param-scheduler", "--override-opt_param-scheduler", "--norm-epsilon",
                      "--apply-layernorm-1p", "--no-rope-fusion", "--fp8-format", "--persistent-save-interval"):
@@ -441,3 +415,61 @@ def test_the_loop_hands_the_start_up_signals_back():
     finally:
         for s, handler in saved.items():
             signal.signal(s, handler)
+
+
+def test_kv_channels_rotary_percent_and_interleaving_reach_the_model(single_rank):
+    """--kv-channels, --rotary-percent and --rotary-interleaved are megatron-core's TransformerConfig /
+    GPTModel fields: 4 heads of 8 dims on a 64-wide model, RoPE on half of each head's dims."""
+    import torch
+
+    from megatron_fixedcode.models import build_gpt_model, build_transformer_config
+
+    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--kv-channels", "8", "--rotary-percent", "0.5",
+                               "--rotary-interleaved"])
+    model_cfg = cfg.model_config(1024)
+    assert (model_cfg.kv_channels, model_cfg.rotary_percent, model_cfg.rotary_interleaved) == (8, 0.5, True)
+    config = build_transformer_config(model_cfg, cfg.layout, te_layers=False)
+    assert (config.kv_channels, config.rotary_interleaved) == (8, True)
+    torch.manual_seed(0)
+    model = build_gpt_model(model_cfg, config, single_rank)
+    layer = model.decoder.layers[0].self_attention
+    assert tuple(layer.linear_qkv.weight.shape) == (3 * 4 * 8, 64) and tuple(layer.linear_proj.weight.shape) == (64, 32)
+    assert model.rotary_pos_emb.inv_freq.numel() == 2  # 8 dims x 0.5 rotated, in pairs
+    ids = torch.randint(0, 1024, (2, 32))
+    assert model(ids, torch.arange(32).expand(2, -1), None).shape == (2, 32, 1024)
+    # the default head width is hidden / heads, as Megatron-LM derives it
+    assert parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run"]).model_config(1024).kv_channels is None
+
+
+def test_megatron_virtual_pipeline_flags_set_the_interleaved_schedule(capsys):
+    base = [*TINY, "--train-iters", "2", "--dry-run", "--num-layers", "8", "--pipeline-model-parallel-size", "2"]
+    for extra, chunks in ((["--num-layers-per-virtual-pipeline-stage", "2"], 2),
+                          (["--num-virtual-stages-per-pipeline-rank", "4"], 4),
+                          (["--num-layers-per-virtual-pipeline-stage", "4"], None)):  # one chunk: not interleaved
+        cfg = parse_pretrain_args([*base, *extra])
+        assert (cfg.args.virtual_pipeline_model_parallel_size, cfg.layout.virtual_pipeline_model_parallel_size) == \
+            (chunks, chunks)
+    assert "do not split into chunks of 3" in _refused([*base, "--num-layers-per-virtual-pipeline-stage", "3"], capsys)
+    assert "give one of --num-layers-per-virtual-pipeline-stage and --num-virtual-stages-per-pipeline-rank" in \
+        _refused([*base, "--num-layers-per-virtual-pipeline-stage", "2", "--num-virtual-stages-per-pipeline-rank", "2"],
+                 capsys)
+
+
+def test_the_startup_line_names_only_the_inert_flags_given():
+    """Values Megatron-LM's validate_args derives (p2p overlap off without interleaving, FP32 grad
+    reduction under --bf16) are not reported as flags the user set."""
+    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--bf16", "--log-params-norm"])
+    assert (cfg.args.overlap_p2p_comm, cfg.args.accumulate_allreduce_grads_in_fp32) == (False, True)
+    assert cfg.inert == ["--log-params-norm (no parameter norm in the log line)"]
+
+
+def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_line(capsys):
+    from megatron_fixedcode.tokenizers.registry import TOKENIZER_TYPES
+    from megatron_fixedcode.training.arguments import TOKENIZER_NAMES
+
+    assert TOKENIZER_NAMES == tuple(TOKENIZER_TYPES)
+    base = [*TINY, "--train-iters", "2"]
+    assert "--tokenizer-type GPT2BPETokenizer: GPT-2 BPE vocab/merges files" in _refused(
+        [*base, "--tokenizer-type", "GPT2BPETokenizer"], capsys)
+    assert "--fp8-recipe custom: custom FP8 quantizers: outside this project's scope" in _refused(
+        [*base, "--fp8-recipe", "custom"], capsys)

@@ -76,7 +76,8 @@ def test_interrupted_run_continues_exactly_on_two_ranks(tmp_path, corpus):
 
 @pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
                                     ["--pipeline-model-parallel-size", "2"],
-                                    ["--pipeline-model-parallel-size", "2", "--virtual-pipeline-model-parallel-size", "2"],
+                                    # Megatron-LM's spelling: 4 layers / 2 stages / 1 layer per chunk = 2 chunks
+                                    ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
                                     []], ids=["tp2sp", "pp2", "pp2-interleaved", "dp2"])
 def test_first_step_loss_matches_one_rank(tmp_path, corpus, layout):
     """From the same weights (saved by one rank, loaded with --finetune at any layout)."""

@@ -33,6 +33,11 @@ def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, b
     if dtype not in hf_io.DTYPES:
         raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(hf_io.DTYPES)}")
     ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "dtype": dtype}
+    if cfg.kv_channels not in (None, cfg.hidden_size // cfg.num_attention_heads) or cfg.rotary_percent != 1.0 \
+            or cfg.rotary_interleaved:
+        raise ValueError(f"kv_channels={cfg.kv_channels}, rotary_percent={cfg.rotary_percent}, rotary_interleaved="
+                         f"{cfg.rotary_interleaved}: the Hugging Face exports here map hidden/heads-wide heads with "
+                         "RoPE on every dim, in halves, only")
     if cfg.block == "llama":
         tensors, config = megatron_to_llama(state, cfg), llama_config(cfg, **ids)
     else:

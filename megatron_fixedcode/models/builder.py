@@ -61,6 +61,8 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
         hidden_size=cfg.hidden_size,
         num_attention_heads=cfg.num_attention_heads,
         num_query_groups=cfg.num_query_groups,
+        kv_channels=cfg.kv_channels,
+        rotary_interleaved=cfg.rotary_interleaved,
         ffn_hidden_size=cfg.ffn_hidden_size,
         normalization=block["normalization"],
         gated_linear_unit=block["gated_linear_unit"],
@@ -155,6 +157,7 @@ def build_gpt_model(
         share_embeddings_and_output_weights=False,
         position_embedding_type="rope",
         rotary_base=cfg.rotary_base,
+        rotary_percent=cfg.rotary_percent,
         pg_collection=pg_collection,
         vp_stage=vp_stage,
     )

@@ -38,6 +38,11 @@ class ModelConfig:
     make_vocab_size_divisible_by: int = 128
     norm_epsilon: float = 1e-5
     rotary_base: int = 10000
+    # Megatron-LM's --kv-channels (per-head width; None: hidden / heads) and --rotary-percent (the
+    # fraction of each head's dims RoPE rotates): TransformerConfig.kv_channels, GPTModel.rotary_percent
+    kv_channels: int | None = None
+    rotary_percent: float = 1.0
+    rotary_interleaved: bool = False  # --rotary-interleaved: TransformerConfig.rotary_interleaved
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0

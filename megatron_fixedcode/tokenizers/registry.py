@@ -10,6 +10,10 @@ from megatron_fixedcode.tokenizers.sentencepiece_tokenizer import SentencePieceT
 TOKENIZER_TYPES = {
     "HuggingFaceTokenizer": HuggingFaceTokenizer,
     "SentencePieceTokenizer": SentencePieceTokenizer,
+    # Megatron-LM's names for a SentencePiece model with no extra special tokens, which is what this
+    # project's SentencePieceTokenizer is (Megatron-LM's SentencePieceTokenizer adds <CLS>, <SEP>, ...)
+    "GPTSentencePieceTokenizer": SentencePieceTokenizer,
+    "Llama2Tokenizer": SentencePieceTokenizer,
 }
 
 

@@ -26,22 +26,25 @@ from megatron_fixedcode.models.config import (
     TRANSFORMER_IMPLS,
     ModelConfig,
 )
+from megatron_fixedcode.training.argument_checks import (  # noqa: F401  (train_paths, valid_paths: re-exported)
+    Default,
+    megatron_semantics,
+    train_paths,
+    valid_paths,
+    validate,
+)
 from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
 from megatron_fixedcode.training.megatron_args import (
     BLOCK_FLAGS,
     SCOPE_NOTE,
+    OTHER_TOKENIZERS,
     BlockAction,
     add_accepted_args,
-    architecture_block,
     expand_block_key,
-    inert_in_use,
     out_of_scope,
 )
+from megatron_fixedcode.training.megatron_inert import add_inert_args, inert_in_use
 from megatron_fixedcode.yaml_files import load_yaml
-
-
-class _Default(str):
-    """A default that was not given: ``--transformer-impl`` left alone may fall back to local layers."""
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -90,6 +93,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 
 PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
+# tokenizers.registry.TOKENIZER_TYPES (not imported: the dry run needs no tokenizer library)
+TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
 # recipe keys of Megatron-LM's precision flags -> --precision
 _PRECISION_ALIASES = {"bf16": "bf16"}
 
@@ -99,7 +104,12 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel ranks")
     g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
     g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="model chunks per pipeline rank (interleaved schedule)")
+                   help="model chunks per pipeline rank (interleaved schedule); this project's name for the value "
+                        "Megatron-LM derives from the two flags below")
+    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
+                   help="interleaved schedule: layers per model chunk (Megatron-LM)")
+    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
+                   help="interleaved schedule: model chunks per pipeline rank (Megatron-LM)")
     g.add_argument("--context-parallel-size", type=int, default=1, help="context-parallel ranks")
     g.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the sequence (TP > 1)")
     g.add_argument("--use-distributed-optimizer", action="store_true",
@@ -117,7 +127,7 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
                         "torch.autocast(bf16)). docs/training.md, 'Precision modes'")
     g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="= --precision bf16")
     g.add_argument("--transformer-impl", choices=[*TRANSFORMER_IMPLS, "inference_optimized"],
-                   default=_Default("transformer_engine"),
+                   default=Default("transformer_engine"),
                    help="transformer_engine (Megatron-LM's default): TE layers; left at its default on a machine "
                         "without CUDA + Transformer Engine, local layers are built and a startup line says so; "
                         "named explicitly there, refused. local: megatron-core's local layers")
@@ -131,7 +141,8 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     g.add_argument("--fp8-format", dest="fp8", choices=FP8_FORMATS, default=None,
                    help="FP8 GEMMs in the TE layers (needs --bf16 and Transformer Engine); the fixed-code "
                         "input stays in the activation dtype, TE quantizes it")
-    g.add_argument("--fp8-recipe", choices=FP8_RECIPES, default="delayed", help="TE scaling recipe (mxfp8: Blackwell only)")
+    g.add_argument("--fp8-recipe", choices=[*FP8_RECIPES, "custom"], default="delayed",
+                   help="TE scaling recipe (mxfp8: Blackwell only; custom quantizers are refused)")
     g.add_argument("--fp8-amax-history-len", type=int, default=1, help="delayed scaling: amax history length")
     g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
                    help="delayed scaling: how the amax is taken from the history")
@@ -221,8 +232,11 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
-    g.add_argument("--tokenizer-type", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer", "NullTokenizer"],
-                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size")
+    g.add_argument("--tokenizer-type", choices=[*TOKENIZER_NAMES, "NullTokenizer", *OTHER_TOKENIZERS],
+                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size; the three "
+                   "SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
+                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...); Megatron-LM's "
+                   "other types are refused in one line")
     g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
 
 
@@ -243,7 +257,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")
     g.add_argument("--finetune", action="store_true",
                    help="load only the model weights from --load (any layout) and start at step 0")
-    g.add_argument("--exit-duration-in-mins", type=float, default=None, help="save and exit after this many minutes")
+    g.add_argument("--exit-duration-in-mins", type=int, default=None, help="save and exit after this many minutes")
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal, save at the end of the step and exit")
     g.add_argument("--exit-interval", type=int, default=None, help="save and exit at a step that is a multiple of N")
@@ -270,6 +284,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_data(p)
     _add_checkpoint_and_logging(p)
     add_accepted_args(p)
+    add_inert_args(p)
     return p
 
 
@@ -289,8 +304,9 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
         parser.error(f"--config {e}")
     if not isinstance(data, dict):
         parser.error(f"--config {path}: expected a mapping of flag names to values")
+    known = {a.dest for a in parser._actions}
     for key in list(data):
-        what = out_of_scope("--" + str(key).replace("_", "-"))
+        what = None if str(key) in known else out_of_scope("--" + str(key).replace("_", "-"))
         if what and data[key] not in (False, None):
             parser.error(f"--config {path}: {key}: {what}: {SCOPE_NOTE}")
         if what:
@@ -303,7 +319,6 @@ def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
             data["precision"] = precision
         elif alias in data and data[alias] in (False, None):
             del data[alias]
-    known = {a.dest for a in parser._actions}
     for key in data:
         if key.replace("-", "_") not in known or key in ("config", "dry_run", "precision_alias"):
             parser.error(f"--config {path}: unknown key {key!r}")
@@ -350,8 +365,12 @@ class PretrainConfig:
             vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.layernorm_epsilon,
             hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
             layernorm_zero_centered_gamma=a.layernorm_zero_centered_gamma,
-            recompute_method=a.recompute_method, recompute_num_layers=a.recompute_num_layers,
+            # without full recompute Megatron-LM leaves them unused
+            recompute_method=a.recompute_method if a.recompute_granularity == "full" else None,
+            recompute_num_layers=a.recompute_num_layers if a.recompute_granularity == "full" else None,
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
+            kv_channels=None if a.kv_channels == a.hidden_size // a.num_attention_heads else a.kv_channels,
+            rotary_percent=a.rotary_percent, rotary_interleaved=a.rotary_interleaved,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
             code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
@@ -368,75 +387,6 @@ class PretrainConfig:
 
     def as_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run", "transformer_impl_given")}
-
-
-def _validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
-    for flag in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length"):
-        if getattr(a, flag) is None:
-            p.error(f"--{flag.replace('_', '-')} is required (on the command line or in --config)")
-    if a.lr is None:
-        p.error("--lr is required (as in Megatron-LM), on the command line or in --config")
-    if a.train_iters is None and a.train_samples is None and a.train_tokens is None:
-        p.error("give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)")
-    if not a.dry_run and not train_paths(a):
-        p.error("--data-path (or --train-data-path) is required")
-    if train_paths(a) and not a.tokenizer_model and not a.vocab_size:
-        p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
-    if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
-        p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
-    if a.dataset_type in ("document_windows", "sft") and valid_paths(a) is None and a.eval_interval:
-        p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
-                "--data-path): give them, or drop --eval-interval")
-    if a.dataset_type == "sft" and not a.dry_run and not a.tokenizer_model:
-        p.error("--dataset-type sft tokenises text: give --tokenizer-model")
-    if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
-        p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")
-    if a.virtual_pipeline_model_parallel_size and a.pipeline_model_parallel_size < 2:
-        p.error("--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size >= 2")
-    if a.num_attention_heads % a.tensor_model_parallel_size:
-        p.error("--num-attention-heads must be divisible by --tensor-model-parallel-size")
-    if a.seq_length % (a.tensor_model_parallel_size if a.sequence_parallel else 1):
-        p.error("--seq-length must be divisible by --tensor-model-parallel-size under --sequence-parallel")
-    if a.context_parallel_size > 1 and a.seq_length % (2 * a.context_parallel_size):
-        p.error("--seq-length must be divisible by 2 x --context-parallel-size")
-    if a.finetune and not a.load:
-        p.error("--finetune needs --load")
-    if a.hf_export_interval and not a.save:
-        p.error("--hf-export-interval exports saved checkpoints: it needs --save")
-    if a.save_interval and not a.save:
-        p.error("--save-interval needs --save")
-    if a.lr_decay_iters is not None and a.lr_decay_iters <= a.lr_warmup_iters:
-        p.error(f"--lr-decay-iters {a.lr_decay_iters} must exceed --lr-warmup-iters {a.lr_warmup_iters}")
-    if a.override_opt_param_scheduler and a.use_checkpoint_opt_param_scheduler:
-        p.error("give at most one of --override-opt-param-scheduler and --use-checkpoint-opt-param-scheduler")
-    if a.eval_iters < 0:
-        p.error(f"--eval-iters must be >= 0, got {a.eval_iters}")
-    if a.eval_iters == 0 and (a.eval_interval or a.skip_train):
-        p.error("--eval-iters 0 evaluates nothing: give --eval-iters >= 1 with "
-                + ("--skip-train" if a.skip_train else f"--eval-interval {a.eval_interval}") + ", or drop it")
-    if a.eval_interval is not None and a.eval_interval < 1:
-        p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
-    if a.min_lr > a.lr:
-        p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
-    _validate_te_and_overlap(a, p)
-
-
-def _validate_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
-    """Flag combinations only; whether this machine has a GPU and TE is checked at launch."""
-    if a.fp8 and a.transformer_impl == "local":
-        p.error("--fp8-format needs Transformer Engine layers: drop --transformer-impl local")
-    if a.fp8 and not a.bf16:
-        p.error("--fp8-format needs --bf16 / --precision bf16 (FP8 GEMMs, BF16 elsewhere)")
-    if a.fp8_param_gather and not a.fp8:
-        p.error("--fp8-param-gather needs --fp8-format")
-    if a.fp8_param_gather and not a.use_distributed_optimizer:
-        p.error("--fp8-param-gather needs --use-distributed-optimizer (it gathers FP8 parameter shards)")
-    if a.overlap_param_gather and not (a.use_distributed_optimizer and a.overlap_grad_reduce):
-        p.error("--overlap-param-gather needs --use-distributed-optimizer and --overlap-grad-reduce")
-    if a.tp_comm_overlap and a.transformer_impl == "local":
-        p.error("--tp-comm-overlap needs Transformer Engine layers: drop --transformer-impl local")
-    if a.tp_comm_overlap and not a.sequence_parallel:
-        p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
 
 
 def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
@@ -479,90 +429,12 @@ def _check_inputs(a: argparse.Namespace) -> None:
         build_tokenizer(a.tokenizer_type, a.tokenizer_model)
 
 
-def train_paths(a: argparse.Namespace) -> list[str] | None:
-    """The training blend: --data-path (split by --split) wins over --train-data-path (Megatron-LM)."""
-    return a.data_path or a.train_data_path
-
-
-def valid_paths(a: argparse.Namespace) -> list[str] | None:
-    """A validation blend of its own: --valid-data-path, unless --data-path is given (then --split)."""
-    return None if a.data_path else a.valid_data_path
-
-
 def _refuse_out_of_scope(argv: list[str], parser: argparse.ArgumentParser) -> None:
     known = set(parser._option_string_actions)
     for token in argv:
         flag = token.split("=", 1)[0]
         if flag.startswith("--") and flag not in known and (what := out_of_scope(flag)):
             parser.error(f"{flag}: {what}: {SCOPE_NOTE}")
-
-
-def _megatron_semantics(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
-    """What Megatron-LM's validate_args derives from the flags, and the combinations refused here."""
-    a.transformer_impl_given = not isinstance(a.transformer_impl, _Default)
-    a.transformer_impl = str(a.transformer_impl)
-    if a.transformer_impl == "inference_optimized":
-        p.error("--transformer-impl inference_optimized: inference layers are outside this project's scope")
-    if a.recompute_activations:
-        a.recompute_granularity = "selective"
-    if a.data_path and a.split is None:  # Megatron-LM's validate_args, with its warning
-        a.split = "969, 30, 1"
-        if _is_rank0():
-            print("note: --split not given with --data-path: using Megatron-LM's legacy default '969, 30, 1'",
-                  file=sys.stderr)
-    if a.sequence_parallel and a.tensor_model_parallel_size == 1:  # Megatron-LM turns it off, with a warning
-        a.sequence_parallel = False
-        if _is_rank0():
-            print("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1: turned off "
-                  "(as Megatron-LM does)", file=sys.stderr)
-    if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
-        p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
-                "(as Megatron-LM's TransformerConfig)")
-    if a.recompute_granularity != "full" and (a.recompute_method or a.recompute_num_layers):
-        p.error("--recompute-method/--recompute-num-layers act with --recompute-granularity full only")
-    if a.lr_decay_style == "WSD":
-        p.error("--lr-decay-style WSD is not supported here: constant, linear, cosine or inverse-square-root")
-    if a.tokenizer_type == "NullTokenizer" and a.tokenizer_model:
-        p.error("--tokenizer-type NullTokenizer reads pre-tokenized data without a tokenizer: drop --tokenizer-model")
-    if a.train_iters is not None and a.train_samples is not None:
-        p.error("give one of --train-iters and --train-samples (Megatron-LM: iteration- or sample-based training)")
-    if a.train_samples is not None and (a.lr_decay_iters is not None or a.lr_warmup_iters):
-        p.error("--train-samples takes the sample-based LR flags: --lr-warmup-samples/--lr-decay-samples, "
-                "not --lr-warmup-iters/--lr-decay-iters")
-    if a.train_samples is None and (a.lr_decay_samples is not None or a.lr_warmup_samples):
-        p.error("--lr-warmup-samples/--lr-decay-samples need sample-based training (--train-samples)")
-    if a.lr_warmup_fraction is not None and (a.lr_warmup_iters or a.lr_warmup_samples):
-        p.error("give one of --lr-warmup-fraction and --lr-warmup-iters/--lr-warmup-samples")
-    if a.data_path and (a.train_data_path or a.valid_data_path or a.test_data_path) and _is_rank0():
-        ignored = [f"--{k.replace('_', '-')}" for k in ("train_data_path", "valid_data_path", "test_data_path")
-                   if getattr(a, k)]
-        print(f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
-              "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
-              "blends give --train-data-path and --valid-data-path", file=sys.stderr)
-    try:
-        a.block = architecture_block(a)
-    except ValueError as e:
-        p.error(str(e))
-    if a.ffn_hidden_size is None and a.hidden_size:  # Megatron-LM's validate_args derives it
-        a.ffn_hidden_size = int((4 * a.hidden_size * 2 / 3) / 64) * 64 if a.swiglu else 4 * a.hidden_size
-    if a.kv_channels is None and a.hidden_size and a.num_attention_heads:
-        a.kv_channels = a.hidden_size // a.num_attention_heads
-    if a.kv_channels is not None and a.hidden_size and a.num_attention_heads and \
-            a.kv_channels * a.num_attention_heads != a.hidden_size:
-        p.error(f"--kv-channels {a.kv_channels}: only hidden-size / num-attention-heads "
-                f"= {a.hidden_size // a.num_attention_heads} is built here")
-    if a.max_position_embeddings is not None and a.seq_length and a.max_position_embeddings < a.seq_length:
-        p.error(f"--max-position-embeddings {a.max_position_embeddings} is below --seq-length {a.seq_length}")
-    if a.layernorm_zero_centered_gamma and a.transformer_impl == "local":
-        p.error("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
-                "support it): drop --transformer-impl local, or drop the flag")
-    for name in ("hidden_dropout", "attention_dropout"):
-        if not 0 <= getattr(a, name) < 1:
-            p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(a, name)}")
-
-
-def _is_rank0() -> bool:
-    return int(os.environ.get("RANK", "0")) == 0
 
 
 def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
@@ -573,6 +445,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     if pre.config:
         parser.set_defaults(**load_recipe(pre.config, parser))
     a = parser.parse_args(argv)
+    inert = inert_in_use(a, parser)  # as given: the values validate_args derives below are not the user's
     try:
         from megatron_fixedcode.data.manifest import resolve_data_sources
 
@@ -583,8 +456,8 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
         parser.error(str(e))
     a.bf16 = a.precision == "bf16"  # what the rest of the trainer reads for megatron's BF16 mode
     a.fp16 = False
-    _megatron_semantics(a, parser)
-    _validate(a, parser)
+    megatron_semantics(a, parser)
+    validate(a, parser)
     try:
         layout = ParallelLayout(
             tensor_model_parallel_size=a.tensor_model_parallel_size,
@@ -602,5 +475,5 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
     except ValueError as e:
         parser.error(str(e))
-    cfg.inert = inert_in_use(a, parser)
+    cfg.inert = inert
     return cfg

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import signal
 import dataclasses
 
 
@@ -121,15 +122,13 @@ class CheckpointConfig:
             raise ValueError(f"--save-retain-interval must be >= 1, got {a.save_retain_interval}")
         if a.exit_interval is not None and a.exit_interval < 1:
             raise ValueError(f"--exit-interval must be >= 1, got {a.exit_interval}")
-        if a.ckpt_format != "torch_dist":
-            raise ValueError(f"--ckpt-format {a.ckpt_format}: only torch_dist (megatron-core's dist_checkpointing) "
-                             "is written and read here")
         return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
                    exit_interval=a.exit_interval,
                    override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
                    use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False),
-                   verify=getattr(a, "verify_checkpoint", True), exit_signal=a.exit_signal,
+                   verify=getattr(a, "verify_checkpoint", True),
+                   exit_signal=signal.Signals(a.exit_signal).name,
                    retain_interval=a.save_retain_interval, no_load_optim=bool(a.no_load_optim),
                    no_load_rng=bool(a.no_load_rng))
 

@@ -63,12 +63,13 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     microbatches = gbs // (mbs * dp)
 
     h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
-    groups = a.num_query_groups or heads
+    groups = a.num_query_groups if a.group_query_attention else heads
+    kv = a.kv_channels or h // heads
     gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
     multiple = a.make_vocab_size_divisible_by * tp
     padded = math.ceil(vocab / multiple) * multiple
-    block = 2 * h * h + 2 * h * h * groups // heads + (3 if gated else 2) * h * a.ffn_hidden_size + 2 * h
+    block = 2 * h * heads * kv + 2 * h * groups * kv + (3 if gated else 2) * h * a.ffn_hidden_size + 2 * h
     head = padded * h
     table = padded * h if a.input_embedding == "learned" else 0
     total = layers * block + head + table + h

@@ -16,6 +16,9 @@ from __future__ import annotations
 import argparse
 import signal
 
+from megatron_fixedcode.training.megatron_019 import ADDED_AFTER_0_16
+from megatron_fixedcode.training.megatron_inert import INERT
+
 # Flag or prefix -> what it belongs to. A prefix ends with "-".
 OUT_OF_SCOPE = {
     "--num-experts": "mixture of experts", "--moe-": "mixture of experts",
@@ -39,10 +42,116 @@ OUT_OF_SCOPE = {
     "--tiktoken-": "TikTokenizer (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
     "--use-legacy-models": "Megatron-LM's legacy (non-mcore) models",
     "--use-torch-fsdp2": "FSDP", "--use-megatron-fsdp": "FSDP", "--use-custom-fsdp": "FSDP",
-    "--num-layers-per-virtual-pipeline-stage": "Megatron's virtual-pipeline flags (give "
-                                              "--virtual-pipeline-model-parallel-size)",
-    "--num-virtual-stages-per-pipeline-rank": "Megatron's virtual-pipeline flags (give "
-                                             "--virtual-pipeline-model-parallel-size)",
+    "--add-qkv-bias": "linear biases (the blocks here are bias-free)",
+    "--use-rope-scaling": "Llama-3.1 RoPE scaling", "--rope-scaling-factor": "Llama-3.1 RoPE scaling",
+    "--hierarchical-context-parallel-sizes": "hierarchical (a2a+p2p) context parallelism",
+    "--data-parallel-sharding-strategy": "FSDP", "--first-last-layers-bf16": "per-layer FP8 selection",
+    "--fim-": "fill-in-the-middle datasets", "--error-injection-": "Megatron-LM's rerun fault injection",
+    "--decoder-first-pipeline-num-layers": "uneven pipeline stages",
+    "--decoder-last-pipeline-num-layers": "uneven pipeline stages",
+    "--account-for-embedding-in-pipeline-split": "uneven pipeline stages",
+    "--account-for-loss-in-pipeline-split": "uneven pipeline stages",
+    "--pipeline-model-parallel-layout": "uneven pipeline stages",
+    "--use-checkpoint-args": "model flags read from a checkpoint (give them on the command line)",
+    '--cpu-offloading-num-layers': 'activation offloading',
+    '--qk-l2-norm': 'QK normalization',
+    '--qk-clip': 'QK clipping',
+    '--qk-clip-alpha': 'QK clipping',
+    '--qk-clip-threshold': 'QK clipping',
+    '--attention-output-gate': 'gated attention',
+    '--experimental-attention-variant': 'experimental attention variants',
+    '--dsa-': 'sparse attention',
+    '--linear-': 'linear attention',
+    '--use-fused-weighted-squared-relu': 'other MLP activations',
+    '--fp8-quantizer-factory': 'custom FP8 quantizers',
+    '--num-layers-at-start-in-bf16': 'per-layer FP8 selection',
+    '--num-layers-at-end-in-bf16': 'per-layer FP8 selection',
+    '--use-kitchen-attention': 'kitchen quantization',
+    '--fp4-': 'FP4 training',
+    '--enable-cuda-graph': 'CUDA graphs',
+    '--cuda-graph-': 'CUDA graphs',
+    '--external-cuda-graph': 'CUDA graphs',
+    '--flash-decode': 'inference serving',
+    '--mrope-section': 'multimodal RoPE',
+    '--fine-grained-activation-offloading': 'activation offloading',
+    '--offload-modules': 'activation offloading',
+    '--min-offloaded-tensor-size': 'activation offloading',
+    '--window-size': 'sliding-window attention',
+    '--window-attn-skip-freq': 'sliding-window attention',
+    '--relative-attention-': 'relative position embeddings',
+    '--sgd-momentum': 'the SGD optimizer',
+    '--muon-': 'the Muon optimizer',
+    '--optimizer-cpu-offload': 'optimizer CPU offload',
+    '--optimizer-offload-fraction': 'optimizer CPU offload',
+    '--use-torch-optimizer-for-cpu-offload': 'optimizer CPU offload',
+    '--overlap-cpu-optimizer-d2h-h2d': 'optimizer CPU offload',
+    '--perform-rl-step': 'reinforcement learning',
+    '--grpo-': 'reinforcement learning',
+    '--langrl-': 'reinforcement learning',
+    '--refit-method': 'reinforcement learning',
+    '--use-mp-args-from-checkpoint-args': 'model flags read from a checkpoint (give them on the command line)',
+    '--ckpt-convert-': 'checkpoint format conversion',
+    '--no-strict-fsdp-dtensor-load': 'FSDP',
+    '--replication': 'non-persistent checkpoint replication', '--replication-': 'non-persistent checkpoint replication',
+    '--disable-mamba-mem-eff-path': 'Mamba / hybrid models',
+    "--no-rl-": "reinforcement learning", "--no-langrl-": "reinforcement learning", "--no-inference-": "inference serving",
+    "--disable-strict-fsdp-dtensor-load": "FSDP",
+    '--fsdp-': 'FSDP',
+    '--outer-dp-sharding-strategy': 'FSDP',
+    '--suggested-communication-unit-size': 'FSDP',
+    '--enable-full-sharding-in-hsdp': 'FSDP',
+    '--torch-fsdp2-': 'FSDP',
+    '--fake-process-group': 'fake process groups',
+    '--mask-prob': 'BERT / T5',
+    '--short-seq-prob': 'BERT / T5',
+    '--ict-': 'BERT / T5',
+    '--biencoder-': 'BERT / T5',
+    '--titles-data-path': 'BERT / T5',
+    '--query-in-block-prob': 'BERT / T5',
+    '--use-one-sent-docs': 'BERT / T5',
+    '--evidence-data-path': 'BERT / T5',
+    '--retriever-': 'BERT / T5',
+    '--block-data-path': 'BERT / T5',
+    '--embedding-path': 'BERT / T5',
+    '--indexer-': 'BERT / T5',
+    '--num-classes': 'multimodal models',
+    '--num-channels': 'multimodal models',
+    '--classes-fraction': 'multimodal models',
+    '--data-per-class-fraction': 'multimodal models',
+    '--no-data-sharding': 'multimodal models',
+    '--head-lr-mult': 'multimodal models',
+    '--swin-': 'multimodal models',
+    '--mask-type': 'multimodal models',
+    '--mask-factor': 'multimodal models',
+    '--iter-per-epoch': 'multimodal models',
+    '--dino-': 'multimodal models',
+    '--qk-': 'multi-latent attention (MLA) / QK norm',
+    '--v-head-dim': 'multi-latent attention (MLA)',
+    '--rotary-scaling-factor': 'multi-latent attention (MLA)',
+    '--mscale': 'multi-latent attention (MLA)',
+    '--mscale-all-dim': 'multi-latent attention (MLA)',
+    '--cache-mla-latents': 'multi-latent attention (MLA)',
+    '--max-tokens-to-oom': 'inference serving',
+    '--output-bert-embeddings': 'BERT / T5',
+    '--use-legacy-static-engine': 'inference serving',
+    '--decode-only-cuda-graphs': 'inference serving',
+    '--nccl-all-reduce-for-prefill': 'inference serving',
+    '--enable-chunked-prefill': 'inference serving',
+    '--disable-chunked-prefill': 'inference serving',
+    '--mlp-chunks-for-prefill': 'inference serving',
+    '--te-precision-config-file': 'per-layer FP8 selection',
+    '--use-precision-aware-optimizer': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    '--main-grads-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    '--main-params-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    '--exp-avg-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    '--exp-avg-sq-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    '--inprocess-': 'in-process restart',
+    '--enable-ft-package': 'the fault-tolerance package',
+    '--calc-ft-timeouts': 'the fault-tolerance package',
+    '--ft-num-warmup-iters': 'the fault-tolerance package',
+    '--sft-tokenizer-prompt-format': "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
+    '--overlap-moe-expert-parallel-comm': 'mixture of experts',
+    '--ep-overlap-early-attn-memory-release': 'mixture of experts',
     "--async-save": "asynchronous checkpoint saves", "--non-persistent-": "non-persistent checkpoints",
     "--spec": "custom layer specs", "--yaml-cfg": "Megatron's YAML config (give --config RECIPE.yaml)",
     "--squared-relu": "other MLP activations", "--openai-gelu": "other MLP activations",
@@ -50,38 +159,22 @@ OUT_OF_SCOPE = {
     "--rl-": "reinforcement learning", "--inference-": "inference serving", "--sft": "Megatron's SFT path "
     "(give --dataset-type sft, docs/sft.md)", "--kitchen-": "kitchen quantization",
 }
+# Megatron-LM's --tokenizer-type values this project does not read -> what they are.
+OTHER_TOKENIZERS = {
+    "GPT2BPETokenizer": "GPT-2 BPE vocab/merges files (give a tokenizer.json: --tokenizer-type HuggingFaceTokenizer)",
+    "TikTokenizer": "TikToken vocabularies", "BertWordPieceLowerCase": "BERT / T5", "BertWordPieceCase": "BERT / T5",
+    "MultimodalTokenizer": "multimodal models", "NullMultimodalTokenizer": "multimodal models",
+    "SFTTokenizer": "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
+}
 SCOPE_NOTE = "outside this project's scope (dense GPT/Llama pretraining; docs/training.md lists what is refused)"
 
-# dest -> why it has no effect here (logged once at startup when set away from Megatron's default).
-INERT = {
-    "deprecated_use_mcore_models": "megatron-core models are the only ones",
-    "attention_backend": "TE layers pick their fused attention; local layers use megatron's unfused attention",
-    "calculate_per_token_loss": "the loss is always the mean over the global batch's prediction targets",
-    "cross_entropy_loss_fusion": "the output layer's cross entropy is megatron-core's unfused one",
-    "cross_entropy_fusion_impl": "the output layer's cross entropy is megatron-core's unfused one",
-    "log_throughput": "the log line always carries throughput (tokens/s, TFLOP/s, MFU)",
-    "distributed_timeout_minutes": "the process group uses torch's default timeout",
-    "num_workers": "batches are read in the training process (megatron's indexed datasets, mmap)",
-    "create_attention_mask_in_dataloader": "causal attention needs no mask from the data here",
-    "grad_reduce_in_bf16": "gradients are reduced in FP32",
-    "accumulate_allreduce_grads_in_fp32": "gradients are accumulated and reduced in FP32 already",
-    "profile": "no built-in profiler; wrap the run in nsys or torch.profiler",
-    "use_pytorch_profiler": "no built-in profiler; wrap the run in nsys or torch.profiler",
-    "log_timers_to_tensorboard": "no timers", "log_memory_to_tensorboard": "memory is in the log line",
-    "log_validation_ppl_to_tensorboard": "validation PPL is always written ('lm loss validation ppl')",
-    "wandb_save_dir": "W&B writes to its default directory",
-    "no_persist_layer_norm": "no persistent layer norm kernel here",
-    "use_cpu_initialization": "parameters are initialized on the device they train on",
-}
-
-
-def _signal(text: str) -> str:
-    """SIGTERM / TERM / 15 -> 'SIGTERM' (what signal.Signals names)."""
+def _signal(text: str) -> signal.Signals:
+    """SIGTERM / TERM / 15 -> signal.SIGTERM (Megatron-LM's parser gives the enum too; JSON prints 15)."""
     try:
         sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
     except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"not a signal: {text!r} (e.g. SIGTERM, SIGUSR1, 15)") from None
-    return sig.name
+    return sig
 
 
 def out_of_scope(option: str) -> str | None:
@@ -90,6 +183,8 @@ def out_of_scope(option: str) -> str | None:
     for key, what in OUT_OF_SCOPE.items():
         if flag == key or (key.endswith("-") and flag.startswith(key)):
             return what
+    if flag in ADDED_AFTER_0_16:
+        return "a flag Megatron-LM added after core_v0.16.1, whose command line this parser follows"
     return None
 
 
@@ -105,21 +200,21 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
                    default="learned_absolute", help="position encoding (only rope is built here)")
     g.add_argument("--use-rotary-position-embeddings", action="store_true",
                    help="Megatron's older spelling of --position-embedding-type rope")
-    g.add_argument("--rotary-percent", type=float, default=1.0, help="fraction of each head's dims RoPE rotates (1.0 only)")
+    g.add_argument("--rotary-percent", type=float, default=1.0, help="fraction of each head's dims RoPE rotates")
+    g.add_argument("--rotary-interleaved", action="store_true",
+                   help="RoPE rotates interleaved pairs of dims instead of the two halves")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
                    help="untied output head (required here: a fixed code cannot be tied to a head)")
     g.add_argument("--group-query-attention", action="store_true",
                    help="grouped-query attention with --num-query-groups groups (without it, multi-head attention)")
     g.add_argument("--kv-channels", type=int, default=None,
-                   help="per-head projection size (default hidden-size / num-attention-heads, the only value built here)")
+                   help="per-head projection size (default hidden-size / num-attention-heads)")
     g.add_argument("--max-position-embeddings", type=int, default=None,
                    help="longest sequence the positions cover (RoPE: must be >= --seq-length)")
     g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
                    help="norm weights stored zero-centred, applied as 1 + w (TE layers only)")
     g.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on the attention probabilities")
     g.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on the block outputs (residual adds)")
-    g.add_argument("--use-mcore-models", dest="deprecated_use_mcore_models", action="store_true",
-                   help="accepted (megatron-core models are the only ones)")
     g.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"], default="auto",
                    help="accepted; " + INERT["attention_backend"])
     g = p.add_argument_group("schedule by samples (Megatron-LM)")
@@ -145,44 +240,8 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--no-load-optim", action="store_true", default=None,
                    help="resume without the optimizer's state (Adam moments start fresh)")
     g.add_argument("--no-load-rng", action="store_true", default=None, help="resume without the saved RNG states")
-    g.add_argument("--exit-signal", type=_signal, default="SIGTERM",
+    g.add_argument("--exit-signal", type=_signal, default=signal.SIGTERM,
                    help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)")
-    g.add_argument("--ckpt-format", choices=["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"], default="torch_dist",
-                   help="checkpoint format (torch_dist only: megatron-core's dist_checkpointing)")
-    g = p.add_argument_group("accepted with no effect here (a startup line names the ones set)")
-    for flag, dest, kind in (
-        ("--calculate-per-token-loss", "calculate_per_token_loss", "true"),
-        ("--cross-entropy-loss-fusion", "cross_entropy_loss_fusion", "true"),
-        ("--log-throughput", "log_throughput", "true"),
-        ("--grad-reduce-in-bf16", "grad_reduce_in_bf16", "true"),
-        ("--accumulate-allreduce-grads-in-fp32", "accumulate_allreduce_grads_in_fp32", "true"),
-        ("--profile", "profile", "true"), ("--use-pytorch-profiler", "use_pytorch_profiler", "true"),
-        ("--log-timers-to-tensorboard", "log_timers_to_tensorboard", "true"),
-        ("--log-memory-to-tensorboard", "log_memory_to_tensorboard", "true"),
-        ("--log-validation-ppl-to-tensorboard", "log_validation_ppl_to_tensorboard", "true"),
-        ("--no-persist-layer-norm", "no_persist_layer_norm", "true"),
-        ("--use-cpu-initialization", "use_cpu_initialization", "true"),
-        ("--no-create-attention-mask-in-dataloader", "create_attention_mask_in_dataloader", "false"),
-    ):
-        g.add_argument(flag, dest=dest, action="store_true" if kind == "true" else "store_false",
-                       default=None if dest == "use_cpu_initialization" else kind != "true",
-                       help="accepted; " + INERT[dest])
-    g.add_argument("--cross-entropy-fusion-impl", choices=["native", "te"], default="native",
-                   help="accepted; " + INERT["cross_entropy_fusion_impl"])
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10, help="accepted; " + INERT["distributed_timeout_minutes"])
-    g.add_argument("--num-workers", type=int, default=2, help="accepted; " + INERT["num_workers"])
-    g.add_argument("--profile-step-start", type=int, default=10, help="accepted; " + INERT["profile"])
-    g.add_argument("--profile-step-end", type=int, default=12, help="accepted; " + INERT["profile"])
-    g.add_argument("--wandb-save-dir", default=None, help="accepted; " + INERT["wandb_save_dir"])
-
-
-def inert_in_use(a: argparse.Namespace, parser: argparse.ArgumentParser) -> list[str]:
-    """The inert flags this run set away from Megatron's default, as 'flag (why)'."""
-    out = []
-    for action in parser._actions:
-        if action.dest in INERT and getattr(a, action.dest) != action.default:
-            out.append(f"{action.option_strings[0]} ({INERT[action.dest]})")
-    return sorted(set(out))
 
 
 # --block NAME: the project's shorthand for Megatron's architecture flags.
@@ -228,7 +287,5 @@ def architecture_block(a: argparse.Namespace) -> str:
     if a.position_embedding_type != "rope":
         raise ValueError(f"--position-embedding-type {a.position_embedding_type} is not built here: give "
                          "--position-embedding-type rope (Megatron-LM's default is learned_absolute), or --block llama")
-    if a.rotary_percent != 1.0:
-        raise ValueError(f"--rotary-percent {a.rotary_percent}: only 1.0 is built here")
     return {("RMSNorm", True): "llama", ("LayerNorm", False): "gpt_gelu", ("LayerNorm", True): "layernorm_swiglu",
             ("RMSNorm", False): "rmsnorm_gelu"}[(a.normalization, bool(a.swiglu))]

@@ -71,7 +71,8 @@ def stream_identity(a, global_batch: int, max_steps: int) -> dict:
 
 # Fields of the model a checkpoint's weights are shaped by: a resume (or --finetune) must match them.
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
-                       "ffn_hidden_size", "block")  # the input interface: its own check below
+                       "ffn_hidden_size", "block", "kv_channels", "rotary_percent",
+                       "rotary_interleaved")  # the input interface: its own check below
 # The scheduler's state → the flags that set it.
 SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
                   "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
