@@ -11,7 +11,8 @@ a tokenizer is trained, a corpus indexed, a tiny model trained, exported to Hugg
 evaluated (``--load``), all with the core only; ``--hf-model`` is refused in one line naming the
 ``hf`` extra. Then the extras of README's install lines go in (``pip install 'wheel[...]'``, their
 bounds) and each is used once: ``--hf-model``, a parquet input split into sentences (``data``),
-training with TensorBoard and W&B (offline) logging, the fused CPU kernel built with ninja, a plot.
+training with TensorBoard and W&B (offline) logging, the fused CPU kernel built with ninja, a plot,
+the LM Evaluation Harness on a local task (where the shared data is). Not here: te-* (needs CUDA).
 
 torch and megatron-core sit in a base venv cached per (Python, their pins) under
 ``${MFC_VENV_CACHE:-~/.cache/megatron-fixedcode}`` (built once, ~1.5 min: the oldest torch is
@@ -33,13 +34,13 @@ from pathlib import Path
 
 import pytest
 
+from tests.export_helpers import SHARED_DATA
 from tests.helpers import REPO
 
 pytestmark = pytest.mark.slow
 
-# the extras installed (after the core-only checks) and used once each; te-* needs CUDA and eval
-# the LM Evaluation Harness (tests/test_eval_harness.py, newest versions): neither is installed here
-EXTRAS = ("hf", "kernel", "data", "tb", "wandb", "plots")
+# the extras installed (after the core-only checks) and used once each: all but te-*, which needs CUDA
+EXTRAS = ("hf", "kernel", "data", "tb", "wandb", "plots", "eval")
 BASE = ("torch", "megatron-core", "numpy", "packaging")  # the base venv's pins: megatron-core requires the others
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
 TEXT = ("The binary code replaces the embedding table. Each token id becomes its bits, tiled across the "
@@ -256,3 +257,11 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     _run([str(ctx["python"]), "-c", "import json, pathlib; from megatron_fixedcode.analysis.plots import plot_report; "
           "plot_report(json.loads(pathlib.Path('report.json').read_text()), pathlib.Path('.'))"], ctx)
     assert all((work / f"{name}.png").stat().st_size > 0 for name in ("activations", "ablation", "probes", "patching"))
+    # eval (lm-eval, accelerate): the harness on the export, a local task from the shared data (LAMBADA:
+    # one-word continuations fit the model's 32 tokens)
+    if (SHARED_DATA / "eval" / "lambada").is_dir():
+        env = {**ctx["env"], "MFC_SHARED_DATA": str(SHARED_DATA), "HF_DATASETS_CACHE": str(work / "hf_datasets")}
+        res = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--tasks", "lambada_local", "--limit", "4",
+                               "--batch-size", "4", "--json"], {**ctx, "env": env}).stdout)
+        row = res["results"]["lambada_local@0shot"]
+        assert row["perplexity"] > 1 and 0 <= row["acc"] <= 1 and res["requests"]["lambada_local@0shot"]["requests"] == 4
