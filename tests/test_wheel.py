@@ -94,10 +94,11 @@ def readme_pip_lines(test: str = "test_installed_tool_trains_exports_and_evaluat
 
 
 def _as_run_here(args: list[str], ctx: dict) -> list[str]:
-    """A README ``pip install`` line in the test's venv: ``.`` is the wheel, under the lower bounds."""
+    """A README ``pip install`` line in the test's venv: ``.`` is the wheel, under the lower bounds
+    (``--no-compile``: Python compiles what it imports; compiling every file cost ~20 s net here)."""
     assert args[:2] == ["pip", "install"], args
     wheel = [str(ctx["wheel"]) + a[1:] if a == "." or a.startswith(".[") else a for a in args[2:]]
-    return [str(ctx["python"]), *PIP, "install", "-c", str(ctx["constraints"]), *wheel]
+    return [str(ctx["python"]), *PIP, "install", "--no-compile", "-c", str(ctx["constraints"]), *wheel]
 
 
 def _constraints(root: Path) -> Path:
