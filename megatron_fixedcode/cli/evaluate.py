@@ -10,6 +10,7 @@
 See docs/evaluation.md for the protocol (document windows, EOD context, acc vs acc_norm).
 """
 import argparse
+import contextlib
 import json
 import sys
 import warnings
@@ -102,7 +103,10 @@ def main(argv=None) -> int:
         out = report.compare(results)
         md = report.comparison_markdown(out)
     else:
-        out = _run(a)
+        # stdout is the result only: what a library prints meanwhile (lm-eval 0.4.9's "bootstrapping
+        # for stddev") goes to stderr, so `--json` output parses
+        with contextlib.redirect_stdout(sys.stderr):
+            out = _run(a)
         out.update({k: v for k, v in (("label", a.label), ("seed", a.seed)) if v is not None})
         md = report.model_markdown(out)
     if a.output:
