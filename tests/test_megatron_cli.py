@@ -161,13 +161,11 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
     argv = _without(argv, "--fp16")
     assert "--vocab-file: GPT2BPETokenizer" in _refused(argv, capsys)
     argv = [*_without(argv, "--vocab-file", "--merge-file"), "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8"]
-    # Megatron-LM's default architecture (tied head, biases, learned positions) is not built here
-    assert "the output head is always untied here" in _refused(argv, capsys)
-    argv += ["--untie-embeddings-and-output-weights"]
-    assert "linear biases are not built here" in _refused(argv, capsys)
-    argv += ["--disable-bias-linear"]
-    assert "--position-embedding-type learned_absolute is not built here" in _refused(argv, capsys)
-    argv += ["--position-embedding-type", "rope", "--transformer-impl", "local"]
+    # a fixed code has no table to tie to the output layer, nor one to add learned positions to
+    assert "--input-embedding binary has no table to tie" in _refused([*argv, "--input-embedding", "binary"], capsys)
+    assert "with --position-embedding-type learned_absolute" in _refused(
+        [*argv, "--input-embedding", "binary", "--untie-embeddings-and-output-weights"], capsys)
+    argv += ["--transformer-impl", "local"]  # Megatron-LM's default GPT-2 block, with its learned table
     resolved = _dry_run(argv, capsys)
     megatron_meaning = {
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
@@ -178,6 +176,8 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
         "log_interval": 100, "save_interval": 10000, "eval_interval": 1000, "eval_iters": 10,
         "normalization": "LayerNorm", "swiglu": False, "hidden_dropout": 0.1, "attention_dropout": 0.1,
         "num_query_groups": 1, "group_query_attention": False, "ckpt_keep_last": None, "save_retain_interval": None,
+        "position_embedding_type": "learned_absolute", "add_bias_linear": True,
+        "untie_embeddings_and_output_weights": False, "input_embedding": "learned",
     }
     assert {k: resolved[k] for k in megatron_meaning} == megatron_meaning
     metrics = tmp_path / "metrics.jsonl"
@@ -189,6 +189,19 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
     # warmup = 0.25 x 4 decay steps = 1 step: the first step's LR is the peak, as Megatron-LM's scheduler
     assert records[0]["lr"] == pytest.approx(6.0e-5)
     assert re.search(r" iteration +4/ +4 \| consumed samples: +16 \|", proc.stderr)
+    # the checkpoint holds Megatron-LM's GPT-2 block: learned positions, linear biases, the head tied to the table
+    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.export.to_hf import hf_tensors_and_config
+
+    loaded = load_megatron_checkpoint(tmp_path / "ckpt")
+    names = set(loaded.model.state_dict())
+    assert {"embedding.position_embeddings.weight", "decoder.layers.0.mlp.linear_fc1.bias",
+            "decoder.layers.0.self_attention.linear_qkv.bias"} <= names
+    assert loaded.model.embedding.position_embeddings.weight.shape == (32, 64)
+    assert loaded.model.output_layer.weight is None and loaded.model.shared_embedding_or_output_weight() is \
+        loaded.model.embedding.word_embeddings.weight
+    with pytest.raises(ValueError, match="Megatron-LM's GPT-2 block trains, but does not export"):
+        hf_tensors_and_config(loaded.model.state_dict(), loaded.model_cfg, bos_token_id=None, eos_token_id=None)
 
 
 def test_out_of_scope_flags_and_abbreviations_refused_in_one_line(capsys):

@@ -1,5 +1,6 @@
 """TP=2 with sequence parallelism and PP=2 match one rank: same loss, same gradients (fp32,
-rtol 1e-5), for learned, binary and gf2 inputs; the fixed-code input layer issues no collective."""
+rtol 1e-5), for learned, binary and gf2 inputs and Megatron-LM's GPT-2 block (tied table, learned
+positions, biases); the fixed-code input layer issues no collective."""
 import json
 from pathlib import Path
 
@@ -8,7 +9,10 @@ import pytest
 from tests.helpers import REPO, torchrun
 
 WORKER = REPO / "tests" / "distributed" / "parity_worker.py"
-VARIANTS = ("learned", "binary", "gf2")
+VARIANTS = ("learned", "binary", "gf2", "gpt2")
+# parameter tensors: learned = binary + the table; gpt2 adds linear and LayerNorm biases and the
+# position table, and has no head of its own (tied to the table)
+NUM_PARAMS = {"learned": 27, "binary": 26, "gf2": 26, "gpt2": 52}
 pytestmark = pytest.mark.slow
 
 
@@ -45,7 +49,7 @@ def test_gradients_match_single_rank(parity_runs, layout, variant):
     report = parity_runs[f"compare_{layout}"][variant]
     assert report["min_grad_scale"] > 0, "a parameter got no gradient at all"
     assert report["max_rel_diff"] < 1e-5, report
-    assert report["num_params"] == (27 if variant == "learned" else 26)
+    assert report["num_params"] == NUM_PARAMS[variant]
 
 
 def test_fixed_code_input_issues_no_collective(parity_runs):

@@ -47,9 +47,12 @@ def model_config_from_trainer_state(trainer_state: dict[str, Any]) -> ModelConfi
 
 def saved_padded_vocab(path: Path) -> int:
     meta = dist_checkpointing.load_tensors_metadata(str(path))
-    if "output_layer.weight" not in meta:
-        raise ValueError(f"{path}: no output_layer.weight in the checkpoint (not a GPT checkpoint?)")
-    return int(meta["output_layer.weight"].global_shape[0])
+    # a tied output layer (Megatron-LM's default, learned table only) is stored as the input table
+    for name in ("output_layer.weight", "embedding.word_embeddings.weight"):
+        if name in meta:
+            return int(meta[name].global_shape[0])
+    raise ValueError(f"{path}: no output_layer.weight or embedding.word_embeddings.weight in the checkpoint "
+                     "(not a GPT checkpoint?)")
 
 
 def build_single_rank_model(cfg: ModelConfig, padded_vocab: int | None = None) -> torch.nn.Module:

@@ -20,6 +20,7 @@ BLOCKS = {
     "layernorm_swiglu": {"normalization": "LayerNorm", "gated_linear_unit": True, "activation": "silu"},
     "rmsnorm_gelu": {"normalization": "RMSNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
+POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")  # GPTModel's position_embedding_type
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
 FP8_FORMATS = ("e4m3", "hybrid")  # TransformerConfig.fp8
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # TransformerConfig.fp8_recipe
@@ -43,6 +44,13 @@ class ModelConfig:
     kv_channels: int | None = None
     rotary_percent: float = 1.0
     rotary_interleaved: bool = False  # --rotary-interleaved: TransformerConfig.rotary_interleaved
+    # Megatron-LM's GPT-2 block (its defaults), built with the learned table only: linear biases,
+    # learned absolute positions (a table of max_position_embeddings rows, default seq_length) and
+    # the output layer tied to the input table.
+    add_bias_linear: bool = False
+    position_embedding_type: str = "rope"  # "rope" | "learned_absolute" | "none"
+    max_position_embeddings: int | None = None
+    share_embeddings_and_output_weights: bool = False
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -91,6 +99,13 @@ class ModelConfig:
             raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {self.block!r}")
         if self.input_embedding not in INPUT_EMBEDDINGS:
             raise ValueError(f"input_embedding must be one of {INPUT_EMBEDDINGS}, got {self.input_embedding!r}")
+        if self.position_embedding_type not in POSITION_EMBEDDINGS:
+            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got {self.position_embedding_type!r}")
+        if self.input_embedding != "learned" and self.share_embeddings_and_output_weights:
+            raise ValueError(f"share_embeddings_and_output_weights: input_embedding {self.input_embedding!r} has no table to tie")
+        if self.input_embedding != "learned" and self.position_embedding_type == "learned_absolute":
+            raise ValueError(f"position_embedding_type learned_absolute adds a trained table: not with input_embedding "
+                             f"{self.input_embedding!r}")
         if self.code_kernel not in CODE_KERNELS:
             raise ValueError(f"code_kernel must be one of {CODE_KERNELS}, got {self.code_kernel!r}")
         if self.code_impl not in CODE_IMPLEMENTATIONS:

@@ -70,23 +70,28 @@ def with_layout_independent_init(layer_spec: ModuleSpec, seed: int) -> ModuleSpe
 
 class InputInterfaceGPTModel(GPTModel):
     """GPTModel whose input embedding is built by ``embedding_factory`` (same kwargs as
-    LanguageModelEmbedding). The output head is always untied and trainable."""
+    LanguageModelEmbedding). With a fixed code the output layer is untied and trainable; the learned
+    table may be tied to it (Megatron-LM's default)."""
 
     def __init__(self, *, embedding_factory: Callable[..., torch.nn.Module] = learned_embedding,
                  init_seed: int | None = None, **gpt_kwargs):
         """``init_seed`` (default: torch's current seed) seeds each layer's init by its global number."""
         gpt_kwargs["transformer_layer_spec"] = with_layout_independent_init(
             gpt_kwargs["transformer_layer_spec"], torch.initial_seed() if init_seed is None else init_seed)
-        if gpt_kwargs.get("share_embeddings_and_output_weights", False):
+        if gpt_kwargs.get("share_embeddings_and_output_weights", False) and embedding_factory is not learned_embedding:
             raise ValueError("share_embeddings_and_output_weights must be False: a fixed code cannot be tied to the head")
         if gpt_kwargs.get("mtp_block_spec") is not None:
             raise ValueError("multi-token prediction is not supported (it re-embeds with the input table)")
+        # read by GPTModel.__init__ (setup_embeddings_and_output_layer) on every stage, also those
+        # that build no embedding: a plain attribute, set before nn.Module.__init__
+        object.__setattr__(self, "_learned_table", embedding_factory is learned_embedding)
         with _embedding_class(embedding_factory):
             super().__init__(**gpt_kwargs)
 
     @property
     def has_input_table(self) -> bool:
-        return hasattr(self, "embedding") and hasattr(self.embedding, "word_embeddings")
+        """The model's input is megatron's learned table (on its first stage; a tied head's copy on the last)."""
+        return self._learned_table
 
     def setup_embeddings_and_output_layer(self) -> None:
         if self.has_input_table:

@@ -203,6 +203,8 @@ def _derived_like_megatron(a: argparse.Namespace) -> None:
         a.accumulate_allreduce_grads_in_fp32 = not a.grad_reduce_in_bf16
     if a.virtual_pipeline_model_parallel_size is None:  # p2p overlap and aligned gathers: interleaved schedule
         a.overlap_p2p_comm = a.align_param_gather = False
+    if a.position_embedding_type != "rope" and not a.use_rotary_position_embeddings:
+        a.apply_rope_fusion = False
     if a.apply_query_key_layer_scaling:
         a.attention_softmax_in_fp32 = True
 

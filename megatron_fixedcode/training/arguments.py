@@ -70,8 +70,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--make-vocab-size-divisible-by", type=int, default=128, help="pad the output layer's rows to a multiple")
     g.add_argument("--vocab-size", type=int, default=None, help="vocabulary (default: the tokenizer's)")
     g = p.add_argument_group("input interface (this project)")
-    g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="binary",
-                   help="the input layer: a learned table or a fixed code family (docs/codes.md)")
+    g.add_argument("--input-embedding", choices=INPUT_EMBEDDINGS, default="learned",
+                   help="the input layer: Megatron-LM's learned table, or a fixed code family (docs/codes.md)")
     g.add_argument("--code-seed", type=int, default=PAPER_CODE_SEED, help="seed that draws the GF(2) matrix A")
     g.add_argument("--code-matrix", default=None, metavar="FILE",
                    help="gf2: the K x K recoding matrix A from a file (.npy, .json, or text rows of 0/1; "
@@ -371,6 +371,9 @@ class PretrainConfig:
             rotary_base=a.rotary_base, init_method_std=a.init_method_std,
             kv_channels=None if a.kv_channels == a.hidden_size // a.num_attention_heads else a.kv_channels,
             rotary_percent=a.rotary_percent, rotary_interleaved=a.rotary_interleaved,
+            add_bias_linear=a.add_bias_linear, position_embedding_type=a.position_embedding_type,
+            max_position_embeddings=a.max_position_embeddings,
+            share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
             code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,

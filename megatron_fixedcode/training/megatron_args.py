@@ -8,8 +8,8 @@ Three lists, one place each (docs/training.md, "Megatron-LM's command line", sho
 * :func:`add_accepted_args` — Megatron flags taken with Megatron's name, ``dest`` and default
   whose effect here is either real (noted in the help) or none (:data:`INERT`, logged once).
 * The architecture flags and their checks (:func:`architecture_block`): Megatron's defaults
-  describe a GPT-2 block (LayerNorm, GELU, biases, learned absolute positions, tied head); this
-  project builds bias-free RoPE blocks with an untied head, so the other values are refused.
+  describe a GPT-2 block (LayerNorm, GELU, biases, learned absolute positions, tied head), built
+  as such with the learned input table; a fixed code has no table to tie or to add positions to.
 """
 from __future__ import annotations
 
@@ -195,16 +195,16 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm", help="norm of each block")
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (gated SiLU); GELU MLP without it")
     g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
-                   help="no biases in the linear layers (required here: this project builds bias-free blocks)")
+                   help="no biases in the linear layers")
     g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"],
-                   default="learned_absolute", help="position encoding (only rope is built here)")
+                   default="learned_absolute", help="position encoding (mrope and relative are not built here)")
     g.add_argument("--use-rotary-position-embeddings", action="store_true",
                    help="Megatron's older spelling of --position-embedding-type rope")
     g.add_argument("--rotary-percent", type=float, default=1.0, help="fraction of each head's dims RoPE rotates")
     g.add_argument("--rotary-interleaved", action="store_true",
                    help="RoPE rotates interleaved pairs of dims instead of the two halves")
     g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="untied output head (required here: a fixed code cannot be tied to a head)")
+                   help="an output layer of its own (required with a fixed code: it has no table to tie)")
     g.add_argument("--group-query-attention", action="store_true",
                    help="grouped-query attention with --num-query-groups groups (without it, multi-head attention)")
     g.add_argument("--kv-channels", type=int, default=None,
@@ -244,6 +244,8 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
                    help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)")
 
 
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")  # GPTModel's, built here
+
 # --block NAME: the project's shorthand for Megatron's architecture flags.
 BLOCK_FLAGS = {
     "llama": {"normalization": "RMSNorm", "swiglu": True, "add_bias_linear": False, "position_embedding_type": "rope",
@@ -275,17 +277,19 @@ def expand_block_key(values: dict) -> None:
 
 def architecture_block(a: argparse.Namespace) -> str:
     """The block (``models.config.BLOCKS``) of Megatron's --normalization and --swiglu; ValueError
-    (one line) for what is not built here: a tied head, linear biases, positions other than RoPE."""
+    (one line) for what is not built here: a fixed code tied to the head or next to a learned
+    position table, and position encodings other than RoPE, learned absolute or none."""
     if a.use_rotary_position_embeddings:
         a.position_embedding_type = "rope"
-    if not a.untie_embeddings_and_output_weights:
-        raise ValueError("the output head is always untied here (a fixed code cannot be tied to a head): give "
-                         "--untie-embeddings-and-output-weights (Megatron-LM's default ties them), or --block llama")
-    if a.add_bias_linear:
-        raise ValueError("linear biases are not built here: give --disable-bias-linear (Megatron-LM's default adds "
-                         "them), or --block llama")
-    if a.position_embedding_type != "rope":
-        raise ValueError(f"--position-embedding-type {a.position_embedding_type} is not built here: give "
-                         "--position-embedding-type rope (Megatron-LM's default is learned_absolute), or --block llama")
+    if a.position_embedding_type not in POSITION_EMBEDDINGS:
+        raise ValueError(f"--position-embedding-type {a.position_embedding_type} is not built here: give one of "
+                         f"{', '.join(POSITION_EMBEDDINGS)}")
+    if a.input_embedding != "learned":
+        if not a.untie_embeddings_and_output_weights:
+            raise ValueError(f"--input-embedding {a.input_embedding} has no table to tie the output layer to: give "
+                             "--untie-embeddings-and-output-weights (Megatron-LM's default ties them), or --block llama")
+        if a.position_embedding_type == "learned_absolute":
+            raise ValueError(f"--input-embedding {a.input_embedding} with --position-embedding-type learned_absolute "
+                             "would add a trained table next to the fixed code: give rope or none, or --block llama")
     return {("RMSNorm", True): "llama", ("LayerNorm", False): "gpt_gelu", ("LayerNorm", True): "layernorm_swiglu",
             ("RMSNorm", False): "rmsnorm_gelu"}[(a.normalization, bool(a.swiglu))]

@@ -1,6 +1,6 @@
 """torchrun worker for the parallel-parity tests (see tests/test_parallel_parity.py).
 
-mode ``run``: build learned/binary/gf2 models under --layout, optionally load shared weights,
+mode ``run``: build learned/binary/gf2/gpt2 models under --layout, optionally load shared weights,
 run one forward/backward of a fixed batch through megatron's schedule and DDP, then save the
 gradients as a distributed checkpoint (gradient copied into each parameter) plus the loss.
 mode ``compare``: on one rank, load two gradient checkpoints (any layout) and report the
@@ -21,7 +21,11 @@ from megatron_fixedcode.models import ModelConfig, build_transformer_config
 from megatron_fixedcode.training.forward_backward import forward_backward
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 
-VARIANTS = ("learned", "binary", "gf2")
+VARIANTS = ("learned", "binary", "gf2", "gpt2")
+# Megatron-LM's default GPT-2 block: the learned table tied to the output layer (across pipeline
+# stages: finalize_model_grads sums the two copies' gradients), learned positions, linear biases
+GPT2_BLOCK = dict(input_embedding="learned", block="gpt_gelu", add_bias_linear=True,
+                  position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
 EXTRA_VARIANTS = {  # the research interfaces (tests/test_codes_parity.py): name -> ModelConfig fields
     "binary_centered_normmatch": dict(input_embedding="binary", code_centered=True, code_norm_match=True),
     "random": dict(input_embedding="random", code_width=24),
@@ -39,7 +43,7 @@ SEQ, MBS, NUM_MB, VOCAB = 32, 2, 2, 1000
 def model_config(variant: str) -> ModelConfig:
     return ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
                        ffn_hidden_size=128, seq_length=SEQ, vocab_size=VOCAB, make_vocab_size_divisible_by=64,
-                       **EXTRA_VARIANTS.get(variant, {"input_embedding": variant}))
+                       **{"gpt2": GPT2_BLOCK, **EXTRA_VARIANTS}.get(variant, {"input_embedding": variant}))
 
 
 def microbatches():
@@ -71,7 +75,8 @@ def embedding_collectives(chunks, batch) -> int:
     if not model.pre_process:
         return -1
     with count_collectives() as counts:
-        x = model.embedding(batch["tokens"], None)
+        tokens = batch["tokens"]
+        x = model.embedding(tokens, torch.arange(tokens.shape[1]).expand_as(tokens))
         if x.requires_grad:
             x.sum().backward()
     for p in model.parameters():  # drop the probe's gradients

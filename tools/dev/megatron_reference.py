@@ -19,8 +19,7 @@ flag family this trainer accepts away from its default. Each list is made runnab
 would (``adapt``): the flags this trainer refuses as outside its scope, or at a value other than
 Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks that each is refused
 in one line); a list without a tokenizer (its GPT-2 BPE ``--vocab-file`` was dropped) gets
-``--tokenizer-type NullTokenizer --vocab-size 50257``; Megatron's default GPT-2 block gets the flags of
-the block built here (untied head, no linear biases, RoPE); a list without ``--lr`` or a run length
+``--tokenizer-type NullTokenizer --vocab-size 50257``; a list without ``--lr`` or a run length
 gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with
 ``WORLD_SIZE`` 8.
 
@@ -225,14 +224,6 @@ def adapt(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
         added += ["--lr", "1e-4"]
     if not flags & {"--train-iters", "--train-samples"}:
         added += ["--train-iters", "100"]
-    if "--untie-embeddings-and-output-weights" not in flags:
-        added.append("--untie-embeddings-and-output-weights")
-    if "--disable-bias-linear" not in flags:
-        added.append("--disable-bias-linear")
-    pos = next((g for g in kept if g[0] == "--position-embedding-type"), None)
-    if "--use-rotary-position-embeddings" not in flags and (pos is None or pos[1:] != ["rope"]):
-        kept = [g for g in kept if g is not pos]
-        added += ["--position-embedding-type", "rope"]
     return [t for g in kept for t in g] + added, refused, added
 
 
