@@ -73,8 +73,9 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
-def _fill(argv: list[str], corpus, tmp_path) -> list[str]:
-    names = {"DATA": corpus[0], "CKPT": str(tmp_path / "ckpt"), "TB": str(tmp_path / "tb"), "CACHE": str(tmp_path / "cache")}
+def _fill(argv: list[str], corpus, tmp_path, **names: str) -> list[str]:
+    names = {"DATA": corpus[0], "CKPT": str(tmp_path / "ckpt"), "TB": str(tmp_path / "tb"), "CACHE": str(tmp_path / "cache"),
+             **names}
     return [names.get(t, t) for t in argv]
 
 
@@ -105,6 +106,24 @@ def _dry_run(argv: list[str], capsys) -> dict:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_corpus(tmp_path_factory) -> dict:
+    """GPT-2 BPE files (tests/helpers.py) and a book of the shared corpus indexed with them by
+    preprocess_data in Megatron-LM's spelling, one paragraph a document."""
+    from megatron_fixedcode.cli.preprocess_data import main as preprocess_data
+    from tests.helpers import SHARED_DATA, write_gpt2_bpe_files
+
+    root = tmp_path_factory.mktemp("gpt2")
+    vocab, merges = write_gpt2_bpe_files(root)
+    text = (SHARED_DATA / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")
+    paragraphs = [p for p in re.split(r"\r?\n\s*\n", text) if p.strip()]
+    (root / "book.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs), encoding="utf-8")
+    assert preprocess_data(["--input", str(root / "book.jsonl"), "--output-prefix", str(root / "book"), "--tokenizer-type",
+                            "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges), "--append-eod",
+                            "--valid-fraction", "0"]) == 0
+    return {"DATA": str(root / "book_train_text_document"), "VOCAB": str(vocab), "MERGES": str(merges)}
 
 
 def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, caplog):
@@ -153,14 +172,18 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
     assert "--fp8-format hybrid needs a CUDA GPU" in capsys.readouterr().err + caplog.text
 
 
-def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, capsys):
-    argv = _fill(GPT3_175B, corpus, tmp_path)
+def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus, tmp_path, capsys):
+    """Its GPT-2 BPE (--vocab-file, --merge-file, no --tokenizer-type) reads as GPT2BPETokenizer, trains on
+    data preprocess_data indexed with it, and the checkpoint and HF export carry it."""
+    argv = _fill(GPT3_175B, corpus, tmp_path, **gpt2_corpus)
     assert "--rampup-batch-size: batch-size ramp-up" in _refused(argv, capsys)
     argv = _without(argv, "--rampup-batch-size")
     assert "--fp16: FP16 training with loss scaling" in _refused(argv, capsys)
     argv = _without(argv, "--fp16")
-    assert "--vocab-file: GPT2BPETokenizer" in _refused(argv, capsys)
-    argv = [*_without(argv, "--vocab-file", "--merge-file"), "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8"]
+    assert "--merge-file: read with --tokenizer-type GPT2BPETokenizer" in _refused(
+        [*_without(argv, "--vocab-file"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024"], capsys)
+    assert "needs both --vocab-file and --merge-file" in _refused(
+        [*_without(argv, "--merge-file"), "--tokenizer-type", "GPT2BPETokenizer"], capsys)
     # Megatron-LM's default architecture (tied head, biases, learned positions) is not built here
     assert "the output head is always untied here" in _refused(argv, capsys)
     argv += ["--untie-embeddings-and-output-weights"]
@@ -168,7 +191,12 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
     argv += ["--disable-bias-linear"]
     assert "--position-embedding-type learned_absolute is not built here" in _refused(argv, capsys)
     argv += ["--position-embedding-type", "rope", "--transformer-impl", "local"]
-    resolved = _dry_run(argv, capsys)
+    assert main([*argv, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    resolved = json.loads(out)
+    assert (resolved["tokenizer_type"], resolved["vocab_file"], resolved["merge_file"], resolved["tokenizer_model"]) == (
+        "GPT2BPETokenizer", gpt2_corpus["VOCAB"], gpt2_corpus["MERGES"], None)
+    assert f"vocabulary 1,001 ({gpt2_corpus['VOCAB']}), padded 1,024" in err  # Megatron-LM: len(vocab.json), x128
     megatron_meaning = {
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
         "ffn_hidden_size": 256, "kv_channels": 16,  # derived by Megatron-LM's validate_args: 4 x hidden, hidden / heads
@@ -189,6 +217,17 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
     # warmup = 0.25 x 4 decay steps = 1 step: the first step's LR is the peak, as Megatron-LM's scheduler
     assert records[0]["lr"] == pytest.approx(6.0e-5)
     assert re.search(r" iteration +4/ +4 \| consumed samples: +16 \|", proc.stderr)
+    from megatron_fixedcode.export import convert_checkpoint_to_hf, load_megatron_checkpoint
+    from megatron_fixedcode.tokenizers import build_tokenizer
+    from tokenizers import Tokenizer
+
+    record = {"type": "GPT2BPETokenizer", "model": gpt2_corpus["VOCAB"], "merge_file": gpt2_corpus["MERGES"]}
+    assert load_megatron_checkpoint(tmp_path / "ckpt").trainer_state["tokenizer"] == record
+    hf = convert_checkpoint_to_hf(tmp_path / "ckpt", tmp_path / "hf")
+    ours = build_tokenizer("GPT2BPETokenizer", record["model"], merge_file=record["merge_file"])
+    text = "It was on a dreary night of November — “naïve” 🙂  twice\r\n"
+    assert Tokenizer.from_file(str(hf / "tokenizer.json")).encode(text).ids == ours.tokenize(text)
+    assert json.loads((hf / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
 
 
 def test_out_of_scope_flags_and_abbreviations_refused_in_one_line(capsys):
@@ -469,7 +508,9 @@ def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_l
 
     assert TOKENIZER_NAMES == tuple(TOKENIZER_TYPES)
     base = [*TINY, "--train-iters", "2"]
-    assert "--tokenizer-type GPT2BPETokenizer: GPT-2 BPE vocab/merges files" in _refused(
-        [*base, "--tokenizer-type", "GPT2BPETokenizer"], capsys)
+    assert "--tokenizer-type TikTokenizer: TikToken vocabularies" in _refused(
+        [*base, "--tokenizer-type", "TikTokenizer"], capsys)
+    assert "--tokenizer-type BertWordPieceCase: BERT / T5: outside this project's scope" in _refused(
+        [*base, "--tokenizer-type", "BertWordPieceCase", "--vocab-file", "v.txt"], capsys)
     assert "--fp8-recipe custom: custom FP8 quantizers: outside this project's scope" in _refused(
         [*base, "--fp8-recipe", "custom"], capsys)

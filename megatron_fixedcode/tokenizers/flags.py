@@ -12,7 +12,7 @@ def tokenizer_files(a) -> tuple[Optional[str], Optional[str]]:
         if vocab or merges:
             flag = "--vocab-file" if vocab else "--merge-file"
             raise ValueError(f"{flag}: read with --tokenizer-type GPT2BPETokenizer (GPT-2 BPE vocab.json + merges.txt) "
-                             f"only, not {a.tokenizer_type}; BERT vocab files are outside this project's scope")
+                             f"only, not {a.tokenizer_type}")
         return a.tokenizer_model, None
     if a.tokenizer_model:
         raise ValueError("--tokenizer-type GPT2BPETokenizer reads --vocab-file and --merge-file: drop --tokenizer-model")
