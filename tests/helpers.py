@@ -29,3 +29,30 @@ def skip_unless_kernel_builds(kernel: str) -> None:
 
     if kernel == "fused" and fixed_code_cpu_kernel() is None:
         pytest.skip("the fused CPU kernel cannot be built here (no C++ compiler or ninja)")
+
+
+SHARED_DATA = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
+
+
+def write_gpt2_bpe_files(out: Path, vocab_size: int = 1000) -> tuple[Path, Path]:
+    """A GPT-2-format ``vocab.json`` + ``merges.txt`` (``#version`` header, ``<|endoftext|>`` the last
+    id as in GPT-2's): a byte-level BPE trained with HF ``tokenizers`` on a book of the shared corpus.
+    Skips the test without the shared data."""
+    import json
+
+    import pytest
+    from tokenizers import Tokenizer, models, pre_tokenizers, trainers
+
+    book = SHARED_DATA / "corpus" / "gutenberg" / "pg11-0.txt"
+    if not book.is_file():
+        pytest.skip(f"shared data not found at {SHARED_DATA} (set MFC_SHARED_DATA)")
+    out.mkdir(parents=True, exist_ok=True)
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.train([str(book)], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
+                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.model.save(str(out))
+    vocab = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
+    vocab["<|endoftext|>"] = len(vocab)
+    (out / "vocab.json").write_text(json.dumps(vocab, ensure_ascii=False), encoding="utf-8")
+    return out / "vocab.json", out / "merges.txt"

@@ -73,8 +73,9 @@ def _without(argv: list[str], *flags: str) -> list[str]:
     return out
 
 
-def _fill(argv: list[str], corpus, tmp_path) -> list[str]:
-    names = {"DATA": corpus[0], "CKPT": str(tmp_path / "ckpt"), "TB": str(tmp_path / "tb"), "CACHE": str(tmp_path / "cache")}
+def _fill(argv: list[str], corpus, tmp_path, **names: str) -> list[str]:
+    names = {"DATA": corpus[0], "CKPT": str(tmp_path / "ckpt"), "TB": str(tmp_path / "tb"), "CACHE": str(tmp_path / "cache"),
+             **names}
     return [names.get(t, t) for t in argv]
 
 
@@ -105,6 +106,24 @@ def _dry_run(argv: list[str], capsys) -> dict:
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory):
     return write_corpus(tmp_path_factory.mktemp("corpus"))
+
+
+@pytest.fixture(scope="module")
+def gpt2_corpus(tmp_path_factory) -> dict:
+    """GPT-2 BPE files (tests/helpers.py) and a book of the shared corpus indexed with them by
+    preprocess_data in Megatron-LM's spelling, one paragraph a document."""
+    from megatron_fixedcode.cli.preprocess_data import main as preprocess_data
+    from tests.helpers import SHARED_DATA, write_gpt2_bpe_files
+
+    root = tmp_path_factory.mktemp("gpt2")
+    vocab, merges = write_gpt2_bpe_files(root)
+    text = (SHARED_DATA / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")
+    paragraphs = [p for p in re.split(r"\r?\n\s*\n", text) if p.strip()]
+    (root / "book.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs), encoding="utf-8")
+    assert preprocess_data(["--input", str(root / "book.jsonl"), "--output-prefix", str(root / "book"), "--tokenizer-type",
+                            "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges), "--append-eod",
+                            "--valid-fraction", "0"]) == 0
+    return {"DATA": str(root / "book_train_text_document"), "VOCAB": str(vocab), "MERGES": str(merges)}
 
 
 def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, caplog):
@@ -153,20 +172,29 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
     assert "--fp8-format hybrid needs a CUDA GPU" in capsys.readouterr().err + caplog.text
 
 
-def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, capsys):
-    argv = _fill(GPT3_175B, corpus, tmp_path)
+def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus, tmp_path, capsys):
+    """Its GPT-2 BPE (--vocab-file, --merge-file, no --tokenizer-type) reads as GPT2BPETokenizer, trains on
+    data preprocess_data indexed with it, and the checkpoint and HF export carry it."""
+    argv = _fill(GPT3_175B, corpus, tmp_path, **gpt2_corpus)
     assert "--rampup-batch-size: batch-size ramp-up" in _refused(argv, capsys)
     argv = _without(argv, "--rampup-batch-size")
     assert "--fp16: FP16 training with loss scaling" in _refused(argv, capsys)
     argv = _without(argv, "--fp16")
-    assert "--vocab-file: GPT2BPETokenizer" in _refused(argv, capsys)
-    argv = [*_without(argv, "--vocab-file", "--merge-file"), "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8"]
+    assert "--merge-file: read with --tokenizer-type GPT2BPETokenizer" in _refused(
+        [*_without(argv, "--vocab-file"), "--tokenizer-type", "NullTokenizer", "--vocab-size", "1024"], capsys)
+    assert "needs both --vocab-file and --merge-file" in _refused(
+        [*_without(argv, "--merge-file"), "--tokenizer-type", "GPT2BPETokenizer"], capsys)
     # a fixed code has no table to tie to the output layer, nor one to add learned positions to
     assert "--input-embedding binary has no table to tie" in _refused([*argv, "--input-embedding", "binary"], capsys)
     assert "with --position-embedding-type learned_absolute" in _refused(
         [*argv, "--input-embedding", "binary", "--untie-embeddings-and-output-weights"], capsys)
     argv += ["--transformer-impl", "local"]  # Megatron-LM's default GPT-2 block, with its learned table
-    resolved = _dry_run(argv, capsys)
+    assert main([*argv, "--dry-run"]) == 0
+    out, err = capsys.readouterr()
+    resolved = json.loads(out)
+    assert (resolved["tokenizer_type"], resolved["vocab_file"], resolved["merge_file"], resolved["tokenizer_model"]) == (
+        "GPT2BPETokenizer", gpt2_corpus["VOCAB"], gpt2_corpus["MERGES"], None)
+    assert f"vocabulary 1,001 ({gpt2_corpus['VOCAB']}), padded 1,024" in err  # Megatron-LM: len(vocab.json), x128
     megatron_meaning = {
         "num_layers": 2, "hidden_size": 64, "num_attention_heads": 4, "seq_length": 32,
         "ffn_hidden_size": 256, "kv_channels": 16,  # derived by Megatron-LM's validate_args: 4 x hidden, hidden / heads
@@ -190,8 +218,12 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
     assert records[0]["lr"] == pytest.approx(6.0e-5)
     assert re.search(r" iteration +4/ +4 \| consumed samples: +16 \|", proc.stderr)
     # the checkpoint holds Megatron-LM's GPT-2 block: learned positions, linear biases, the head tied to the table
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from tokenizers import Tokenizer
+
+    from megatron_fixedcode.export import load_megatron_checkpoint
+    from megatron_fixedcode.export.hf_io import write_tokenizer
     from megatron_fixedcode.export.to_hf import hf_tensors_and_config
+    from megatron_fixedcode.tokenizers import build_tokenizer
 
     loaded = load_megatron_checkpoint(tmp_path / "ckpt")
     names = set(loaded.model.state_dict())
@@ -202,6 +234,15 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, tmp_path, c
         loaded.model.embedding.word_embeddings.weight
     with pytest.raises(ValueError, match="Megatron-LM's GPT-2 block trains, but does not export"):
         hf_tensors_and_config(loaded.model.state_dict(), loaded.model_cfg, bos_token_id=None, eos_token_id=None)
+    # the tokenizer it records, and the tokenizer.json an export writes from it, give our ids
+    record = {"type": "GPT2BPETokenizer", "model": gpt2_corpus["VOCAB"], "merge_file": gpt2_corpus["MERGES"]}
+    assert loaded.trainer_state["tokenizer"] == record
+    ours = build_tokenizer("GPT2BPETokenizer", record["model"], merge_file=record["merge_file"])
+    (tmp_path / "hf").mkdir()
+    write_tokenizer(tmp_path / "hf", "GPT2BPETokenizer", record["model"], ours, 32)
+    text = "It was on a dreary night of November — “naïve” 🙂  twice\r\n"
+    assert Tokenizer.from_file(str(tmp_path / "hf" / "tokenizer.json")).encode(text).ids == ours.tokenize(text)
+    assert json.loads((tmp_path / "hf" / "tokenizer_config.json").read_text())["eos_token"] == "<|endoftext|>"
 
 
 def test_out_of_scope_flags_and_abbreviations_refused_in_one_line(capsys):
@@ -482,7 +523,9 @@ def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_l
 
     assert TOKENIZER_NAMES == tuple(TOKENIZER_TYPES)
     base = [*TINY, "--train-iters", "2"]
-    assert "--tokenizer-type GPT2BPETokenizer: GPT-2 BPE vocab/merges files" in _refused(
-        [*base, "--tokenizer-type", "GPT2BPETokenizer"], capsys)
+    assert "--tokenizer-type TikTokenizer: TikToken vocabularies" in _refused(
+        [*base, "--tokenizer-type", "TikTokenizer"], capsys)
+    assert "--tokenizer-type BertWordPieceCase: BERT / T5: outside this project's scope" in _refused(
+        [*base, "--tokenizer-type", "BertWordPieceCase", "--vocab-file", "v.txt"], capsys)
     assert "--fp8-recipe custom: custom FP8 quantizers: outside this project's scope" in _refused(
         [*base, "--fp8-recipe", "custom"], capsys)

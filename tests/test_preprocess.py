@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+import types
 from pathlib import Path
 
 import numpy as np
@@ -109,6 +110,38 @@ def test_roundtrip_smollm2(tmp_path, shared_data, corpus_sample):
     assert summary["tokenizer"]["vocab_size"] == 49152 and summary["tokenizer"]["fingerprint"]
     assert sum(summary["doc_length_histogram_log2"]["text"].values()) == sum(summary["documents"].values())
     assert summary["records_read"] == len(docs)
+
+
+def test_gpt2_bpe_with_megatron_flags(tmp_path, corpus_sample, capsys):
+    """Megatron-LM's spelling: --tokenizer-type GPT2BPETokenizer --vocab-file --merge-file; the .bin/.idx
+    hold Megatron-LM's own pure-Python GPT-2 BPE ids (tests/megatron_gpt2_reference.py) + EOD, 2 workers
+    as 1; --tokenizer-model with them, or a lone --vocab-file, is one line."""
+    pytest.importorskip("regex")
+    from megatron_fixedcode.cli.preprocess_data import main
+    from tests.helpers import write_gpt2_bpe_files
+    from tests.megatron_gpt2_reference import GPT2Tokenizer
+
+    jsonl, docs = corpus_sample
+    vocab, merges = write_gpt2_bpe_files(tmp_path / "gpt2")
+    flags = ["--input", str(jsonl), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab),
+             "--merge-file", str(merges), "--append-eod", "--id-key", "id", "--valid-fraction", "0.2"]
+    assert main([*flags, "--output-prefix", str(tmp_path / "out"), "--workers", "2"]) == 0
+    summary = json.loads((tmp_path / "out_summary.json").read_text())
+    assert summary["tokenizer"]["type"] == "GPT2BPETokenizer" and summary["tokenizer"]["merge_file"] == str(merges)
+    assert summary["tokenizer"]["vocab_size"] == 1001 and summary["tokenizer"]["eod"] == 1000
+    ref = GPT2Tokenizer(str(vocab), str(merges))
+    check_roundtrip(tmp_path, docs, types.SimpleNamespace(tokenize=ref.encode, eod=ref.encoder["<|endoftext|>"]),
+                    summary, 0.2)
+    assert main([*flags, "--output-prefix", str(tmp_path / "one")]) == 0
+    for split in ("train", "valid"):
+        for suffix in (".bin", ".idx"):
+            assert (Path(output_prefix_for(str(tmp_path / "one"), split, "text") + suffix).read_bytes()
+                    == Path(output_prefix_for(str(tmp_path / "out"), split, "text") + suffix).read_bytes())
+    capsys.readouterr()
+    assert main([*flags, "--output-prefix", str(tmp_path / "x"), "--tokenizer-model", str(tmp_path)]) == 2
+    assert "drop --tokenizer-model" in capsys.readouterr().err
+    assert main([*flags[:6], "--output-prefix", str(tmp_path / "x")]) == 2
+    assert "needs both --vocab-file and --merge-file" in capsys.readouterr().err
 
 
 def test_roundtrip_sentencepiece(tmp_path, corpus_sample):

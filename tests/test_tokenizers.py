@@ -1,5 +1,6 @@
 """Tokenizers: one interface over HF tokenizer.json and SentencePiece, megatron-core compatible."""
 
+import json
 import os
 import pickle
 import subprocess
@@ -10,11 +11,14 @@ import numpy as np
 import pytest
 
 from megatron_fixedcode.tokenizers import (
+    GPT2BPETokenizer,
     HuggingFaceTokenizer,
     SentencePieceTokenizer,
     build_tokenizer,
     train_bpe_tokenizer,
 )
+
+from tests.helpers import write_gpt2_bpe_files
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_TEXT = (
@@ -115,7 +119,7 @@ def test_eod_detection_and_override(tmp_path):
 
 def test_user_errors(tmp_path):
     with pytest.raises(ValueError, match="--tokenizer-type"):
-        build_tokenizer("GPT2BPETokenizer", str(tmp_path))
+        build_tokenizer("TikTokenizer", str(tmp_path))
     with pytest.raises(ValueError, match="no tokenizer.json"):
         build_tokenizer("HuggingFaceTokenizer", str(tmp_path))
     with pytest.raises(ValueError, match="no SentencePiece model"):
@@ -162,3 +166,71 @@ def test_train_tokenizer_cli(tmp_path):
         capture_output=True, text=True, cwd=REPO,
     )
     assert bad.returncode == 2 and "--input" in bad.stderr and "Traceback" not in bad.stderr
+
+
+@pytest.fixture(scope="session")
+def gpt2_files(tmp_path_factory) -> tuple[Path, Path]:
+    return write_gpt2_bpe_files(tmp_path_factory.mktemp("gpt2"))
+
+
+def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files, shared_data):
+    """Megatron-LM's GPT2BPETokenizer from vocab.json + merges.txt: the ids of Megatron-LM's own
+    pure-Python GPT2Tokenizer on the same files (tests/megatron_gpt2_reference.py, an independent
+    implementation), EOD <|endoftext|>, vocabulary the entries of vocab.json (Megatron-LM's len(encoder))."""
+    pytest.importorskip("regex")
+    from tests.megatron_gpt2_reference import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    tok = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(merges))
+    ref = GPT2Tokenizer(str(vocab), str(merges))
+    assert isinstance(tok, GPT2BPETokenizer)
+    assert (tok.vocab_size, tok.eod, tok.bos, tok.pad) == (1001, 1000, None, None)
+    assert (len(ref.encoder), ref.encoder["<|endoftext|>"]) == (1001, 1000)
+    book = (shared_data / "corpus" / "gutenberg" / "pg2701-0.txt").read_text(encoding="utf-8")  # BOM, CRLF, curly quotes
+    edge = ["", " ", "  two leading\n\n\ttab\r\n   trailing   ", "it's I'll we've they'd 'quoted' 3.14 12345",
+            "naïve café — “quotes” Ünïcödé 東京 日本語 🙂👍🏽 e\u0301 zero\u200bwidth \u00a0nbsp", "a\n \n  \n", "\ufeffBOM"]
+    texts = corpus_texts(shared_data) + [book[:60000], book[-20000:]] + edge
+    assert [tok.tokenize(t) for t in texts] == [ref.encode(t) for t in texts]
+    assert sum(len(tok.tokenize(t)) for t in texts) > 20000
+    assert tok.encode_batch(texts) == [tok.tokenize(t) for t in texts]
+    assert all(tok.detokenize(tok.tokenize(t)) == ref.decode(tok.tokenize(t)) == t for t in texts)  # lossless
+    assert tok.tokenize("a<|endoftext|>b") == ref.encode("a<|endoftext|>b")  # no special tokens, as Megatron-LM
+    clone = pickle.loads(pickle.dumps(tok))
+    assert clone.tokenize(edge[4]) == tok.tokenize(edge[4]) and clone.fingerprint == tok.fingerprint
+    assert tok.describe()["merge_file"] == str(merges) and tok.unique_identifiers["tokenizer_path"] == [str(vocab), str(merges)]
+
+
+def test_gpt2_bpe_reads_merges_as_megatron_and_names_bad_files(gpt2_files, tmp_path):
+    """Megatron-LM drops the first line of merges.txt (the #version header) and the
+    last (after the final newline): without a header the first merge is not applied. Bad files: one
+    line naming the file."""
+    pytest.importorskip("regex")
+    from tests.megatron_gpt2_reference import GPT2Tokenizer
+
+    vocab, merges = gpt2_files
+    lines = merges.read_text(encoding="utf-8").split("\n")
+    headless = tmp_path / "headless.txt"
+    headless.write_text("\n".join(lines[1:]), encoding="utf-8")
+    tok = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(headless))
+    text = SAMPLE_TEXT * 3
+    assert tok.tokenize(text) == GPT2Tokenizer(str(vocab), str(headless)).encode(text)
+    full = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(merges))
+    assert tok.tokenize(text) != full.tokenize(text) and tok.fingerprint != full.fingerprint
+    with pytest.raises(ValueError, match="give --merge-file"):
+        build_tokenizer("GPT2BPETokenizer", str(vocab))
+    with pytest.raises(ValueError, match=f"--merge-file: no GPT-2 merges.txt at {tmp_path / 'none.txt'}"):
+        build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(tmp_path / "none.txt"))
+    damaged = tmp_path / "vocab.json"
+    damaged.write_bytes(vocab.read_bytes()[:5000])
+    with pytest.raises(ValueError, match=f"--vocab-file: {damaged} is not a valid GPT-2 vocab.json"):
+        build_tokenizer("GPT2BPETokenizer", str(damaged), merge_file=str(merges))
+    damaged.write_text('{"a": 0, "b": 1}', encoding="utf-8")
+    with pytest.raises(ValueError, match=f"--merge-file: {merges} merges into .* which {damaged} lacks"):
+        build_tokenizer("GPT2BPETokenizer", str(damaged), merge_file=str(merges))
+    (tmp_path / "bad.txt").write_text("#version: 0.2\nĠ t\nthree tokens here\n", encoding="utf-8")
+    with pytest.raises(ValueError, match=r"bad\.txt:3 is not a merge"):
+        build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(tmp_path / "bad.txt"))
+    no_eod = {k: v for k, v in json.loads(vocab.read_text(encoding="utf-8")).items() if k != "<|endoftext|>"}
+    damaged.write_text(json.dumps(no_eod), encoding="utf-8")
+    with pytest.raises(ValueError, match="has no '<\\|endoftext\\|>'"):
+        build_tokenizer("GPT2BPETokenizer", str(damaged), merge_file=str(merges))

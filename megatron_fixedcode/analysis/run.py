@@ -98,7 +98,7 @@ def run_analysis(cfg: AnalysisConfig) -> dict:
         raise ValueError("no --data-path given and the checkpoint names no validation data")
     ids_BS = token_windows(prefix, cfg.num_windows, cfg.seq_length or model_cfg.seq_length)
     tok = state.get("tokenizer") or {}
-    tokenizer = build_tokenizer(tok["type"], tok["model"]) if tok.get("model") else None
+    tokenizer = build_tokenizer(tok["type"], tok["model"], merge_file=tok.get("merge_file")) if tok.get("model") else None
     vocab = model_cfg.vocab_size
     torch.manual_seed(cfg.seed)
     states = hidden_states(model, ids_BS)

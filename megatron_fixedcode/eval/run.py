@@ -74,7 +74,7 @@ def _checkpoint_tokenizer(ckpt, load: str, tokenizer_model: str | None, required
         if required:
             raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
         return None, None
-    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", path)
+    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", path, merge_file=tok_info.get("merge_file"))
     saved = (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint")
     if tokenizer_model and tok_info.get("model") and saved and tokenizer.fingerprint != saved:
         raise ValueError(f"--tokenizer-model {tokenizer_model} (fingerprint {tokenizer.fingerprint}, vocabulary "

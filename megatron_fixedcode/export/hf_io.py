@@ -206,7 +206,11 @@ def write_tokenizer(out_dir: Path, tokenizer_type: str | None, tokenizer_model: 
     if tokenizer.pad is not None:
         special["pad_token"] = tokenizer.detokenize([tokenizer.pad])
     written = []
-    if tokenizer_type == "HuggingFaceTokenizer":
+    if tokenizer_type == "GPT2BPETokenizer":  # vocab.json + merges.txt as one tokenizers object
+        (out_dir / "tokenizer.json").write_text(tokenizer.hf_tokenizer.to_str(), encoding="utf-8")
+        written.append("tokenizer.json")
+        config = {"tokenizer_class": "PreTrainedTokenizerFast", "clean_up_tokenization_spaces": False}
+    elif tokenizer_type == "HuggingFaceTokenizer":
         json_path = src / "tokenizer.json" if src.is_dir() else src
         shutil.copyfile(json_path, out_dir / "tokenizer.json")
         written.append("tokenizer.json")

@@ -64,7 +64,7 @@ def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, b
 
 def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: ModelConfig, *,
                    tokenizer_type: str | None = None, tokenizer_model: str | None = None,
-                   dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
+                   merge_file: str | None = None, dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
                    provenance: dict[str, Any] | None = None, overwrite: bool = False) -> Path:
     """Write config.json, generation_config.json, safetensors (+ index) and tokenizer files into
     ``OUT.partial`` and rename it to ``OUT`` when complete: a killed or failed export leaves no
@@ -81,7 +81,7 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
     if tokenizer_model:
         from megatron_fixedcode.tokenizers import build_tokenizer
 
-        tokenizer = build_tokenizer(tokenizer_type or "HuggingFaceTokenizer", tokenizer_model)
+        tokenizer = build_tokenizer(tokenizer_type or "HuggingFaceTokenizer", tokenizer_model, merge_file=merge_file)
         if tokenizer.vocab_size != cfg.vocab_size:
             raise ValueError(f"tokenizer {tokenizer_model} has {tokenizer.vocab_size} tokens, the model {cfg.vocab_size}")
     eos = tokenizer.eod if tokenizer else None
@@ -120,10 +120,12 @@ def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int 
     tokenizer_model = tokenizer_model or tok.get("model")
     if tokenizer_model and not Path(tokenizer_model).exists():
         raise ValueError(f"tokenizer {tokenizer_model} recorded in the checkpoint is missing; pass --tokenizer-model")
+    if tok.get("merge_file") and not Path(tok["merge_file"]).exists():
+        raise ValueError(f"GPT2BPETokenizer merges {tok['merge_file']} recorded in the checkpoint is missing")
     provenance = {"checkpoint": str(ckpt.path.resolve()), "step": ckpt.step, "tokens": ckpt.trainer_state.get("tokens"),
                   "identity": ckpt.trainer_state.get("identity"), "layout": ckpt.trainer_state.get("layout"),
                   "block": ckpt.model_cfg.block}
     state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
     return write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
-                          dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
+                          merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
                           provenance=provenance, overwrite=overwrite)

@@ -7,8 +7,12 @@ _EXPORTS = {
     "file_fingerprint": "base",
     "HuggingFaceTokenizer": "huggingface_tokenizer",
     "SentencePieceTokenizer": "sentencepiece_tokenizer",
+    "GPT2BPETokenizer": "gpt2_bpe_tokenizer",
     "TOKENIZER_TYPES": "registry",
     "build_tokenizer": "registry",
+    "tokenizer_files": "flags",
+    "tokenizer_from_args": "registry",
+    "tokenizer_record": "registry",
     "train_bpe_tokenizer": "train",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
@@ -17,8 +21,12 @@ __all__ = [
     "Tokenizer",
     "HuggingFaceTokenizer",
     "SentencePieceTokenizer",
+    "GPT2BPETokenizer",
     "TOKENIZER_TYPES",
     "build_tokenizer",
+    "tokenizer_files",
+    "tokenizer_from_args",
+    "tokenizer_record",
     "file_fingerprint",
     "train_bpe_tokenizer",
 ]

@@ -26,14 +26,15 @@ def validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)")
     if not a.dry_run and not train_paths(a):
         p.error("--data-path (or --train-data-path) is required")
-    if train_paths(a) and not a.tokenizer_model and not a.vocab_size:
-        p.error("--tokenizer-model is required (or --vocab-size for pre-tokenized data without decoding)")
+    if train_paths(a) and not (a.tokenizer_model or a.vocab_file) and not a.vocab_size:
+        p.error("--tokenizer-model (or GPT2BPETokenizer's --vocab-file/--merge-file) is required (or --vocab-size for "
+                "pre-tokenized data without decoding)")
     if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
         p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
     if a.dataset_type in ("document_windows", "sft") and valid_paths(a) is None and a.eval_interval:
         p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
                 "--data-path): give them, or drop --eval-interval")
-    if a.dataset_type == "sft" and not a.dry_run and not a.tokenizer_model:
+    if a.dataset_type == "sft" and not a.dry_run and not (a.tokenizer_model or a.vocab_file):
         p.error("--dataset-type sft tokenises text: give --tokenizer-model")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
         p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")

@@ -28,6 +28,7 @@ from megatron_fixedcode.models.config import (
 )
 from megatron_fixedcode.training.argument_checks import (  # noqa: F401  (train_paths, valid_paths: re-exported)
     Default,
+    _is_rank0,
     megatron_semantics,
     train_paths,
     valid_paths,
@@ -94,7 +95,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
 
 PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
 # tokenizers.registry.TOKENIZER_TYPES (not imported: the dry run needs no tokenizer library)
-TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer")
+TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                   "GPT2BPETokenizer")
 # recipe keys of Megatron-LM's precision flags -> --precision
 _PRECISION_ALIASES = {"bf16": "bf16"}
 
@@ -233,11 +235,14 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
     g.add_argument("--tokenizer-type", choices=[*TOKENIZER_NAMES, "NullTokenizer", *OTHER_TOKENIZERS],
-                   default="HuggingFaceTokenizer", help="NullTokenizer: pre-tokenized data, give --vocab-size; the three "
-                   "SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
-                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...); Megatron-LM's "
-                   "other types are refused in one line")
+                   default=Default("HuggingFaceTokenizer"), help="NullTokenizer: pre-tokenized data, give --vocab-size; "
+                   "the three SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
+                   "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...); GPT2BPETokenizer "
+                   "reads --vocab-file and --merge-file (the default when they are given); Megatron-LM's other types "
+                   "are refused in one line")
     g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
+    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
 
 
 def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
@@ -426,10 +431,20 @@ def _check_inputs(a: argparse.Namespace) -> None:
             prefixes, _ = parse_blend(paths, flag)
             if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
                 check_shards([p for p in prefixes if os.path.isfile(p + ".idx")], None, field)
-    if a.tokenizer_model and (not a.dry_run or Path(a.tokenizer_model).exists()):  # a login node may lack it
-        from megatron_fixedcode.tokenizers import build_tokenizer
+    from megatron_fixedcode.tokenizers.flags import tokenizer_files
 
-        build_tokenizer(a.tokenizer_type, a.tokenizer_model)
+    if isinstance(a.tokenizer_type, Default) and (a.vocab_file or a.merge_file) and not a.tokenizer_model:
+        a.tokenizer_type = "GPT2BPETokenizer"  # Megatron-LM's GPT lists name the files, not the type
+        if _is_rank0():
+            print("note: --vocab-file/--merge-file without --tokenizer-type: GPT2BPETokenizer", file=sys.stderr)
+    a.tokenizer_type = str(a.tokenizer_type)
+    if a.tokenizer_type in OTHER_TOKENIZERS:
+        return  # refused by validate, naming what it is
+    files = [f for f in tokenizer_files(a) if f]
+    if files and (not a.dry_run or all(Path(f).exists() for f in files)):  # a login node may lack them
+        from megatron_fixedcode.tokenizers import tokenizer_from_args
+
+        tokenizer_from_args(a)
 
 
 def _refuse_out_of_scope(argv: list[str], parser: argparse.ArgumentParser) -> None:

@@ -18,9 +18,15 @@ RUNTIME_BYTES = 3 * GB  # CUDA context, cuBLAS/NCCL workspaces (docs/SCALING.md)
 
 
 def vocab_size_of(a: argparse.Namespace) -> tuple[int, str]:
-    """(vocabulary size, where it came from): --vocab-size, a tokenizer.json, or an assumption."""
+    """(vocabulary size, where it came from): --vocab-size, a tokenizer.json, GPT2BPETokenizer's
+    vocab.json (its entries, as Megatron-LM counts them), or an assumption."""
     if a.vocab_size:
         return a.vocab_size, "--vocab-size"
+    if a.tokenizer_type == "GPT2BPETokenizer" and a.vocab_file and Path(a.vocab_file).is_file():
+        try:
+            return len(json.loads(Path(a.vocab_file).read_text(encoding="utf-8"))), a.vocab_file
+        except (OSError, ValueError, TypeError):
+            pass
     path = Path(a.tokenizer_model) if a.tokenizer_model else None
     if path is not None and path.is_dir():
         path = path / "tokenizer.json"

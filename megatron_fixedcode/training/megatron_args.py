@@ -37,8 +37,6 @@ OUT_OF_SCOPE = {
     "--decoupled-lr": "a separate learning rate for the input/output layers",
     "--decoupled-min-lr": "a separate learning rate for the input/output layers",
     "--mock-data": "mock data (give --data-path; tests/data_helpers.py writes tiny corpora)",
-    "--vocab-file": "GPT2BPETokenizer / BERT vocab files (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
-    "--merge-file": "GPT2BPETokenizer (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
     "--tiktoken-": "TikTokenizer (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
     "--use-legacy-models": "Megatron-LM's legacy (non-mcore) models",
     "--use-torch-fsdp2": "FSDP", "--use-megatron-fsdp": "FSDP", "--use-custom-fsdp": "FSDP",
@@ -161,7 +159,6 @@ OUT_OF_SCOPE = {
 }
 # Megatron-LM's --tokenizer-type values this project does not read -> what they are.
 OTHER_TOKENIZERS = {
-    "GPT2BPETokenizer": "GPT-2 BPE vocab/merges files (give a tokenizer.json: --tokenizer-type HuggingFaceTokenizer)",
     "TikTokenizer": "TikToken vocabularies", "BertWordPieceLowerCase": "BERT / T5", "BertWordPieceCase": "BERT / T5",
     "MultimodalTokenizer": "multimodal models", "NullMultimodalTokenizer": "multimodal models",
     "SFTTokenizer": "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",

@@ -19,7 +19,7 @@ import types
 from pathlib import Path
 
 from megatron_fixedcode.files import indexed_dataset_fingerprint
-from megatron_fixedcode.tokenizers import build_tokenizer
+from megatron_fixedcode.tokenizers import tokenizer_from_args
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.resume_scope import PER_PARAMETER, resume_scope
@@ -137,7 +137,7 @@ def plan_run(cfg: PretrainConfig) -> RunPlan:
     check_runtime(cfg)
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
-    tokenizer = (build_tokenizer(a.tokenizer_type, a.tokenizer_model) if a.tokenizer_model
+    tokenizer = (tokenizer_from_args(a) if a.tokenizer_model or a.vocab_file
                  else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
                                             fingerprint=f"vocab{a.vocab_size}"))
     if a.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
@@ -233,7 +233,7 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         rec = saved.get("tokenizer") or {}
         raise ValueError(
             f"{where}: checkpoint was trained with tokenizer {rec.get('model') or '(none, --vocab-size)'} "
-            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {a.tokenizer_model or '(none, --vocab-size)'} "
+            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {a.tokenizer_model or a.vocab_file or '(none, --vocab-size)'} "
             f"(fingerprint {plan.identity['tokenizer_fingerprint']}); refusing to resume with another tokenizer "
             "(to start from these weights with it, give --finetune)")
     for key, now in stream_identity(a, plan.global_batch, plan.max_steps).items():

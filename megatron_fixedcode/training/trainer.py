@@ -40,6 +40,7 @@ from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
+from megatron_fixedcode.tokenizers import tokenizer_record
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.batches import pin
@@ -203,7 +204,7 @@ class Trainer:
         code = self.model_cfg.code_spec()
         return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
                 "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
-                "tokenizer": {"type": self.cfg.args.tokenizer_type, "model": self.cfg.args.tokenizer_model},
+                "tokenizer": tokenizer_record(self.cfg.args),
                 "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id,
                 "optimizer_format": checkpointing.optimizer_format(self.optimizer,
                                                                    self.cfg.args.dist_ckpt_optim_fully_reshardable),

@@ -18,8 +18,8 @@ FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
 flag family this trainer accepts away from its default. Each list is made runnable here the way a user
 would (``adapt``): the flags this trainer refuses as outside its scope, or at a value other than
 Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks that each is refused
-in one line); a list without a tokenizer (its GPT-2 BPE ``--vocab-file`` was dropped) gets
-``--tokenizer-type NullTokenizer --vocab-size 50257``; a list without ``--lr`` or a run length
+in one line); a list without a tokenizer (neither ``--tokenizer-type`` nor a GPT-2 BPE ``--vocab-file``)
+gets ``--tokenizer-type NullTokenizer --vocab-size 50257``; a list without ``--lr`` or a run length
 gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with
 ``WORLD_SIZE`` 8.
 
@@ -218,7 +218,7 @@ def adapt(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
         else:
             kept.append(group)
     flags = {g[0] for g in kept}
-    if "--tokenizer-type" not in flags and "--vocab-size" not in flags:  # e.g. a GPT-2 BPE --vocab-file, refused
+    if not flags & {"--tokenizer-type", "--vocab-size", "--vocab-file"}:  # e.g. the modelopt confs
         added += ["--tokenizer-type", "NullTokenizer", "--vocab-size", "50257"]
     if "--lr" not in flags:  # the modelopt confs leave the training flags to their caller
         added += ["--lr", "1e-4"]

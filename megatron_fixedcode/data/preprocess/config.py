@@ -11,7 +11,11 @@ class PreprocessConfig:
     input: list[str]
     output_prefix: str
     tokenizer_type: str
-    tokenizer_model: str
+    tokenizer_model: Optional[str] = None
+    """The tokenizer file; GPT2BPETokenizer: its vocab.json (--vocab-file sets it)."""
+    vocab_file: Optional[str] = None
+    merge_file: Optional[str] = None
+    """GPT2BPETokenizer's --vocab-file / --merge-file (Megatron-LM's flags)."""
     eod_token: Optional[str] = None
     json_keys: list[str] = dataclasses.field(default_factory=lambda: ["text"])
     id_key: Optional[str] = None
@@ -32,6 +36,14 @@ class PreprocessConfig:
     """Chunks bound memory and are the unit of work of a pool process: many per worker."""
 
     def __post_init__(self):
+        from megatron_fixedcode.tokenizers.flags import tokenizer_files
+
+        if self.tokenizer_type == "GPT2BPETokenizer" and self.tokenizer_model and self.tokenizer_model == self.vocab_file:
+            self.tokenizer_model = None  # a config rebuilt from its own fields
+        self.tokenizer_model, self.merge_file = tokenizer_files(self)
+        if not self.tokenizer_model:
+            raise ValueError("give --tokenizer-model (GPT2BPETokenizer: --vocab-file and --merge-file)")
+        self.vocab_file = self.tokenizer_model if self.tokenizer_type == "GPT2BPETokenizer" else None
         if isinstance(self.input, (str, bytes)) or isinstance(self.json_keys, (str, bytes)):
             raise ValueError("input and json_keys are lists, e.g. input=['data/*.jsonl']")
         if not self.input:

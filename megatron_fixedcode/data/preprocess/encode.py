@@ -58,7 +58,7 @@ def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Option
         if threads == 1:  # never switch it on: after a fork the tokenizers library may have turned it off
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["cfg"] = cfg
-    _WORKER["tok"] = tokenizer or build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
+    _WORKER["tok"] = tokenizer or build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token, cfg.merge_file)
     _WORKER["dtype"] = optimal_dtype(_WORKER["tok"].vocab_size)
     _WORKER["splitter"] = sentence_splitter()[0] if cfg.split_sentences else None
 

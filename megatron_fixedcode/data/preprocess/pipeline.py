@@ -104,7 +104,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
 
 def _preprocess(cfg: PreprocessConfig) -> dict:
     files = expand_inputs(cfg.input)
-    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token)
+    tokenizer = build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token, cfg.merge_file)
     dtype = optimal_dtype(tokenizer.vocab_size)
     if cfg.split_sentences and not sentence_splitter()[1]:
         logger.warning("nltk punkt data not installed: splitting sentences with untrained punkt")
