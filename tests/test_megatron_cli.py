@@ -360,6 +360,38 @@ def test_recompute_flags_reach_transformer_config(capsys):
     assert build_transformer_config(cfg.model_config(1024), cfg.layout, te_layers=False).recompute_granularity == "selective"
 
 
+def test_qk_layernorm_qkv_bias_squared_relu_and_rope_scaling_train(corpus, tmp_path, capsys):
+    """Megatron-LM's --qk-layernorm, --add-qkv-bias, --squared-relu and --use-rope-scaling reach the
+    model that trains, as megatron-core builds them; a SwiGLU block refuses --squared-relu in one line."""
+    import torch
+
+    from megatron_fixedcode.export.megatron_io import build_single_rank_model, load_megatron_checkpoint
+    from megatron_fixedcode.models import build_transformer_config
+
+    argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
+            "--max-position-embeddings", "32", "--micro-batch-size", "2", "--global-batch-size", "4", "--lr", "1e-3",
+            "--train-iters", "2", "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8", "--disable-bias-linear",
+            "--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--transformer-impl", "local",
+            "--qk-layernorm", "--add-qkv-bias", "--squared-relu", "--use-rope-scaling", "--rope-scaling-factor", "16",
+            "--data-path", corpus[0], "--split", "90,9,1", "--log-interval", "1", "--save", str(tmp_path / "ckpt")]
+    assert "squared_relu replaces the GELU MLP" in _refused([*argv, "--swiglu", "--dry-run"], capsys)
+    cfg = parse_pretrain_args([*argv, "--dry-run"]).model_config(1024)
+    config = build_transformer_config(cfg, parse_pretrain_args([*argv, "--dry-run"]).layout, te_layers=False)
+    assert (config.qk_layernorm, config.add_qkv_bias, config.add_bias_linear) == (True, True, False)
+    x = torch.tensor([-2.0, 0.5, 3.0])
+    assert torch.equal(config.activation_func(x), torch.tensor([0.0, 0.25, 9.0]))  # relu(x)^2
+    import dataclasses
+
+    scaled = build_single_rank_model(cfg).rotary_pos_emb.inv_freq
+    plain = build_single_rank_model(dataclasses.replace(cfg, rope_scaling=False)).rotary_pos_emb.inv_freq
+    assert torch.equal(scaled[:2], plain[:2]) and not torch.equal(scaled, plain)  # Llama-3 scales the low frequencies
+    _train(*argv)
+    names = set(load_megatron_checkpoint(tmp_path / "ckpt").model.state_dict())
+    assert {"decoder.layers.0.self_attention.q_layernorm.weight", "decoder.layers.0.self_attention.k_layernorm.weight",
+            "decoder.layers.0.self_attention.linear_qkv.bias"} <= names
+    assert "decoder.layers.0.mlp.linear_fc1.bias" not in names
+
+
 def test_checkpoint_retention(tmp_path):
     from megatron_fixedcode.training.checkpointing import _prune
 

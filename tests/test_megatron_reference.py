@@ -46,7 +46,7 @@ def test_reference_covers_the_lists_it_claims():
     assert {"llama3_8b_h100_fp8", "gpt3_175b_distributed", "modelopt_Llama-3.1-8B-Instruct", "modelopt_Qwen3-8B",
             "gpt3_mcore_te_tp2_pp2", "gpt3_mcore_te_tp1_pp4_vp1"} <= names
     assert {n for n in names if n.startswith("families_")} == {
-        "families_architecture", "families_schedule_samples", "families_parallel", "families_vpp_cp",
+        "families_architecture", "families_gpt2_block", "families_schedule_samples", "families_parallel", "families_vpp_cp",
         "families_data_logging_checkpoint", "families_data_path", "families_inert"}
     assert len(MEGATRON_REFUSES) <= 2, MEGATRON_REFUSES
 

@@ -38,10 +38,12 @@ def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, b
         raise ValueError(f"kv_channels={cfg.kv_channels}, rotary_percent={cfg.rotary_percent}, rotary_interleaved="
                          f"{cfg.rotary_interleaved}: the Hugging Face exports here map hidden/heads-wide heads with "
                          "RoPE on every dim, in halves, only")
-    gpt2 = {"add_bias_linear": cfg.add_bias_linear, "share_embeddings_and_output_weights":
-            cfg.share_embeddings_and_output_weights, "position_embedding_type": cfg.position_embedding_type}
-    if cfg.add_bias_linear or cfg.share_embeddings_and_output_weights or cfg.position_embedding_type != "rope":
-        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in gpt2.items())}: the Hugging Face exports here map "
+    unmapped = {k: getattr(cfg, k) for k in ("add_bias_linear", "add_qkv_bias", "share_embeddings_and_output_weights",
+                                              "qk_layernorm", "squared_relu", "rope_scaling") if getattr(cfg, k)}
+    if cfg.position_embedding_type != "rope":
+        unmapped["position_embedding_type"] = cfg.position_embedding_type
+    if unmapped:
+        raise ValueError(f"{', '.join(f'{k}={v}' for k, v in unmapped.items())}: the Hugging Face exports here map "
                          "bias-free RoPE blocks with an untied output layer only (Megatron-LM's GPT-2 block trains, "
                          "but does not export)")
     if cfg.block == "llama":

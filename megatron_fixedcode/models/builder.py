@@ -6,6 +6,7 @@ import importlib.util
 import logging
 
 import torch
+from megatron.core.activations import squared_relu
 from megatron.core.models.gpt.gpt_layer_specs import (
     get_gpt_layer_local_spec,
     get_gpt_layer_with_transformer_engine_spec,
@@ -66,10 +67,12 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
         ffn_hidden_size=cfg.ffn_hidden_size,
         normalization=block["normalization"],
         gated_linear_unit=block["gated_linear_unit"],
-        activation_func=torch.nn.functional.silu if block["activation"] == "silu" else torch.nn.functional.gelu,
+        activation_func=squared_relu if cfg.squared_relu else
+        torch.nn.functional.silu if block["activation"] == "silu" else torch.nn.functional.gelu,
         layernorm_epsilon=cfg.norm_epsilon,
         add_bias_linear=cfg.add_bias_linear,
-        add_qkv_bias=False,
+        add_qkv_bias=cfg.add_qkv_bias or cfg.add_bias_linear,
+        qk_layernorm=cfg.qk_layernorm,
         hidden_dropout=cfg.hidden_dropout,
         attention_dropout=cfg.attention_dropout,
         init_method_std=cfg.init_method_std,
@@ -112,8 +115,8 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
 
 def build_layer_spec(cfg: ModelConfig, config: TransformerConfig) -> ModuleSpec:
     if config.transformer_impl == "transformer_engine":
-        return get_gpt_layer_with_transformer_engine_spec()
-    return get_gpt_layer_local_spec(normalization=BLOCKS[cfg.block]["normalization"])
+        return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=cfg.qk_layernorm)
+    return get_gpt_layer_local_spec(normalization=BLOCKS[cfg.block]["normalization"], qk_layernorm=cfg.qk_layernorm)
 
 
 def build_embedding_factory(cfg: ModelConfig):
@@ -159,6 +162,8 @@ def build_gpt_model(
         position_embedding_type=cfg.position_embedding_type,
         rotary_base=cfg.rotary_base,
         rotary_percent=cfg.rotary_percent,
+        rope_scaling=cfg.rope_scaling,
+        rope_scaling_factor=cfg.rope_scaling_factor,
         pg_collection=pg_collection,
         vp_stage=vp_stage,
     )

@@ -51,6 +51,12 @@ class ModelConfig:
     position_embedding_type: str = "rope"  # "rope" | "learned_absolute" | "none"
     max_position_embeddings: int | None = None
     share_embeddings_and_output_weights: bool = False
+    # more of Megatron-LM's architecture flags (TransformerConfig / GPTModel fields of these names)
+    add_qkv_bias: bool = False  # on whenever add_bias_linear is
+    qk_layernorm: bool = False
+    squared_relu: bool = False  # the MLP's activation instead of the block's GELU
+    rope_scaling: bool = False  # Llama-3.x frequency scaling (--use-rope-scaling)
+    rope_scaling_factor: float = 8.0
     init_method_std: float = 0.02
     hidden_dropout: float = 0.0
     attention_dropout: float = 0.0
@@ -106,6 +112,8 @@ class ModelConfig:
         if self.input_embedding != "learned" and self.position_embedding_type == "learned_absolute":
             raise ValueError(f"position_embedding_type learned_absolute adds a trained table: not with input_embedding "
                              f"{self.input_embedding!r}")
+        if self.squared_relu and BLOCKS[self.block]["gated_linear_unit"]:
+            raise ValueError("squared_relu replaces the GELU MLP: not with a SwiGLU block")
         if self.code_kernel not in CODE_KERNELS:
             raise ValueError(f"code_kernel must be one of {CODE_KERNELS}, got {self.code_kernel!r}")
         if self.code_impl not in CODE_IMPLEMENTATIONS:

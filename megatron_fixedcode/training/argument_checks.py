@@ -204,6 +204,10 @@ def _derived_like_megatron(a: argparse.Namespace) -> None:
         a.accumulate_allreduce_grads_in_fp32 = not a.grad_reduce_in_bf16
     if a.virtual_pipeline_model_parallel_size is None:  # p2p overlap and aligned gathers: interleaved schedule
         a.overlap_p2p_comm = a.align_param_gather = False
+    if a.add_bias_linear:  # the 'add bias' flags kept in sync
+        a.add_qkv_bias = True
+    if a.async_save and not a.use_persistent_ckpt_worker:
+        a.async_save = False
     if a.position_embedding_type != "rope" and not a.use_rotary_position_embeddings:
         a.apply_rope_fusion = False
     if a.apply_query_key_layer_scaling:

@@ -379,6 +379,8 @@ class PretrainConfig:
             add_bias_linear=a.add_bias_linear, position_embedding_type=a.position_embedding_type,
             max_position_embeddings=a.max_position_embeddings,
             share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
+            add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm, squared_relu=a.squared_relu,
+            rope_scaling=a.use_rope_scaling, rope_scaling_factor=a.rope_scaling_factor,
             make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, input_embedding=a.input_embedding,
             code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
             code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,

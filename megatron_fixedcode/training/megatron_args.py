@@ -40,8 +40,6 @@ OUT_OF_SCOPE = {
     "--tiktoken-": "TikTokenizer (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
     "--use-legacy-models": "Megatron-LM's legacy (non-mcore) models",
     "--use-torch-fsdp2": "FSDP", "--use-megatron-fsdp": "FSDP", "--use-custom-fsdp": "FSDP",
-    "--add-qkv-bias": "linear biases (the blocks here are bias-free)",
-    "--use-rope-scaling": "Llama-3.1 RoPE scaling", "--rope-scaling-factor": "Llama-3.1 RoPE scaling",
     "--hierarchical-context-parallel-sizes": "hierarchical (a2a+p2p) context parallelism",
     "--data-parallel-sharding-strategy": "FSDP", "--first-last-layers-bf16": "per-layer FP8 selection",
     "--fim-": "fill-in-the-middle datasets", "--error-injection-": "Megatron-LM's rerun fault injection",
@@ -123,7 +121,8 @@ OUT_OF_SCOPE = {
     '--mask-factor': 'multimodal models',
     '--iter-per-epoch': 'multimodal models',
     '--dino-': 'multimodal models',
-    '--qk-': 'multi-latent attention (MLA) / QK norm',
+    '--qk-clip': 'QK clipping', '--qk-clip-': 'QK clipping',
+    '--qk-head-dim': 'multi-latent attention (MLA)', '--qk-pos-emb-head-dim': 'multi-latent attention (MLA)',
     '--v-head-dim': 'multi-latent attention (MLA)',
     '--rotary-scaling-factor': 'multi-latent attention (MLA)',
     '--mscale': 'multi-latent attention (MLA)',
@@ -150,10 +149,9 @@ OUT_OF_SCOPE = {
     '--sft-tokenizer-prompt-format': "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
     '--overlap-moe-expert-parallel-comm': 'mixture of experts',
     '--ep-overlap-early-attn-memory-release': 'mixture of experts',
-    "--async-save": "asynchronous checkpoint saves", "--non-persistent-": "non-persistent checkpoints",
+    "--non-persistent-": "non-persistent checkpoints",
     "--spec": "custom layer specs", "--yaml-cfg": "Megatron's YAML config (give --config RECIPE.yaml)",
-    "--squared-relu": "other MLP activations", "--openai-gelu": "other MLP activations",
-    "--quick-geglu": "other MLP activations", "--qk-layernorm": "QK layer norm",
+    "--openai-gelu": "other MLP activations", "--quick-geglu": "other MLP activations",
     "--rl-": "reinforcement learning", "--inference-": "inference serving", "--sft": "Megatron's SFT path "
     "(give --dataset-type sft, docs/sft.md)", "--kitchen-": "kitchen quantization",
 }
@@ -210,6 +208,11 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
                    help="longest sequence the positions cover (RoPE: must be >= --seq-length)")
     g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
                    help="norm weights stored zero-centred, applied as 1 + w (TE layers only)")
+    g.add_argument("--add-qkv-bias", action="store_true", help="biases in the QKV projection only (on with linear biases)")
+    g.add_argument("--qk-layernorm", action="store_true", help="normalize queries and keys per head before attention")
+    g.add_argument("--squared-relu", action="store_true", help="squared-ReLU MLP instead of GELU (not with --swiglu)")
+    g.add_argument("--use-rope-scaling", action="store_true", help="Llama-3.x RoPE frequency scaling")
+    g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="factor of --use-rope-scaling")
     g.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on the attention probabilities")
     g.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on the block outputs (residual adds)")
     g.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"], default="auto",

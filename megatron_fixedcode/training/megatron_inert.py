@@ -81,7 +81,7 @@ INERT = {
     "use_te_activation_func": "the activation is megatron-core's",
     "symmetric_ar_type": "megatron-core's default all-reduce",
     "onnx_safe": 'no ONNX export',
-    "apply_wd_to_qk_layernorm": 'no QK layer norm here',
+    "apply_wd_to_qk_layernorm": 'no weight decay on norms, QK layer norm included',
     "profile_ranks": 'no built-in profiler',
     "record_memory_history": 'no built-in memory snapshot',
     "memory_snapshot_path": 'no built-in memory snapshot',
@@ -154,11 +154,14 @@ INERT = {
     "app_tag_run_version": 'no one-logger',
     "check_for_spiky_loss": 'no rerun state machine',
     "enable_msc": 'data are read from local files',
+    "async_save": "checkpoints are written synchronously (the same files); Megatron-LM too turns it off without "
+                  "--use-persistent-ckpt-worker",
 }
 
 # (option strings, dest, argparse kwargs): store_true / store_false flags give their kind as "true" / "false".
 _FLAGS = (
     (("--use-mcore-models",), "deprecated_use_mcore_models", "true"),
+    (("--async-save",), "async_save", "true"),
     (("--calculate-per-token-loss",), "calculate_per_token_loss", "true"),
     (("--cross-entropy-loss-fusion",), "cross_entropy_loss_fusion", "true"),
     (("--cross-entropy-fusion-impl",), "cross_entropy_fusion_impl", {"choices": ["native", "te"], "default": "native"}),

@@ -62,6 +62,13 @@ FAMILIES = {
         "--norm-epsilon", "1e-6", "--init-method-std", "0.01", "--attention-dropout", "0.0", "--hidden-dropout",
         "0.05", "--make-vocab-size-divisible-by", "64", "--vocab-size", "32000", "--tokenizer-type",
         "NullTokenizer", "--micro-batch-size", "2", "--train-iters", "100", "--lr", "1e-3",
+        "--qk-layernorm", "--add-qkv-bias", "--use-rope-scaling", "--rope-scaling-factor", "16",
+    ],
+    # Megatron-LM's default GPT-2 block (tied table, biases, learned positions) with a squared-ReLU MLP
+    "families_gpt2_block": [
+        "--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "512",
+        "--max-position-embeddings", "1024", "--squared-relu", "--vocab-size", "32000", "--tokenizer-type",
+        "NullTokenizer", "--micro-batch-size", "2", "--train-iters", "100", "--lr", "1e-3", "--async-save",
     ],
     "families_schedule_samples": [
         "--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4", "--seq-length", "256",
