@@ -35,7 +35,8 @@ SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
 SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
 IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not TOKENIZER.exists(), reason=f"shared data not found at {SHARED} (set MFC_SHARED_DATA)")]
 
 
 @pytest.fixture(scope="session")
