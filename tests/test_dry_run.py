@@ -67,3 +67,20 @@ def test_dry_run_prints_plan_and_te_warning():
         f"which is not installed here: the compute nodes will need it ({TE_INSTALL_HINT})"])
     assert "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16" in err
     assert any(line.startswith("dry run: memory per GPU") and line.endswith("~54.8 GB") for line in err), err
+
+
+def test_gpt2_block_counts_the_tied_table_once_and_the_position_table():
+    """Megatron-LM's default block: the tied head is the input table (one V x h, a copy on the last stage
+    with PP > 1) and learned positions add max-position-embeddings x h."""
+    base = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "512",
+            "--lr", "1e-3", "--train-iters", "10", "--vocab-size", "1000", "--transformer-impl", "local"]
+    parse = lambda *f: parse_pretrain_args([*base, *f, "--dry-run"]).args  # noqa: E731
+    untied = plan(parse("--untie-embeddings-and-output-weights", "--position-embedding-type", "rope"), 1)
+    tied = plan(parse("--position-embedding-type", "rope"), 1)
+    positions = plan(parse("--max-position-embeddings", "2048"), 1)
+    padded = 1024  # 1000 rounded up to 128
+    assert untied["parameters"] - tied["parameters"] == padded * 256
+    assert untied["parameters_per_gpu"] - tied["parameters_per_gpu"] == padded * 256
+    assert positions["parameters"] - tied["parameters"] == 2048 * 256
+    tied_pp2 = plan(parse("--position-embedding-type", "rope", "--pipeline-model-parallel-size", "2"), 2)
+    assert tied_pp2["parameters"] == tied["parameters"]  # the last stage's copy is not another parameter

@@ -390,6 +390,13 @@ def test_qk_layernorm_qkv_bias_squared_relu_and_rope_scaling_train(corpus, tmp_p
     assert {"decoder.layers.0.self_attention.q_layernorm.weight", "decoder.layers.0.self_attention.k_layernorm.weight",
             "decoder.layers.0.self_attention.linear_qkv.bias"} <= names
     assert "decoder.layers.0.mlp.linear_fc1.bias" not in names
+    # resuming it as another architecture is refused in one line before any step
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", *_without(argv, "--qk-layernorm"),
+                           "--train-iters", "3", "--load", str(tmp_path / "ckpt")],
+                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "checkpoint has qk_layernorm=True, this run qk_layernorm=False" in proc.stderr
 
 
 def test_checkpoint_retention(tmp_path):

@@ -76,9 +76,12 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     multiple = a.make_vocab_size_divisible_by * tp
     padded = math.ceil(vocab / multiple) * multiple
     block = 2 * h * heads * kv + 2 * h * groups * kv + (3 if gated else 2) * h * a.ffn_hidden_size + 2 * h
-    head = padded * h
-    table = padded * h if a.input_embedding == "learned" else 0
-    total = layers * block + head + table + h
+    learned = a.input_embedding == "learned"
+    tied = learned and not a.untie_embeddings_and_output_weights  # Megatron-LM's default: the head is the table
+    positions = (a.max_position_embeddings or s) * h if a.position_embedding_type == "learned_absolute" else 0
+    table = padded * h + positions if learned else 0  # (linear biases, < 0.1% of a block, are not counted)
+    head = padded * h if not tied or pp > 1 else 0  # with PP > 1 the last stage keeps a copy of a tied table
+    total = layers * block + (0 if tied else padded * h) + table + h
     # The fullest stage: its share of the blocks, plus the output head and input table when PP = 1
     # (with PP > 1 the first stage holds the table, the last the head).
     on_gpu = (layers // pp * block + (head + table if pp == 1 else max(head, table))) / tp

@@ -71,8 +71,10 @@ def stream_identity(a, global_batch: int, max_steps: int) -> dict:
 
 # Fields of the model a checkpoint's weights are shaped by: a resume (or --finetune) must match them.
 ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
-                       "ffn_hidden_size", "block", "kv_channels", "rotary_percent",
-                       "rotary_interleaved")  # the input interface: its own check below
+                       "ffn_hidden_size", "block", "kv_channels", "rotary_percent", "rotary_interleaved",
+                       "add_bias_linear", "add_qkv_bias", "position_embedding_type", "max_position_embeddings",
+                       "share_embeddings_and_output_weights", "qk_layernorm", "squared_relu", "rope_scaling",
+                       "rope_scaling_factor")  # the input interface: its own check below
 # The scheduler's state → the flags that set it.
 SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
                   "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
@@ -215,8 +217,11 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
     saved = checkpointing.read_trainer_state(load, plan.load_step)
     where = f"--load {checkpointing.checkpoint_dir(load, plan.load_step)}"
     now_model = dataclasses.asdict(plan.model_cfg)
+    # a field a checkpoint does not record is older than the field: it was trained at the field's default
+    defaults = {f.name: now_model[f.name] if f.default is dataclasses.MISSING else f.default
+                for f in dataclasses.fields(plan.model_cfg)}
     for field in ARCHITECTURE_FIELDS:
-        before = saved.get("model_config", {}).get(field, now_model[field])
+        before = saved.get("model_config", {}).get(field, defaults[field])
         if before != now_model[field]:
             raise ValueError(f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
                              f"refusing to load weights of another shape (--{field.replace('_', '-')})")
