@@ -188,6 +188,7 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus
     assert "--input-embedding binary has no table to tie" in _refused([*argv, "--input-embedding", "binary"], capsys)
     assert "with --position-embedding-type learned_absolute" in _refused(
         [*argv, "--input-embedding", "binary", "--untie-embeddings-and-output-weights"], capsys)
+    assert "--no-position-embedding is deprecated" in _refused([*argv, "--no-position-embedding"], capsys)
     argv += ["--transformer-impl", "local"]  # Megatron-LM's default GPT-2 block, with its learned table
     assert main([*argv, "--dry-run"]) == 0
     out, err = capsys.readouterr()

@@ -137,11 +137,8 @@ OUT_OF_SCOPE = {
     '--disable-chunked-prefill': 'inference serving',
     '--mlp-chunks-for-prefill': 'inference serving',
     '--te-precision-config-file': 'per-layer FP8 selection',
-    '--use-precision-aware-optimizer': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
-    '--main-grads-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
-    '--main-params-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
-    '--exp-avg-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
-    '--exp-avg-sq-dtype': 'the precision-aware optimizer (FP32 main grads, params and Adam state here)',
+    **dict.fromkeys(("--use-precision-aware-optimizer", "--main-grads-dtype", "--main-params-dtype", "--exp-avg-dtype",
+                     "--exp-avg-sq-dtype"), "the precision-aware optimizer (FP32 main grads, params and Adam state here)"),
     '--inprocess-': 'in-process restart',
     '--enable-ft-package': 'the fault-tolerance package',
     '--calc-ft-timeouts': 'the fault-tolerance package',
@@ -281,6 +278,9 @@ def architecture_block(a: argparse.Namespace) -> str:
     position table, and position encodings other than RoPE, learned absolute or none."""
     if a.use_rotary_position_embeddings:
         a.position_embedding_type = "rope"
+    if not a.add_position_embedding and a.position_embedding_type != "rope":  # as Megatron-LM's validate_args
+        raise ValueError("--no-position-embedding is deprecated (Megatron-LM refuses it too without RoPE): "
+                         "give --position-embedding-type none")
     if a.position_embedding_type not in POSITION_EMBEDDINGS:
         raise ValueError(f"--position-embedding-type {a.position_embedding_type} is not built here: give one of "
                          f"{', '.join(POSITION_EMBEDDINGS)}")
