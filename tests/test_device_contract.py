@@ -259,6 +259,13 @@ def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
     off = gpu_features.fusion_settings(parse_pretrain_args([*argv, "--no-gradient-accumulation-fusion", "--no-rope-fusion"]).args,
                                        te_layers=True, gated_linear_unit=False)
     assert (off["gradient_accumulation_fusion"], off["apply_rope_fusion"], off["bias_activation_fusion"]) == (False, False, False)
+    # Megatron-LM's GPT-2 block (GELU with linear biases) fuses bias-GELU; squared ReLU has no fused kernel
+    gpt2 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--lr", "1e-3",
+            "--vocab-size", "1024", "--data-path", "x", "--train-iters", "1"]
+    fused = lambda *f: gpu_features.fusion_settings(  # noqa: E731
+        parse_pretrain_args([*gpt2, *f]).args, te_layers=True, gated_linear_unit=False)["bias_activation_fusion"]
+    assert (fused(), fused("--no-bias-gelu-fusion"), fused("--disable-bias-linear"), fused("--squared-relu")) == (
+        True, False, False, False)
     monkeypatch.setattr(gpu_features, "_importable", lambda name: False)
     missing = gpu_features.fusion_settings(parse_pretrain_args(argv).args, te_layers=False, gated_linear_unit=True)
     assert (missing["gradient_accumulation_fusion"], missing["apply_rope_fusion"], missing["masked_softmax_fusion"],

@@ -165,7 +165,7 @@ def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
     for flag, dest, what in (
         ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion", "weight-gradient GEMM accumulating into main_grad (apex)"),
         ("--no-bias-swiglu-fusion", "bias_swiglu_fusion", "fused SwiGLU (SwiGLU blocks; a bias-free GELU has none)"),
-        ("--no-bias-gelu-fusion", "bias_gelu_fusion", "fused bias-GELU (no effect: the blocks here have no biases)"),
+        ("--no-bias-gelu-fusion", "bias_gelu_fusion", "fused bias-GELU (GELU blocks with linear biases)"),
         ("--no-bias-dropout-fusion", "bias_dropout_fusion", "fused bias-dropout-add"),
         ("--no-rope-fusion", "apply_rope_fusion", "fused RoPE (Transformer Engine)"),
         ("--no-masked-softmax-fusion", "masked_softmax_fusion", "fused scale-mask-softmax of the local attention"),

@@ -135,8 +135,10 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
     wanted_and_available = {
         # megatron's output layer (a ColumnParallelLinear even with TE layers) needs apex's kernel
         "gradient_accumulation_fusion": (a.gradient_accumulation_fusion, _importable("fused_weight_gradient_mlp_cuda")),
-        # megatron refuses the bias-activation fusion for a bias-free GELU MLP; SwiGLU has its fused kernel
-        "bias_activation_fusion": (a.bias_swiglu_fusion, gated_linear_unit),
+        # as Megatron-LM: SwiGLU's fused kernel, or bias-GELU's (off without linear biases, validate_args);
+        # megatron-core fuses no other activation (squared ReLU)
+        "bias_activation_fusion": (a.bias_swiglu_fusion if gated_linear_unit else a.bias_gelu_fusion,
+                                   gated_linear_unit or not a.squared_relu),
         "bias_dropout_fusion": (a.bias_dropout_fusion, True),
         "apply_rope_fusion": (a.apply_rope_fusion, _importable("transformer_engine")),
         # only the local attention uses it; TE attention (flash / cuDNN fused) always fuses
