@@ -22,6 +22,7 @@
 #   --output-dir DIR           outputs, plan.json, manifest.json, logs/
 #   --tokenizer-model PATH     tokenizer.json (or its directory) or a SentencePiece .model
 #   --tokenizer-type TYPE      default HuggingFaceTokenizer
+#   --vocab-file F --merge-file F   GPT-2's vocab.json and merges.txt (with --tokenizer-type GPT2BPETokenizer)
 #   --shards-per-task N        | --array-size N (default: 4 shards per task)
 #   --max-parallel N           at most N array tasks at once (sbatch --array=...%N)
 #   --cpus-per-task N          default 16 (tokenizer threads of one task)
@@ -62,13 +63,13 @@ case ${1:-} in
 esac
 
 # --- on the login node: plan and submit ----------------------------------------------------------
-inputs=() output_dir= tokenizer_model= tokenizer_type=HuggingFaceTokenizer per_task= array_size= max_parallel=
+inputs=() output_dir= tokenizer=() tokenizer_type=HuggingFaceTokenizer per_task= array_size= max_parallel=
 cpus=16 time_limit=04:00:00 dry_run=0 skip_failed=() sbatch_extra=() flags=()
 while (($#)); do
     case $1 in
         --input) shift; while (($#)) && [[ $1 != --* ]]; do inputs+=("$1"); shift; done ;;
         --output-dir) output_dir=$2; shift 2 ;;
-        --tokenizer-model) tokenizer_model=$2; shift 2 ;;
+        --tokenizer-model|--vocab-file|--merge-file) tokenizer+=("$1" "$2"); shift 2 ;;
         --tokenizer-type) tokenizer_type=$2; shift 2 ;;
         --shards-per-task) per_task=$2; shift 2 ;;
         --array-size) array_size=$2; shift 2 ;;
@@ -86,13 +87,13 @@ while (($#)); do
 done
 ((${#inputs[@]})) || { echo "error: --input is required" >&2; exit 2; }
 [[ -n $output_dir ]] || { echo "error: --output-dir is required" >&2; exit 2; }
-[[ -n $tokenizer_model ]] || { echo "error: --tokenizer-model is required" >&2; exit 2; }
+((${#tokenizer[@]})) || { echo "error: --tokenizer-model (GPT2BPETokenizer: --vocab-file and --merge-file) is required" >&2; exit 2; }
 [[ -n $per_task && -n $array_size ]] && { echo "error: give --shards-per-task or --array-size, not both" >&2; exit 2; }
 grouping=(--shards-per-task "${per_task:-4}")
 [[ -n $array_size ]] && grouping=(--array-size "$array_size")
 
 plan=("$PYTHON" "$MFC_ROOT/tools/preprocess_shards.py" plan --input "${inputs[@]}" --output-dir "$output_dir"
-      --tokenizer-type "$tokenizer_type" --tokenizer-model "$tokenizer_model" "${grouping[@]}" "${flags[@]}")
+      --tokenizer-type "$tokenizer_type" "${tokenizer[@]}" "${grouping[@]}" "${flags[@]}")
 output_dir=$(realpath -m "$output_dir")
 plan_text=$("${plan[@]}" $( ((dry_run)) && echo --dry-run)) || exit $?
 echo "$plan_text"

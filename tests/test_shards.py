@@ -509,3 +509,47 @@ def test_array_spec_of_the_tasks_to_resubmit():
     from megatron_fixedcode.data.shards import array_spec
 
     assert array_spec([5, 0, 1, 2, 7, 8]) == "0-2,5,7-8" and array_spec([3]) == "3" and array_spec([]) == ""
+
+
+def test_gpt2_bpe_files_through_every_data_tool(tmp_path, capsys):
+    """Megatron-LM's GPT-2 tokenizer flags (--tokenizer-type GPT2BPETokenizer --vocab-file --merge-file) in the
+    shard tools as in tools/preprocess_data.py: the array tasks' outputs equal it byte for byte, status and the
+    manifest use the same tokenizer, the trainer takes the manifest with the same flags and refuses it with
+    another merges.txt, and tools/verify_dataset.py checks every id against the GPT-2 vocabulary."""
+    from megatron_fixedcode.cli import preprocess_data, preprocess_shards, verify_dataset
+    from megatron_fixedcode.data.shards import shard_name
+    from tests.helpers import write_gpt2_bpe_files
+
+    vocab, merges = write_gpt2_bpe_files(tmp_path / "gpt2")
+    inputs = _write_shards(tmp_path / "in", n=3)
+    tok = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
+    shaping = ["--append-eod", "--id-key", "id", "--valid-fraction", "0.1"]
+    out = tmp_path / "out"
+    assert preprocess_shards.main(["plan", "--input", str(tmp_path / "in"), "--output-dir", str(out), *tok,
+                                   "--shards-per-task", "2", *shaping]) == 0
+    assert [preprocess_shards.main(["task", "--output-dir", str(out), "--task-id", str(i)]) for i in (0, 1)] == [0, 0]
+    assert preprocess_shards.main(["status", "--output-dir", str(out)]) == 0
+    assert capsys.readouterr().out.count("done ") == 3
+    for path in inputs:
+        prefix = tmp_path / "ref" / shard_name(path)
+        assert preprocess_data.main(["--input", str(path), "--output-prefix", str(prefix), *tok, *shaping]) == 0
+    got = _output_bytes(out)
+    assert len(got) == 3 * 2 * 2 and got == _output_bytes(tmp_path / "ref")
+
+    assert _write_manifest_cli(out) == 0
+    manifest = json.loads((out / "manifest.json").read_text())
+    gpt2 = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(merges))
+    assert manifest["tokenizer"]["fingerprint"] == gpt2.fingerprint
+    assert _trainer_args("--data-manifest", out / "manifest.json", *tok).train_data_path == [
+        str(out / s["train"]["prefix"]) for s in manifest["shards"]]
+    other = tmp_path / "other_merges.txt"
+    other.write_text("".join(merges.read_text().splitlines(keepends=True)[:-1]))  # one merge fewer
+    with pytest.raises(SystemExit) as e:
+        _trainer_args("--data-manifest", out / "manifest.json", *tok[:-1], other)
+    assert e.value.code == 2 and "fingerprint" in capsys.readouterr().err
+
+    assert verify_dataset.main([str(out), *tok]) == 0
+    assert "not checked" not in capsys.readouterr().err
+    top = max(max(map(max, read_documents(str(out / s["train"]["prefix"])))) for s in manifest["shards"])
+    assert top == gpt2.eod  # <|endoftext|>, the last id, closes every document
+    assert verify_dataset.main([str(out), "--vocab-size", str(top)]) == 2  # ids checked: the last id is out of range

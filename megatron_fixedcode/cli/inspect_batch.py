@@ -10,7 +10,7 @@ from __future__ import annotations
 import argparse
 import json
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
 from megatron_fixedcode.data.config import (
     DATASET_TYPES,
     PAPER2_SAMPLES_PER_SHARD_VISIT,
@@ -31,8 +31,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--seed", type=int, default=1234)
     p.add_argument("--step", type=int, required=True, help="0-based optimizer step")
-    p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--tokenizer-model", required=True)
+    add_tokenizer_args(p)
     p.add_argument("--split", default="99,1,0")
     p.add_argument("--data-cache-path", default=None)
     p.add_argument("--samples-per-shard-visit", type=int, default=PAPER2_SAMPLES_PER_SHARD_VISIT)
@@ -48,10 +47,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
-def main(argv: list[str] | None = None) -> None:
+@user_errors
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     from megatron_fixedcode.data.inspect import format_record, inspect_global_batch
-    from megatron_fixedcode.tokenizers import build_tokenizer
+    from megatron_fixedcode.tokenizers import tokenizer_from_args
+
+    tokenizer = tokenizer_from_args(args)
+    if tokenizer is None:
+        raise ValueError("give --tokenizer-model (GPT2BPETokenizer: --vocab-file and --merge-file) to decode the samples")
 
     cfg = DataConfig(
         data_path=args.data_path,
@@ -63,7 +67,7 @@ def main(argv: list[str] | None = None) -> None:
     )
     records = inspect_global_batch(
         cfg,
-        build_tokenizer(args.tokenizer_type, args.tokenizer_model),
+        tokenizer,
         step=args.step,
         global_batch_size=args.global_batch_size,
         seed=args.seed,
@@ -76,7 +80,8 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(record.as_dict(with_token_ids=True)))
         else:
             print(format_record(record))
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    raise SystemExit(main())

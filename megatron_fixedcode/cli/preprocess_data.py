@@ -11,7 +11,7 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
 
 
@@ -19,11 +19,7 @@ def parse_args(argv=None) -> PreprocessConfig:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--input", nargs="+", required=True, help="files, globs or directories")
     p.add_argument("--output-prefix", required=True)
-    p.add_argument("--tokenizer-type", required=True,
-                   help="HuggingFaceTokenizer, SentencePieceTokenizer or GPT2BPETokenizer")
-    p.add_argument("--tokenizer-model", default=None, help="tokenizer.json (or its directory) or .model")
-    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+    add_tokenizer_args(p)
     p.add_argument("--eod-token", default=None, help="end-of-document token, when the tokenizer names none")
     p.add_argument("--json-keys", nargs="+", default=["text"])
     p.add_argument("--id-key", default=None, help="document id field for the split hash (records without one: their text)")

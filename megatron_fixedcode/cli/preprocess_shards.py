@@ -18,7 +18,7 @@ import os
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
@@ -26,8 +26,7 @@ warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 def _add_plan_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", nargs="+", required=True, help="shard files, globs or directories")
     p.add_argument("--output-dir", required=True)
-    p.add_argument("--tokenizer-type", required=True)
-    p.add_argument("--tokenizer-model", required=True)
+    add_tokenizer_args(p)
     g = p.add_mutually_exclusive_group()
     g.add_argument("--shards-per-task", type=int, default=None)
     g.add_argument("--array-size", type=int, default=None, help="number of array tasks (default: one per shard)")
@@ -87,10 +86,7 @@ def main(argv=None) -> int:
         for name, error in report["failed"].items():
             print(f"error: shard {name}: {error}", file=sys.stderr)
         return 1 if report["failed"] else 0
-    from megatron_fixedcode.tokenizers import build_tokenizer
-
-    st = plan["settings"]
-    fingerprint = build_tokenizer(st["tokenizer_type"], st["tokenizer_model"], st["eod_token"]).fingerprint
+    fingerprint = shards.plan_tokenizer(plan).fingerprint
     status = shards.plan_status(plan, fingerprint)
     for name, (state, detail) in status.items():
         print(f"{state:8s} {name}" + (f": {detail}" if detail and state != "missing" else ""))

@@ -6,7 +6,7 @@ PATHS are dataset prefixes (checked against the summary beside them, where one d
 output directories (every *_summary.json in them; without summaries, every .bin/.idx pair),
 summary files or manifest.json files. Per shard: .idx header and arrays consistent with the .bin,
 document (and token) counts and the .bin/.idx sha256 equal to what indexing recorded; with a
-vocabulary (--tokenizer-model or --vocab-size), the dtype able to hold it and every token id < V.
+vocabulary (--tokenizer-model, GPT-2's --vocab-file/--merge-file, or --vocab-size), the dtype able to hold it and every token id < V.
 Prints tokens, documents and documents with >= seq_length + 1 tokens per shard; exits 2 naming
 every bad shard. A long run prints its progress on stderr (--progress-interval). See docs/data.md.
 """
@@ -16,7 +16,7 @@ import json
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
@@ -27,8 +27,8 @@ from megatron_fixedcode.data.verify import verify_paths
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("paths", nargs="+", help="dataset prefixes, output directories, *_summary.json or manifest.json files")
-    p.add_argument("--tokenizer-type", default="HuggingFaceTokenizer")
-    p.add_argument("--tokenizer-model", default=None, help="gives V (the vocabulary size); without V ids are not checked")
+    add_tokenizer_args(p, type_default="HuggingFaceTokenizer",
+                       model_help="gives V (the vocabulary size); without V ids are not checked")
     p.add_argument("--vocab-size", type=int, default=None, help="V without a tokenizer")
     p.add_argument("--seq-length", type=int, default=2048, help="eligible documents have >= seq_length + 1 tokens")
     p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
@@ -37,10 +37,11 @@ def main(argv=None) -> int:
                         "after this long, so a short run prints none (default 10; negative: never)")
     args = p.parse_args(argv)
     vocab_size = args.vocab_size
-    if vocab_size is None and args.tokenizer_model:
-        from megatron_fixedcode.tokenizers import build_tokenizer
+    if vocab_size is None:
+        from megatron_fixedcode.tokenizers import tokenizer_from_args
 
-        vocab_size = build_tokenizer(args.tokenizer_type, args.tokenizer_model).vocab_size
+        tokenizer = tokenizer_from_args(args)
+        vocab_size = tokenizer.vocab_size if tokenizer is not None else None
     interval = args.progress_interval if args.progress_interval >= 0 else None
     results, errors = verify_paths(args.paths, vocab_size, args.seq_length, progress_interval_s=interval)
     for r in results:
@@ -53,7 +54,7 @@ def main(argv=None) -> int:
     print(f"{len(results)} shards ok, {len(errors)} bad: {total['tokens']} tokens, {total['documents']} documents, "
           f"{total['eligible_documents']} eligible", file=sys.stderr)
     if vocab_size is None:
-        print("note: token ids were not checked (no --tokenizer-model or --vocab-size); structure, counts and "
+        print("note: token ids were not checked (no tokenizer or --vocab-size); structure, counts and "
               "recorded hashes were", file=sys.stderr)
     unhashed = [r["prefix"] for r in results if r["content"] is None]
     if unhashed:

@@ -36,11 +36,9 @@ def _tokens(prefix: str) -> tuple[int, int]:
 
 def build_manifest(output_dir: str, skip_failed: bool = False) -> dict:
     """The manifest of a plan's outputs; ``ValueError`` naming shards that are not ready."""
-    from megatron_fixedcode.tokenizers import build_tokenizer
-
     plan = shard_plan.read_plan(output_dir)
     st = plan["settings"]
-    tokenizer = build_tokenizer(st["tokenizer_type"], st["tokenizer_model"], st["eod_token"])
+    tokenizer = shard_plan.plan_tokenizer(plan)
     status = shard_plan.plan_status(plan, tokenizer.fingerprint)
     pending = [f"{n} ({s}{': ' + d if s == 'stale' else ''})" for n, (s, d) in status.items() if s in ("missing", "stale")]
     failed = {n: d for n, (s, d) in status.items() if s == "failed"}
@@ -136,7 +134,7 @@ def blend_from_manifests(paths: Sequence[str], weights: Optional[Sequence[float]
         if tokenizer_fingerprint is not None and fp != tokenizer_fingerprint:
             raise ValueError(
                 f"--data-manifest {path}: indexed with tokenizer {m['tokenizer']['path']} (fingerprint {fp}), but "
-                f"--tokenizer-model {tokenizer_model} has fingerprint {tokenizer_fingerprint}; train with the "
+                f"this run's tokenizer {tokenizer_model} has fingerprint {tokenizer_fingerprint}; train with the "
                 "tokenizer the data was indexed with, or re-index")
     result = []
     for split in ("train", "valid"):
@@ -193,12 +191,12 @@ def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
     if args.data_args_path:
         args.data_path = read_data_args_file(args.data_args_path)
     if manifests:
-        fingerprint = None
-        if args.tokenizer_model:
-            from megatron_fixedcode.tokenizers import build_tokenizer
+        from megatron_fixedcode.tokenizers import tokenizer_from_args
 
-            fingerprint = build_tokenizer(args.tokenizer_type, args.tokenizer_model).fingerprint
-        train, valid = blend_from_manifests(manifests, args.data_manifest_weights, fingerprint, args.tokenizer_model)
+        tokenizer = tokenizer_from_args(args)
+        fingerprint = tokenizer.fingerprint if tokenizer is not None else None
+        train, valid = blend_from_manifests(manifests, args.data_manifest_weights, fingerprint,
+                                            str(tokenizer.model_path) if tokenizer is not None else None)
         if args.valid_data_path is None:
             args.valid_data_path = valid
         if args.valid_data_path:  # a validation blend of its own: Megatron-LM's per-split paths

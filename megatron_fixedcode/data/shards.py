@@ -52,9 +52,10 @@ def _write_json(path: Path, data: dict) -> None:
     os.replace(tmp, path)
 
 
-def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, tokenizer_model: str,
+def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, tokenizer_model: Optional[str],
               shards_per_task: Optional[int] = None, num_tasks: Optional[int] = None, **settings) -> dict:
-    """Sorted shards, settings and task groups; give ``shards_per_task`` or ``num_tasks``."""
+    """Sorted shards, settings and task groups; give ``shards_per_task`` or ``num_tasks``. GPT2BPETokenizer:
+    ``tokenizer_model`` None and ``vocab_file``/``merge_file`` in ``settings`` (Megatron-LM's flags)."""
     files = sorted({str(p.resolve()) for p in expand_inputs(inputs)})
     names = [shard_name(f) for f in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
@@ -66,12 +67,23 @@ def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, token
         shards_per_task = math.ceil(len(files) / num_tasks)
     if shards_per_task < 1:
         raise ValueError(f"--shards-per-task must be >= 1, got {shards_per_task}")
+    for key in ("vocab_file", "merge_file"):  # array tasks run elsewhere: absolute paths, as for the model
+        settings[key] = settings.get(key) and str(Path(settings[key]).resolve())
     cfg = PreprocessConfig(input=files, output_prefix=str(Path(output_dir) / "x"), tokenizer_type=tokenizer_type,
-                           tokenizer_model=str(Path(tokenizer_model).resolve()), **settings)  # validates settings
+                           tokenizer_model=tokenizer_model and str(Path(tokenizer_model).resolve()),
+                           **settings)  # validates settings
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("input", "output_prefix")}
     return {"version": 1, "output_dir": str(Path(output_dir).resolve()), "inputs": files,
             "shards_per_task": shards_per_task, "num_tasks": math.ceil(len(files) / shards_per_task),
             "settings": settings}
+
+
+def plan_tokenizer(plan: dict):
+    """The tokenizer a plan's shards are indexed with (its fingerprint marks what is complete)."""
+    from megatron_fixedcode.tokenizers import build_tokenizer
+
+    s = plan["settings"]
+    return build_tokenizer(s["tokenizer_type"], s["tokenizer_model"], s["eod_token"], s.get("merge_file"))
 
 
 def write_plan(plan: dict) -> Path:
@@ -171,10 +183,7 @@ def run_task(plan: dict, task_id: int) -> dict:
     Returns ``{"done": [...], "skipped": [...], "busy": [...], "failed": {name: error}}``; a
     shard another live task holds the lock of (an overlapping re-submission) is ``busy``.
     """
-    from megatron_fixedcode.tokenizers import build_tokenizer
-
-    s = plan["settings"]
-    fingerprint = build_tokenizer(s["tokenizer_type"], s["tokenizer_model"], s["eod_token"]).fingerprint
+    fingerprint = plan_tokenizer(plan).fingerprint
     report = {"done": [], "skipped": [], "busy": [], "failed": {}}
     for path in task_inputs(plan, task_id):
         name = shard_name(path)
@@ -204,10 +213,7 @@ def plan_status(plan: dict, tokenizer_fingerprint: str) -> dict[str, tuple[str, 
 
 def tasks_to_run(plan: dict) -> list[int]:
     """The array tasks with a shard that is not done (missing, stale or failed): a re-submission runs only these."""
-    from megatron_fixedcode.tokenizers import build_tokenizer
-
-    s = plan["settings"]
-    fingerprint = build_tokenizer(s["tokenizer_type"], s["tokenizer_model"], s["eod_token"]).fingerprint
+    fingerprint = plan_tokenizer(plan).fingerprint
     status = plan_status(plan, fingerprint)
     return [i for i in range(plan["num_tasks"])
             if any(status[shard_name(p)][0] != "done" for p in task_inputs(plan, i))]

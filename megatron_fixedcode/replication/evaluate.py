@@ -13,7 +13,7 @@ def heldout_perplexity(load: str, valid_prefix: str, *, max_tokens: int) -> dict
 
     ckpt = load_megatron_checkpoint(load)
     cfg, state = ckpt.model_cfg, ckpt.trainer_state
-    tokenizer = build_tokenizer(state["tokenizer"]["type"], state["tokenizer"]["model"])
+    tokenizer = build_tokenizer(state["tokenizer"]["type"], state["tokenizer"]["model"], merge_file=state["tokenizer"].get("merge_file"))
     ppl = document_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), indexed_documents(valid_prefix),
                        seq_length=cfg.seq_length, eod=tokenizer.eod, max_tokens=max_tokens)
     return {"step": ckpt.step, "tokens_trained": state["tokens"], "val_loss": ppl["loss"], "val_ppl": ppl["ppl"],
