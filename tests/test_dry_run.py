@@ -84,3 +84,24 @@ def test_gpt2_block_counts_the_tied_table_once_and_the_position_table():
     assert positions["parameters"] - tied["parameters"] == 2048 * 256
     tied_pp2 = plan(parse("--position-embedding-type", "rope", "--pipeline-model-parallel-size", "2"), 2)
     assert tied_pp2["parameters"] == tied["parameters"]  # the last stage's copy is not another parameter
+
+
+@pytest.mark.parametrize("flags", [
+    [],  # Megatron-LM's defaults: LayerNorm, GELU, linear biases, learned positions, tied head
+    ["--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--qk-layernorm"],
+    ["--block", "llama", "--group-query-attention", "--num-query-groups", "2", "--input-embedding", "binary"],
+    ["--normalization", "RMSNorm", "--swiglu", "--add-qkv-bias", "--disable-bias-linear", "--kv-channels", "48",
+     "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights"],
+    ["--squared-relu", "--qk-layernorm", "--input-embedding", "binary", "--position-embedding-type", "rope",
+     "--untie-embeddings-and-output-weights"],
+], ids=["gpt2", "untied-qknorm", "llama-gqa-binary", "rmsnorm-swiglu-qkvbias", "squared-relu-binary"])
+def test_dry_run_parameter_count_equals_the_built_model(single_rank, flags):
+    """The dry run's parameter count is the model's: every bias, norm and table megatron-core builds."""
+    from megatron_fixedcode.export.megatron_io import build_single_rank_model
+
+    parsed = parse_pretrain_args(["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
+                                  "--ffn-hidden-size", "320", "--seq-length", "64", "--max-position-embeddings", "96",
+                                  "--lr", "1e-3", "--train-iters", "10", "--vocab-size", "1000",
+                                  "--transformer-impl", "local", *flags, "--dry-run"])
+    model = build_single_rank_model(parsed.model_config(1000))
+    assert plan(parsed.args, 1)["parameters"] == sum(p.numel() for p in model.parameters())

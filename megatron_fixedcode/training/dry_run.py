@@ -56,6 +56,21 @@ def te_warning(a: argparse.Namespace) -> str | None:
             f"installed here: the compute nodes will need it ({TE_INSTALL_HINT})")
 
 
+def block_parameters(a: argparse.Namespace) -> tuple[int, int]:
+    """(parameters of one transformer block, of the final norm) as megatron-core builds them: attention
+    and MLP weights, linear biases (--disable-bias-linear off, --add-qkv-bias), LayerNorm's weight and
+    bias or RMSNorm's weight, and --qk-layernorm's per-head norms."""
+    h, kv, ffn = a.hidden_size, a.kv_channels or a.hidden_size // a.num_attention_heads, a.ffn_hidden_size
+    q = a.num_attention_heads * kv
+    k = (a.num_query_groups if a.group_query_attention else a.num_attention_heads) * kv
+    up = 2 * ffn if a.swiglu else ffn  # a gated MLP's fc1 holds the gate and the up projection
+    norm = 2 if a.normalization == "LayerNorm" else 1  # parameters per normalized channel
+    attention = h * (q + 2 * k) + q * h + (q + 2 * k if a.add_qkv_bias or a.add_bias_linear else 0)
+    attention += (h if a.add_bias_linear else 0) + (2 * norm * kv if a.qk_layernorm else 0)
+    mlp = h * up + ffn * h + (up + h if a.add_bias_linear else 0)
+    return attention + mlp + 2 * norm * h, norm * h
+
+
 def plan(a: argparse.Namespace, world_size: int) -> dict:
     """Layout, microbatches and the per-GPU memory estimate (bytes) of the run on ``world_size`` GPUs."""
     tp, pp, cp = a.tensor_model_parallel_size, a.pipeline_model_parallel_size, a.context_parallel_size
@@ -69,19 +84,17 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     microbatches = gbs // (mbs * dp)
 
     h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
-    groups = a.num_query_groups if a.group_query_attention else heads
-    kv = a.kv_channels or h // heads
     gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
     multiple = a.make_vocab_size_divisible_by * tp
     padded = math.ceil(vocab / multiple) * multiple
-    block = 2 * h * heads * kv + 2 * h * groups * kv + (3 if gated else 2) * h * a.ffn_hidden_size + 2 * h
+    block, final_norm = block_parameters(a)
     learned = a.input_embedding == "learned"
     tied = learned and not a.untie_embeddings_and_output_weights  # Megatron-LM's default: the head is the table
     positions = (a.max_position_embeddings or s) * h if a.position_embedding_type == "learned_absolute" else 0
-    table = padded * h + positions if learned else 0  # (linear biases, < 0.1% of a block, are not counted)
+    table = padded * h + positions if learned else 0
     head = padded * h if not tied or pp > 1 else 0  # with PP > 1 the last stage keeps a copy of a tied table
-    total = layers * block + (0 if tied else padded * h) + table + h
+    total = layers * block + (0 if tied else padded * h) + table + final_norm
     # The fullest stage: its share of the blocks, plus the output head and input table when PP = 1
     # (with PP > 1 the first stage holds the table, the last the head).
     on_gpu = (layers // pp * block + (head + table if pp == 1 else max(head, table))) / tp
