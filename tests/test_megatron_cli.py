@@ -12,11 +12,12 @@ import sys
 import types
 
 import pytest
+import torch
 
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training.arguments import build_parser, parse_pretrain_args, train_paths, valid_paths
 from tests.helpers import REPO
-from tests.pretrain_helpers import TINY, pretrain, write_corpus
+from tests.pretrain_helpers import TINY, pretrain, read_metrics, write_corpus
 
 # The flag lists of Megatron-LM's examples at core_v0.16.1, copied as data; sizes shrunk (marked "shrunk").
 # examples/llama/train_llama3_8b_h100_fp8.sh, the real-data configuration:
@@ -128,10 +129,6 @@ def gpt2_corpus(tmp_path_factory) -> dict:
 
 def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, caplog):
     argv = _without(_fill(LLAMA3_8B_FP8, corpus, tmp_path), "--tokenizer-model")
-    # the decoupled learning rates are outside this project's scope: one line naming the flag
-    line = _refused(argv, capsys)
-    assert "--decoupled-lr: a separate learning rate for the input/output layers: outside this project's scope" in line
-    argv = _without(argv, "--decoupled-lr", "--decoupled-min-lr")
     resolved = _dry_run(argv, capsys)
     megatron_meaning = {  # what Megatron-LM's parser and validate_args give these flags
         "num_layers": 2, "hidden_size": 64, "ffn_hidden_size": 224, "num_attention_heads": 4,
@@ -141,7 +138,8 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
         "init_method_std": 0.0134, "attention_backend": "fused", "layernorm_zero_centered_gamma": True,
         "untie_embeddings_and_output_weights": True, "add_bias_linear": False, "micro_batch_size": 1,
         "global_batch_size": 8, "train_samples": 64, "train_iters": None, "lr_decay_samples": 56,
-        "lr_warmup_samples": 16, "lr": 0.00015, "min_lr": 0.00001, "lr_decay_style": "cosine", "clip_grad": 1.0,
+        "lr_warmup_samples": 16, "lr": 0.00015, "min_lr": 0.00001, "decoupled_lr": 5.0e-4, "decoupled_min_lr": 4.5e-5,
+        "lr_decay_style": "cosine", "clip_grad": 1.0,
         "weight_decay": 0.1, "adam_beta1": 0.9, "adam_beta2": 0.95, "adam_eps": 1e-8, "bf16": True, "fp16": False,
         "grad_reduce_in_bf16": True, "cross_entropy_loss_fusion": True, "calculate_per_token_loss": True,
         "manual_gc": True, "empty_unused_memory_level": 1, "exit_duration_in_mins": 235, "fp8": "hybrid",
@@ -569,3 +567,65 @@ def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_l
         [*base, "--tokenizer-type", "BertWordPieceCase", "--vocab-file", "v.txt"], capsys)
     assert "--fp8-recipe custom: custom FP8 quantizers: outside this project's scope" in _refused(
         [*base, "--fp8-recipe", "custom"], capsys)
+
+
+def test_mock_data_trains_on_megatrons_mock_dataset_and_resumes_exactly(tmp_path, capsys):
+    """--mock-data as in the mock lines of Megatron-LM's Llama-3 example (NullTokenizer, --vocab-size): megatron-core's
+    MockGPTDataset with its even 1,1,1 split, validation included; a stop and resume gives the losses of a straight
+    run. Another data source beside it is refused in one line, as Megatron-LM's validate_args refuses it."""
+    from megatron.core.datasets.gpt_dataset import MockGPTDataset
+
+    from megatron_fixedcode.data.build import build_datasets
+    from megatron_fixedcode.data.config import DataConfig
+    from tests.test_pretrain import assert_same_steps
+
+    mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "6", "--eval-interval", "3",
+            "--eval-iters", "1"]
+    pretrain(*mock, "--metrics-file", str(tmp_path / "straight.jsonl"))
+    ckpt = str(tmp_path / "ckpt")
+    pretrain(*mock, "--save", ckpt, "--exit-interval", "3", "--metrics-file", str(tmp_path / "resumed.jsonl"))
+    pretrain(*mock, "--save", ckpt, "--load", ckpt, "--metrics-file", str(tmp_path / "resumed.jsonl"))
+    straight, resumed = (read_metrics(tmp_path / f"{name}.jsonl") for name in ("straight", "resumed"))
+    assert [r["step"] for r in resumed] == list(range(1, 7)) and resumed[2]["val_loss"] is not None
+    assert_same_steps(straight, resumed)
+
+    train, valid = build_datasets(DataConfig(data_path=[], mock=True, seq_length=32), types.SimpleNamespace(
+        vocab_size=1024, eod=0, bos=None, pad=None, fingerprint="vocab1024"), num_train_samples=48, num_valid_samples=8, seed=1234)
+    assert isinstance(train, MockGPTDataset) and isinstance(valid, MockGPTDataset)
+    tokens = train[0]["tokens"].tolist()  # megatron's mock documents: 1, 2, 3, ... then EOD
+    assert any(b == a + 1 for a, b in zip(tokens, tokens[1:]))
+
+    assert _dry_run([*TINY, *mock], capsys)["mock_data"] is True
+    line = _refused([*TINY, *mock, "--data-path", "x"], capsys)
+    assert "--mock-data is a data source of its own: drop --data-path" in line
+
+
+def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_path):
+    """--decoupled-lr/--decoupled-min-lr (the Llama-3 example's): megatron-core's own parameter group for the input
+    table and output layer (here the output layer: the code has no table), on the same warmup and decay with its
+    own peak and floor; a stop and resume continues both exactly; a resume that adds or drops the group is refused
+    in one line; at --decoupled-lr 0 the output layer keeps its initial weights while the blocks train."""
+    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from tests.test_pretrain import assert_same_steps
+
+    mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "4"]  # warmup 2, cosine to step 4
+    decoupled = [*mock, "--decoupled-lr", "1e-2", "--decoupled-min-lr", "1e-3"]
+    ckpt = str(tmp_path / "ckpt")
+    pretrain(*decoupled, "--metrics-file", str(tmp_path / "straight.jsonl"))
+    pretrain(*decoupled, "--save", ckpt, "--exit-interval", "2", "--metrics-file", str(tmp_path / "resumed.jsonl"))
+    pretrain(*decoupled, "--save", ckpt, "--load", ckpt, "--metrics-file", str(tmp_path / "resumed.jsonl"))
+    straight, resumed = (read_metrics(tmp_path / f"{name}.jsonl") for name in ("straight", "resumed"))
+    assert_same_steps(straight, resumed)
+    assert [r["decoupled_lr"] for r in resumed] == [r["decoupled_lr"] for r in straight] == \
+        pytest.approx([5e-3, 1e-2, 1e-3 + 0.5 * 9e-3, 1e-3])
+    assert [r["lr"] for r in straight] == pytest.approx([1.5e-3, 3e-3, 3e-4 + 0.5 * 2.7e-3, 3e-4])  # --lr 3e-3, --min-lr 3e-4
+
+    proc = pretrain(*mock, "--load", ckpt, check=False)  # without --decoupled-lr: Adam's groups would not match
+    assert proc.returncode == 2 and "parameter groups differ" in proc.stderr.strip().splitlines()[-1]
+
+    frozen = str(tmp_path / "frozen")
+    pretrain(*mock, "--decoupled-lr", "0", "--decoupled-min-lr", "0", "--train-iters", "2", "--save", frozen,
+             "--save-interval", "1")
+    first, second = (dict(load_megatron_checkpoint(frozen, step).model.named_parameters()) for step in (1, 2))
+    assert torch.equal(first["output_layer.weight"], second["output_layer.weight"])
+    assert not torch.equal(first["decoder.layers.0.mlp.linear_fc1.weight"], second["decoder.layers.0.mlp.linear_fc1.weight"])

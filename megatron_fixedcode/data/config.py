@@ -114,6 +114,8 @@ class DataConfig:
     """SFT only: the record field names."""
 
     num_dataset_builder_threads: int = 1
+    mock: bool = False
+    """megatron-core's MockGPTDataset (Megatron-LM's ``--mock-data``): no data paths, split 1,1,1."""
 
     blend: tuple[list[str], list[float] | None] = field(init=False)
     valid_blend: tuple[list[str], list[float] | None] | None = field(init=False)
@@ -131,6 +133,11 @@ class DataConfig:
             )
         if self.num_dataset_builder_threads <= 0:
             raise ValueError("num_dataset_builder_threads: must be positive")
+        if self.mock:
+            if self.dataset_type != "gpt" or self.data_path or self.valid_data_path:
+                raise ValueError("mock: megatron's mock GPTDataset takes no data paths and dataset_type 'gpt'")
+            self.blend, self.valid_blend = ([], None), None
+            return
         self.blend = parse_blend(self.data_path, "data_path")
         self.valid_blend = (
             None

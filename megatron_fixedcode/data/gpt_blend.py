@@ -14,7 +14,7 @@ from typing import Any, Callable
 import numpy
 from megatron.core.datasets.blended_dataset import BlendedDataset
 from megatron.core.datasets.blended_megatron_dataset_builder import BlendedMegatronDatasetBuilder
-from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig
+from megatron.core.datasets.gpt_dataset import GPTDataset, GPTDatasetConfig, MockGPTDataset
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron.core.datasets.utils import Split
 
@@ -96,6 +96,12 @@ class CheckedGPTDataset(GPTDataset):
 
 def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
     """The GPTDatasetConfig for `cfg`: every position is a prediction target."""
+    knobs = dict(random_seed=seed, sequence_length=cfg.seq_length, path_to_cache=cfg.cache_path,
+                 mmap_bin_files=cfg.mmap_bin_files, num_dataset_builder_threads=cfg.num_dataset_builder_threads,
+                 tokenizer=MegatronTokenizerView(tokenizer), reset_position_ids=False, reset_attention_mask=False,
+                 eod_mask_loss=False, create_attention_mask=False)
+    if cfg.mock:  # no blend: megatron-core sets mock and its even split "1,1,1" itself
+        return GPTDatasetConfig(blend=None, blend_per_split=None, split=None, **knobs)
     lengths = _Lengths()
     blend = _weighted_by_tokens(cfg.blend, lengths, "data_path")
     if cfg.valid_blend is not None:
@@ -103,19 +109,7 @@ def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDataset
         blends = {"blend_per_split": [blend, valid_blend, None], "split": None}
     else:
         blends = {"blend": blend, "split": cfg.split}
-    config = GPTDatasetConfig(
-        random_seed=seed,
-        sequence_length=cfg.seq_length,
-        path_to_cache=cfg.cache_path,
-        mmap_bin_files=cfg.mmap_bin_files,
-        num_dataset_builder_threads=cfg.num_dataset_builder_threads,
-        tokenizer=MegatronTokenizerView(tokenizer),
-        reset_position_ids=False,
-        reset_attention_mask=False,
-        eod_mask_loss=False,
-        create_attention_mask=False,
-        **blends,
-    )
+    config = GPTDatasetConfig(**knobs, **blends)
     _check_splits_not_empty(config, lengths)
     # megatron's index-cache key holds paths, seed, lengths and the tokenizer, nothing of the data:
     # the shards' fingerprint joins it, so a prefix re-indexed with another corpus builds a new index
@@ -148,7 +142,8 @@ def build_gpt_datasets(
         raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
     config = gpt_dataset_config(cfg, tokenizer, seed)
     builder = BlendedMegatronDatasetBuilder(
-        CheckedGPTDataset, [num_train_samples, num_valid_samples, 0], is_built_on_rank, config
+        MockGPTDataset if cfg.mock else CheckedGPTDataset, [num_train_samples, num_valid_samples, 0],
+        is_built_on_rank, config
     )
     train_ds, valid_ds, _ = builder.build()
     if valid_ds is not None and len(valid_ds) == 0:

@@ -24,9 +24,16 @@ def validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--lr is required (as in Megatron-LM), on the command line or in --config")
     if a.train_iters is None and a.train_samples is None and a.train_tokens is None:
         p.error("give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)")
-    if not a.dry_run and not train_paths(a):
-        p.error("--data-path (or --train-data-path) is required")
-    if train_paths(a) and not (a.tokenizer_model or a.vocab_file) and not a.vocab_size:
+    if not a.dry_run and not train_paths(a) and not a.mock_data:
+        p.error("--data-path (or --train-data-path, or --mock-data) is required")
+    if a.mock_data:
+        given = [f"--{k.replace('_', '-')}" for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+                 if getattr(a, k, None)]
+        if given:  # Megatron-LM's validate_args: "A single data source must be provided"
+            p.error(f"--mock-data is a data source of its own: drop {', '.join(given)} (or --mock-data)")
+        if a.dataset_type != "gpt":
+            p.error(f"--mock-data is megatron's mock GPTDataset: not with --dataset-type {a.dataset_type}")
+    if (train_paths(a) or a.mock_data) and not (a.tokenizer_model or a.vocab_file) and not a.vocab_size:
         p.error("--tokenizer-model (or GPT2BPETokenizer's --vocab-file/--merge-file) is required (or --vocab-size for "
                 "pre-tokenized data without decoding)")
     if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
@@ -62,6 +69,9 @@ def validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
+    final = ("--decoupled-min-lr", a.decoupled_min_lr) if a.decoupled_min_lr is not None else ("--min-lr", a.min_lr)
+    if a.decoupled_lr is not None and a.decoupled_lr < final[1]:
+        p.error(f"--decoupled-lr {a.decoupled_lr} is smaller than its final value {final[0]} {final[1]}")
     _validate_te_and_overlap(a, p)
 
 

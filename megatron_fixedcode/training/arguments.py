@@ -184,6 +184,11 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    help="samples per optimizer step (default: micro batch x data-parallel size)")
     g.add_argument("--lr", type=float, default=None, help="peak learning rate (required)")
     g.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
+    g.add_argument("--decoupled-lr", type=float, default=None,
+                   help="peak learning rate of the input table and the output layer (megatron-core's "
+                        "is_embedding_or_output_parameter; a fixed code has no table: the output layer)")
+    g.add_argument("--decoupled-min-lr", type=float, default=None,
+                   help="their learning rate at the end of the decay (default --min-lr); only with --decoupled-lr")
     g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warmup steps")
     g.add_argument("--lr-decay-style", choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
                    default="linear", help="decay from --lr to --min-lr (WSD is not supported)")

@@ -25,6 +25,8 @@ class OptimConfig:
     lr_decay_samples: int | None = None
     lr_warmup_fraction: float | None = None
     lr_warmup_init: float = 0.0
+    decoupled_lr: float | None = None      # the input table's and output layer's own peak and final LR
+    decoupled_min_lr: float | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "OptimConfig":
@@ -38,7 +40,8 @@ class OptimConfig:
                    use_distributed_optimizer=a.use_distributed_optimizer, lr_warmup_iters=a.lr_warmup_iters,
                    lr_decay_iters=a.lr_decay_iters, lr_decay_style=a.lr_decay_style,
                    lr_warmup_samples=a.lr_warmup_samples, lr_decay_samples=a.lr_decay_samples,
-                   lr_warmup_fraction=a.lr_warmup_fraction, lr_warmup_init=a.lr_warmup_init)
+                   lr_warmup_fraction=a.lr_warmup_fraction, lr_warmup_init=a.lr_warmup_init,
+                   decoupled_lr=a.decoupled_lr, decoupled_min_lr=a.decoupled_min_lr)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

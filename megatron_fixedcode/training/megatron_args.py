@@ -34,9 +34,6 @@ OUT_OF_SCOPE = {
     "--min-loss-scale": "FP16 loss scaling", "--loss-scale-window": "FP16 loss scaling",
     "--hysteresis": "FP16 loss scaling", "--fp16-lm-cross-entropy": "FP16 training",
     "--rampup-batch-size": "batch-size ramp-up (the sample stream is indexed by a fixed global batch)",
-    "--decoupled-lr": "a separate learning rate for the input/output layers",
-    "--decoupled-min-lr": "a separate learning rate for the input/output layers",
-    "--mock-data": "mock data (give --data-path; tests/data_helpers.py writes tiny corpora)",
     "--tiktoken-": "TikTokenizer (give --tokenizer-type HuggingFaceTokenizer --tokenizer-model)",
     "--use-legacy-models": "Megatron-LM's legacy (non-mcore) models",
     "--use-torch-fsdp2": "FSDP", "--use-megatron-fsdp": "FSDP", "--use-custom-fsdp": "FSDP",
@@ -230,6 +227,9 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: release cached memory after each step (1, 2); no effect on CPU")
     g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
                    help="read the .bin shards with file reads instead of mmap")
+    g.add_argument("--mock-data", action="store_true",
+                   help="megatron-core's MockGPTDataset instead of data (token ramps; split 1,1,1): throughput and "
+                        "smoke runs; the only data source, with a tokenizer or --vocab-size")
     g.add_argument("--tensorboard-log-interval", type=int, default=1, help="steps between TensorBoard scalars")
     g.add_argument("--wandb-exp-name", default=None, help="W&B run name (the run id is kept with the checkpoint)")
     g.add_argument("--save-retain-interval", type=int, default=None,

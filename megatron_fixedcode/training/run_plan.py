@@ -58,6 +58,8 @@ def stream_identity(a, global_batch: int, max_steps: int) -> dict:
     ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
              "dataset_type": a.dataset_type, "data_path": resolve_data_paths(train_paths(a)),
              "valid_data_path": resolve_data_paths(valid_paths(a))}
+    if a.mock_data:  # megatron's mock samples: fixed by the seed, the length and the vocabulary
+        return {**ident, "mock_data": True, "num_train_samples": max_steps * global_batch}
     if a.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
         ident["data_fingerprint"] = data_fingerprint(train_paths(a), valid_paths(a))
     if a.dataset_type == "document_windows":
@@ -78,7 +80,8 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention
 # The scheduler's state → the flags that set it.
 SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
                   "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
-                  "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay"}
+                  "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay",
+                  "decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr"}
 
 
 def scheduler_settings(o, max_steps: int, global_batch: int = 1) -> dict:
@@ -90,7 +93,8 @@ def scheduler_settings(o, max_steps: int, global_batch: int = 1) -> dict:
         warmup = int(o.lr_warmup_fraction * decay)
     return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": warmup,
             "lr_decay_steps": max(decay, warmup + 1),
-            "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay}
+            "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay,
+            "decoupled_lr": o.decoupled_lr, "decoupled_min_lr": o.decoupled_min_lr}
 
 
 def planned_layout(cfg: PretrainConfig, dp_size: int) -> dict:
@@ -277,8 +281,16 @@ def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict 
     --override-opt-param-scheduler (the flags win) or --use-checkpoint-opt-param-scheduler (the checkpoint wins)."""
     if not saved_schedule:
         return
+    # a checkpoint from before --decoupled-lr was accepted had none
+    saved_schedule = {"decoupled_lr": None, "decoupled_min_lr": None, **saved_schedule}
     plan.checkpoint_schedule = saved_schedule
     ck = cfg.checkpoint
+    if (saved_schedule["decoupled_lr"] is None) != (plan.schedule["decoupled_lr"] is None):
+        had = "no --decoupled-lr" if saved_schedule["decoupled_lr"] is None else f"--decoupled-lr {saved_schedule['decoupled_lr']}"
+        raise ValueError(f"--load {ck.load}: the checkpoint's optimizer was built with {had}, this run "
+                         f"{'with' if saved_schedule['decoupled_lr'] is None else 'without'} it: its parameter groups "
+                         "differ, so Adam's state cannot be loaded into them; keep it as it was, or give "
+                         "--no-load-optim to start the optimizer and the schedule afresh")
     differ = {k: (saved_schedule[k], v) for k, v in plan.schedule.items() if k in saved_schedule and saved_schedule[k] != v}
     if not differ:
         plan.schedule_source = "checkpoint = command line"
@@ -298,6 +310,9 @@ def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict 
 def describe_schedule(schedule: dict, source: str) -> str:
     return (f"LR schedule in force (from {source}): lr {schedule['max_lr']:g}, min-lr {schedule['min_lr']:g}, "
             f"warmup {schedule['lr_warmup_steps']} steps, {schedule['lr_decay_style']} decay over "
-            f"{schedule['lr_decay_steps']} steps, weight decay {schedule['start_wd']:g}")
+            f"{schedule['lr_decay_steps']} steps, weight decay {schedule['start_wd']:g}"
+            + (f"; input table and output layer: lr {schedule['decoupled_lr']:g}, min-lr "
+               f"{schedule['min_lr'] if schedule['decoupled_min_lr'] is None else schedule['decoupled_min_lr']:g}"
+               if schedule["decoupled_lr"] is not None else ""))
 
 

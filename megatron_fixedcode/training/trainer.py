@@ -29,7 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
+from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get_standard_config_overrides
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
@@ -88,13 +88,45 @@ def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | Non
     sets the new ones after the load."""
     o, a = cfg.optim, cfg.args
     resumed = checkpoint_schedule or {}
-    return get_megatron_optimizer(
-        OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
-                        weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
-                        adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
-                        use_distributed_optimizer=o.use_distributed_optimizer),
-        chunks,
-    )
+    config = OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
+                             decoupled_lr=resumed.get("decoupled_lr", o.decoupled_lr),
+                             decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
+                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
+                             adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
+                             use_distributed_optimizer=o.use_distributed_optimizer)
+    overrides = get_standard_config_overrides(config)  # what get_megatron_optimizer would use
+    for override in overrides.values():
+        if "max_lr" in override:  # --decoupled-lr's group: megatron-core 0.16 tells groups apart on load by
+            override["is_decoupled_lr"] = True  # (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) only
+    return get_megatron_optimizer(config, chunks, config_overrides=overrides)
+
+
+class ParamScheduler(OptimizerParamScheduler):
+    """megatron's scheduler, whose saved state also holds --decoupled-lr/--decoupled-min-lr: they shape the
+    optimizer's parameter groups (megatron-core keeps them in no state of its own), which a resume rebuilds."""
+
+    def __init__(self, *args, decoupled_lr: float | None, decoupled_min_lr: float | None, **kwargs) -> None:
+        self.decoupled_lr, self.decoupled_min_lr = decoupled_lr, decoupled_min_lr
+        super().__init__(*args, **kwargs)
+
+    def state_dict(self) -> dict:
+        return {**super().state_dict(), "decoupled_lr": self.decoupled_lr, "decoupled_min_lr": self.decoupled_min_lr}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        super().load_state_dict(state_dict)
+        if not self.override_opt_param_scheduler:  # the groups were built with the checkpoint's values
+            self.decoupled_lr, self.decoupled_min_lr = state_dict.get("decoupled_lr"), state_dict.get("decoupled_min_lr")
+
+
+def canonical_lr(optimizer) -> float:
+    """The learning rate Megatron-LM logs: the first group on the default schedule (not --decoupled-lr's)."""
+    groups = optimizer.param_groups
+    return next((g["lr"] for g in groups if g.get("default_config", True)), groups[0]["lr"])
+
+
+def decoupled_lr(optimizer) -> float | None:
+    """The current learning rate of --decoupled-lr's group (the input table and output layer), if any."""
+    return next((g["lr"] for g in optimizer.param_groups if not g.get("default_config", True)), None)
 
 
 def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch: int = 1) -> OptimizerParamScheduler:
@@ -102,8 +134,8 @@ def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch
     refused) in the run plan, so the checkpoint's values load unless overridden."""
     o, ck = cfg.optim, cfg.checkpoint
     sched = scheduler_settings(o, max_steps, global_batch)
-    return OptimizerParamScheduler(
-        optimizer, init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
+    return ParamScheduler(
+        optimizer, decoupled_lr=sched["decoupled_lr"], decoupled_min_lr=sched["decoupled_min_lr"], init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
         lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
         lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
         wd_incr_steps=max_steps, wd_incr_style="constant",
@@ -121,7 +153,7 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
             DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
                        seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
                        samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
-                       mmap_bin_files=a.mmap_bin_files),
+                       mmap_bin_files=a.mmap_bin_files, mock=a.mock_data),
             tokenizer, num_train_samples=max_steps * global_batch,
             num_valid_samples=(a.eval_iters * global_batch) if (a.eval_interval or a.skip_train) else 0,
             seed=a.seed,
@@ -146,8 +178,10 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     if ck.finetune:
         return 0, 0
     if ck.override_opt_param_scheduler:
+        decoupled = (o.decoupled_lr, o.min_lr if o.decoupled_min_lr is None else o.decoupled_min_lr)
         for group in optimizer.param_groups:  # megatron-core >= 0.17 reads them per group
-            group.update({k: v for k, v in (("max_lr", o.lr), ("min_lr", o.min_lr)) if k in group})
+            peak, final = (o.lr, o.min_lr) if group.get("default_config", True) else decoupled
+            group.update({k: v for k, v in (("max_lr", peak), ("min_lr", final)) if k in group})
         scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
     return state["step"], state["tokens"]
 
@@ -259,7 +293,8 @@ class Trainer:
         self.scheduler.step(increment=1)
         self.step += 1
         self.tokens += int(targets)
-        return {"step": self.step, "loss": loss, "lr": self.optimizer.param_groups[0]["lr"],
+        record = {"decoupled_lr": decoupled_lr(self.optimizer)} if self.cfg.optim.decoupled_lr is not None else {}
+        return {**record, "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
 
