@@ -629,3 +629,20 @@ def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_p
     first, second = (dict(load_megatron_checkpoint(frozen, step).model.named_parameters()) for step in (1, 2))
     assert torch.equal(first["output_layer.weight"], second["output_layer.weight"])
     assert not torch.equal(first["decoder.layers.0.mlp.linear_fc1.weight"], second["decoder.layers.0.mlp.linear_fc1.weight"])
+
+
+def test_padded_vocab_size_sets_the_output_rows(tmp_path, capsys):
+    """--padded-vocab-size (Megatron-LM's; its modelopt Qwen lists give it): the output layer has exactly that many
+    rows; a resume without it is refused in one line; too few rows, or rows TP ranks cannot share, at parse time."""
+    from megatron_fixedcode.export.megatron_io import saved_padded_vocab
+
+    mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "2"]
+    ckpt = tmp_path / "ckpt"
+    pretrain(*mock, "--padded-vocab-size", "1040", "--save", str(ckpt))  # --vocab-size 1024, divisible by 8: 1024
+    assert saved_padded_vocab(ckpt / "iter_0000002") == 1040
+    proc = pretrain(*mock, "--load", str(ckpt), check=False)
+    assert proc.returncode == 2 and "checkpoint has --padded-vocab-size 1040, this run None" in proc.stderr.splitlines()[-1]
+    assert _dry_run([*TINY, *mock, "--padded-vocab-size", "1040"], capsys)["padded_vocab_size"] == 1040
+    assert "smaller than the vocabulary (1024)" in _refused([*TINY, *mock, "--padded-vocab-size", "1000"], capsys)
+    line = _refused([*TINY, *mock, "--padded-vocab-size", "1041", "--tensor-model-parallel-size", "2"], capsys)
+    assert "--padded-vocab-size 1041 must be a positive multiple of --tensor-model-parallel-size 2" in line

@@ -59,7 +59,7 @@ def build_single_rank_model(cfg: ModelConfig, padded_vocab: int | None = None) -
     """An unwrapped FP32 model at TP=1/PP=1; ``padded_vocab`` fixes the output-layer rows."""
     pg = single_process()
     if padded_vocab is not None:
-        cfg = dataclasses.replace(cfg, make_vocab_size_divisible_by=padded_vocab)
+        cfg = dataclasses.replace(cfg, make_vocab_size_divisible_by=padded_vocab, padded_vocab=None)
     config = build_transformer_config(cfg, ParallelLayout())
     return build_gpt_model(cfg, config, pg)
 

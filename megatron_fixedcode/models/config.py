@@ -37,6 +37,7 @@ class ModelConfig:
     num_query_groups: int | None = None
     block: str = "llama"
     make_vocab_size_divisible_by: int = 128
+    padded_vocab: int | None = None  # Megatron-LM's --padded-vocab-size: the output rows as given
     norm_epsilon: float = 1e-5
     rotary_base: int = 10000
     # Megatron-LM's --kv-channels (per-head width; None: hidden / heads) and --rotary-percent (the
@@ -97,6 +98,9 @@ class ModelConfig:
                      "seq_length", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
+            raise ValueError(f"--padded-vocab-size {self.padded_vocab} is smaller than the vocabulary ({self.vocab_size}): "
+                             "the output layer needs a row per token")
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
@@ -182,5 +186,7 @@ class ModelConfig:
 
     def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
         """Output-layer rows, padded as Megatron-LM does (multiple of divisor × TP)."""
+        if self.padded_vocab is not None:
+            return self.padded_vocab
         multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
         return -(-self.vocab_size // multiple) * multiple

@@ -69,6 +69,9 @@ def validate(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
+    if a.padded_vocab_size is not None and (a.padded_vocab_size < 1 or a.padded_vocab_size % a.tensor_model_parallel_size):
+        p.error(f"--padded-vocab-size {a.padded_vocab_size} must be a positive multiple of "
+                f"--tensor-model-parallel-size {a.tensor_model_parallel_size} (each TP rank holds an equal share of rows)")
     final = ("--decoupled-min-lr", a.decoupled_min_lr) if a.decoupled_min_lr is not None else ("--min-lr", a.min_lr)
     if a.decoupled_lr is not None and a.decoupled_lr < final[1]:
         p.error(f"--decoupled-lr {a.decoupled_lr} is smaller than its final value {final[0]} {final[1]}")

@@ -87,7 +87,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
     multiple = a.make_vocab_size_divisible_by * tp
-    padded = math.ceil(vocab / multiple) * multiple
+    padded = a.padded_vocab_size or math.ceil(vocab / multiple) * multiple
     block, final_norm = block_parameters(a)
     learned = a.input_embedding == "learned"
     tied = learned and not a.untie_embeddings_and_output_weights  # Megatron-LM's default: the head is the table

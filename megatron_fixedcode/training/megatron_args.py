@@ -227,6 +227,9 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
                    help="CUDA: release cached memory after each step (1, 2); no effect on CPU")
     g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
                    help="read the .bin shards with file reads instead of mmap")
+    g.add_argument("--padded-vocab-size", type=int, default=None,
+                   help="output-layer rows as given (at least the vocabulary, a multiple of TP) instead of "
+                        "--make-vocab-size-divisible-by's padding")
     g.add_argument("--mock-data", action="store_true",
                    help="megatron-core's MockGPTDataset instead of data (token ramps; split 1,1,1): throughput and "
                         "smoke runs; the only data source, with a tokenizer or --vocab-size")

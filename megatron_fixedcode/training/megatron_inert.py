@@ -318,8 +318,6 @@ DEFAULT_ONLY = {
                      "context parallelism communicates p2p (ring) only"),
     "dataloader_type": (("--dataloader-type",), {"choices": ["single", "cyclic", "external"], "default": None},
                         "the sampler is Megatron's 'single' (step n reads global samples [n*G, (n+1)*G))"),
-    "padded_vocab_size": (("--padded-vocab-size",), {"type": int, "default": None},
-                          "the output layer is padded by --make-vocab-size-divisible-by"),
     "ckpt_format": (("--ckpt-format",), {"choices": ["torch", "torch_dist", "torch_dcp", "fsdp_dtensor"],
                                          "default": "torch_dist"},
                     "checkpoints are megatron-core's dist_checkpointing (torch_dist)"),

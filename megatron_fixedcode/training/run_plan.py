@@ -229,6 +229,10 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         if before != now_model[field]:
             raise ValueError(f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
                              f"refusing to load weights of another shape (--{field.replace('_', '-')})")
+    saved_padded = saved.get("model_config", {}).get("padded_vocab")
+    if (saved_padded or plan.model_cfg.padded_vocab) and saved_padded != plan.model_cfg.padded_vocab:
+        raise ValueError(f"{where}: checkpoint has --padded-vocab-size {saved_padded}, this run "
+                         f"{plan.model_cfg.padded_vocab}; refusing to load an output layer of another shape")
     ident = saved["identity"]
     if (ident["input_embedding"], ident["code_fingerprint"]) != (plan.identity["input_embedding"], plan.identity["code_fingerprint"]):
         raise ValueError(
