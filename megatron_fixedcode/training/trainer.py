@@ -135,7 +135,8 @@ def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch
     o, ck = cfg.optim, cfg.checkpoint
     sched = scheduler_settings(o, max_steps, global_batch)
     return ParamScheduler(
-        optimizer, decoupled_lr=sched["decoupled_lr"], decoupled_min_lr=sched["decoupled_min_lr"], init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
+        optimizer, decoupled_lr=sched["decoupled_lr"], decoupled_min_lr=sched["decoupled_min_lr"],
+        init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
         lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
         lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
         wd_incr_steps=max_steps, wd_incr_style="constant",
