@@ -21,8 +21,6 @@ def check_data_shards(cfg: DataConfig, vocab_size: int | None) -> None:
     """Every shard of the train and valid blends: ``.bin`` size matches its ``.idx`` and the
     token dtype holds the vocabulary (index reads only; see data/validate.py). Raises a
     ``ValueError`` naming the shard."""
-    if cfg.mock:
-        return
     check_shards(cfg.blend[0], vocab_size, "data_path")
     if cfg.valid_blend is not None:
         check_shards(cfg.valid_blend[0], vocab_size, "valid_data_path")

@@ -66,7 +66,7 @@ def _checkpoint_tokenizer(ckpt, load: str, tokenizer_model: str | None, required
     """(tokenizer or None, its record for the result). A ``--tokenizer-model`` override must be the
     checkpoint's tokenizer (its fingerprint, where it was trained with one) and fit the model's
     vocabulary: another tokenizer gives a loss, silently, of the wrong thing."""
-    from megatron_fixedcode.tokenizers import build_tokenizer
+    from megatron_fixedcode.tokenizers import tokenizer_from_record
 
     tok_info = ckpt.trainer_state.get("tokenizer") or {}
     path = tokenizer_model or tok_info.get("model")
@@ -74,7 +74,7 @@ def _checkpoint_tokenizer(ckpt, load: str, tokenizer_model: str | None, required
         if required:
             raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
         return None, None
-    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", path, merge_file=tok_info.get("merge_file"))
+    tokenizer = tokenizer_from_record(tok_info, path)
     saved = (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint")
     if tokenizer_model and tok_info.get("model") and saved and tokenizer.fingerprint != saved:
         raise ValueError(f"--tokenizer-model {tokenizer_model} (fingerprint {tokenizer.fingerprint}, vocabulary "

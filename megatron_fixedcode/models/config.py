@@ -185,8 +185,15 @@ class ModelConfig:
         return CodeSpec.create(**fields, scale=scale)
 
     def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
-        """Output-layer rows, padded as Megatron-LM does (multiple of divisor × TP)."""
-        if self.padded_vocab is not None:
-            return self.padded_vocab
-        multiple = self.make_vocab_size_divisible_by * tensor_model_parallel_size
-        return -(-self.vocab_size // multiple) * multiple
+        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_model_parallel_size,
+                                 self.padded_vocab)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_model_parallel_size: int = 1,
+                      padded: int | None = None) -> int:
+    """Output-layer rows as Megatron-LM sets them: --padded-vocab-size as given, else the vocabulary
+    rounded up to a multiple of --make-vocab-size-divisible-by × TP."""
+    if padded is not None:
+        return padded
+    multiple = divisible_by * tensor_model_parallel_size
+    return -(-vocab_size // multiple) * multiple

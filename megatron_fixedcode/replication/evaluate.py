@@ -9,11 +9,11 @@ from pathlib import Path
 def heldout_perplexity(load: str, valid_prefix: str, *, max_tokens: int) -> dict:
     from megatron_fixedcode.eval.perplexity import document_nll, indexed_documents, megatron_logits_fn
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
-    from megatron_fixedcode.tokenizers import build_tokenizer
+    from megatron_fixedcode.tokenizers import tokenizer_from_record
 
     ckpt = load_megatron_checkpoint(load)
     cfg, state = ckpt.model_cfg, ckpt.trainer_state
-    tokenizer = build_tokenizer(state["tokenizer"]["type"], state["tokenizer"]["model"], merge_file=state["tokenizer"].get("merge_file"))
+    tokenizer = tokenizer_from_record(state["tokenizer"])
     ppl = document_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), indexed_documents(valid_prefix),
                        seq_length=cfg.seq_length, eod=tokenizer.eod, max_tokens=max_tokens)
     return {"step": ckpt.step, "tokens_trained": state["tokens"], "val_loss": ppl["loss"], "val_ppl": ppl["ppl"],

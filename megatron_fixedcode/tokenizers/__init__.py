@@ -12,6 +12,7 @@ _EXPORTS = {
     "build_tokenizer": "registry",
     "tokenizer_files": "flags",
     "tokenizer_from_args": "registry",
+    "tokenizer_from_record": "registry",
     "tokenizer_record": "registry",
     "train_bpe_tokenizer": "train",
 }
@@ -26,6 +27,7 @@ __all__ = [
     "build_tokenizer",
     "tokenizer_files",
     "tokenizer_from_args",
+    "tokenizer_from_record",
     "tokenizer_record",
     "file_fingerprint",
     "train_bpe_tokenizer",

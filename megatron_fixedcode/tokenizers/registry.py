@@ -44,6 +44,13 @@ def tokenizer_from_args(a, eod_token: Optional[str] = None) -> Optional[Tokenize
     return build_tokenizer(a.tokenizer_type, path, eod_token, merges) if path else None
 
 
+def tokenizer_from_record(record: dict, model: Optional[str] = None) -> Optional[Tokenizer]:
+    """The tokenizer a checkpoint's :func:`tokenizer_record` names (``model`` overrides its path), or None
+    when it names no file (pre-tokenized data, --vocab-size)."""
+    path = model or record.get("model")
+    return build_tokenizer(record.get("type") or "HuggingFaceTokenizer", path, merge_file=record.get("merge_file")) if path else None
+
+
 def tokenizer_record(a) -> dict:
     """What a checkpoint records of the tokenizer the flags name: type, model (GPT2BPETokenizer: the
     vocab.json) and, for GPT2BPETokenizer, merge_file."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
-import math
 from pathlib import Path
 
+from megatron_fixedcode.models.config import padded_vocab_size
 from megatron_fixedcode.te_install import TE_INSTALL_HINT
 
 GB = 1e9
@@ -86,8 +86,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     h, heads, layers, s = a.hidden_size, a.num_attention_heads, a.num_layers, a.seq_length
     gated = bool(a.swiglu)
     vocab, vocab_from = vocab_size_of(a)
-    multiple = a.make_vocab_size_divisible_by * tp
-    padded = a.padded_vocab_size or math.ceil(vocab / multiple) * multiple
+    padded = padded_vocab_size(vocab, a.make_vocab_size_divisible_by, tp, a.padded_vocab_size)
     block, final_norm = block_parameters(a)
     learned = a.input_embedding == "learned"
     tied = learned and not a.untie_embeddings_and_output_weights  # Megatron-LM's default: the head is the table

@@ -294,8 +294,8 @@ class Trainer:
         self.scheduler.step(increment=1)
         self.step += 1
         self.tokens += int(targets)
-        record = {"decoupled_lr": decoupled_lr(self.optimizer)} if self.cfg.optim.decoupled_lr is not None else {}
-        return {**record, "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
+        decoupled = decoupled_lr(self.optimizer)
+        return {**({"decoupled_lr": decoupled} if decoupled is not None else {}), "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
 
