@@ -130,7 +130,8 @@ def readings_tables(records: dict[Run, dict]) -> list[str]:
 
 
 def proportions(plan: StudyPlan, records: dict[Run, dict]) -> str:
-    """d/K and the learned table's share of parameters here, beside the papers' (SPEC.md §2)."""
+    """d/K and the learned table's share of parameters here, beside the papers' (K = 16; d = 1024 in
+    paper 1, 2048 in paper 2)."""
     r = yaml.safe_load(plan.recipe.read_text())
     k = (plan.vocab_size - 1).bit_length()
     share = [rec["parameters"] for run, rec in records.items() if run.variant == "learned"]

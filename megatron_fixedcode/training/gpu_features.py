@@ -186,7 +186,8 @@ def tf32_refusal(*, tf32: bool, fp32_gemms: bool, te_layers: bool, environ: Mapp
 
 
 def configure_tf32(a: argparse.Namespace) -> bool:
-    """Let FP32 matmuls and convolutions use TF32 tensor cores (on unless --no-tf32). Returns it."""
+    """Let FP32 matmuls and convolutions use TF32 tensor cores when ``--tf32`` is given (off by default,
+    torch's matmul default; Megatron-LM has no TF32 flag). Returns it; False without CUDA."""
     if not torch.cuda.is_available():
         return False
     torch.backends.cuda.matmul.allow_tf32 = a.tf32
