@@ -6,14 +6,10 @@ from pathlib import Path
 
 import torch
 
-from tests.helpers import REPO
-
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-SHARED_DATA = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
-SMOLLM2_TOKENIZER = SHARED_DATA / "tokenizers" / "smollm2" / "tokenizer.json"
 TINY_MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
                   vocab_size=1000, make_vocab_size_divisible_by=8, transformer_impl="local")
 

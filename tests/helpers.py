@@ -1,4 +1,4 @@
-"""Shared test helpers: launching torchrun workers and locating the shared test data."""
+"""Shared test helpers: launching torchrun workers and locating the test data (tests/assets)."""
 from __future__ import annotations
 
 import os
@@ -31,21 +31,19 @@ def skip_unless_kernel_builds(kernel: str) -> None:
         pytest.skip("the fused CPU kernel cannot be built here (no C++ compiler or ninja)")
 
 
-SHARED_DATA = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
+ASSETS = REPO / "tests" / "assets"  # the data the tests read, with its sources: tests/assets/SOURCES.md
+SMOLLM2 = ASSETS / "tokenizers" / "smollm2"  # the SmolLM2 tokenizer (its tokenizer.json)
+SMOLLM2_TOKENIZER = SMOLLM2 / "tokenizer.json"
 
 
 def write_gpt2_bpe_files(out: Path, vocab_size: int = 1000) -> tuple[Path, Path]:
     """A GPT-2-format ``vocab.json`` + ``merges.txt`` (``#version`` header, ``<|endoftext|>`` the last
-    id as in GPT-2's): a byte-level BPE trained with HF ``tokenizers`` on a book of the shared corpus.
-    Skips the test without the shared data."""
+    id as in GPT-2's): a byte-level BPE trained with HF ``tokenizers`` on a book of tests/assets."""
     import json
 
-    import pytest
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
 
-    book = SHARED_DATA / "corpus" / "gutenberg" / "pg11-0.txt"
-    if not book.is_file():
-        pytest.skip(f"shared data not found at {SHARED_DATA} (set MFC_SHARED_DATA)")
+    book = ASSETS / "corpus" / "gutenberg" / "pg11-0.txt"
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -7,8 +7,8 @@ The line right above a ```bash / ```sh / ```console block is one of:
     <!-- run by tests/test_x.py::test_y, ... -->   an existing test runs it (checked to exist)
     <!-- not run: why -->                          e.g. needs Slurm and 16 GPUs
 
-A run block sees `/tmp/` as a fresh directory of this test and `../shared/data` as the shared
-data ($MFC_SHARED_DATA); nothing else is rewritten. Each block is one test with the id
+A run block sees `/tmp/` as a fresh directory of this test; nothing else is rewritten (blocks read
+data from tests/assets, as a clone has it). Each block is one test with the id
 `FILE:Lnn`; `pytest -rA tests/test_docs.py` lists what ran, and each skip says why.
 """
 from __future__ import annotations
@@ -24,7 +24,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 SHELL = ("bash", "sh", "console")
 MARKER = re.compile(r"^<!--\s*(run after (?P<after>\S+)|run by (?P<by>.+?)|not run:\s*(?P<why>.+?)|(?P<run>run))\s*-->$")
 BLOCK_TIMEOUT_S = 300
@@ -95,10 +94,10 @@ def check_tests_exist(spec: str, root: Path = REPO) -> list[str]:
     return names
 
 
-def run_block(block: Block, workdir: Path, root: Path = REPO, shared: Path = SHARED) -> subprocess.CompletedProcess:
-    """Run one block with bash -e in `root`; /tmp/ and ../shared/data rewritten as the module says."""
+def run_block(block: Block, workdir: Path, root: Path = REPO) -> subprocess.CompletedProcess:
+    """Run one block with bash -e in `root`; /tmp/ rewritten as the module says."""
     workdir.mkdir(parents=True, exist_ok=True)
-    code = block.code.replace("../shared/data", str(shared)).replace("/tmp/", f"{workdir}/")
+    code = block.code.replace("/tmp/", f"{workdir}/")
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
            "TMPDIR": str(workdir)}
     return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=root, env=env,
@@ -117,8 +116,6 @@ _done: set[str] = set()
 
 
 def _run(block: Block, workdir: Path) -> None:
-    if "../shared/data" in block.code and not SHARED.exists():
-        pytest.skip(f"{block.id}: needs the shared data at {SHARED} (set MFC_SHARED_DATA)")
     r = run_block(block, workdir)
     print(f"{block.id} ran:\n{block.code}\n--- stdout (tail)\n{r.stdout[-2000:]}")
     assert r.returncode == 0, f"{block.id} failed (exit {r.returncode}):\n{block.code}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"

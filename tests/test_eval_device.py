@@ -11,7 +11,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from megatron_fixedcode.eval import perplexity
-from tests.export_helpers import SHARED_DATA, SMOLLM2_TOKENIZER, random_checkpoint
+from tests.export_helpers import random_checkpoint
+from tests.helpers import ASSETS, SMOLLM2_TOKENIZER
 from tests.helpers import REPO
 
 
@@ -63,14 +64,9 @@ def test_default_device_is_cuda_when_torch_sees_a_gpu(monkeypatch):
     assert perplexity.default_device() == "cpu"
 
 
-needs_tokenizer = pytest.mark.skipif(not SMOLLM2_TOKENIZER.exists(), reason="shared data absent")
-
-
 @pytest.fixture(scope="module")
 def export(tmp_path_factory):
     pytest.importorskip("transformers")
-    if not SMOLLM2_TOKENIZER.exists():
-        pytest.skip("shared data absent")
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
     root = tmp_path_factory.mktemp("device")
@@ -88,10 +84,9 @@ def _evaluate(*args, code=0):
     return proc
 
 
-@needs_tokenizer
 def test_evaluate_device_dtype_and_batch_size(export):
     ckpt, hf = export
-    text = str(SHARED_DATA / "corpus" / "state_union" / "1945-Truman.txt")
+    text = str(ASSETS / "corpus" / "state_union" / "1945-Truman.txt")
     common = ["--text-files", text, "--max-tokens", "300", "--json"]
     full = json.loads(_evaluate("--hf-model", str(hf), "--device", "cpu", "--batch-size", "1", *common).stdout)
     half = json.loads(_evaluate("--hf-model", str(hf), "--device", "cpu", "--dtype", "bfloat16", "--batch-size", "3",
@@ -105,7 +100,6 @@ def test_evaluate_device_dtype_and_batch_size(export):
         refused.stderr.strip().splitlines()) == 1
 
 
-@needs_tokenizer
 def test_harness_gets_device_dtype_and_batch_size(export, monkeypatch):
     """run_harness hands lm-eval the user's device (default CUDA when seen), dtype and batch size."""
     pytest.importorskip("lm_eval")

@@ -11,7 +11,8 @@ import torch
 
 from megatron_fixedcode.eval.perplexity import document_nll, windows
 from tests.data_helpers import write_indexed_dataset
-from tests.export_helpers import SHARED_DATA, SMOLLM2_TOKENIZER, random_checkpoint
+from tests.export_helpers import random_checkpoint
+from tests.helpers import ASSETS, SMOLLM2_TOKENIZER
 from tests.helpers import REPO
 
 pytest.importorskip("transformers")
@@ -36,7 +37,6 @@ def _evaluate(*args):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
-@pytest.mark.skipif(not SMOLLM2_TOKENIZER.exists(), reason="shared data absent")
 def test_checkpoint_and_export_report_the_same_loss(tmp_path):
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
@@ -44,7 +44,7 @@ def test_checkpoint_and_export_report_the_same_loss(tmp_path):
                             num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=128,
                             tokenizer_model=str(SMOLLM2_TOKENIZER))
     hf_dir = convert_checkpoint_to_hf(src, tmp_path / "hf")
-    text = SHARED_DATA / "corpus" / "state_union" / "1945-Truman.txt"
+    text = ASSETS / "corpus" / "state_union" / "1945-Truman.txt"
     a = _evaluate("--load", str(src), "--text-files", str(text), "--max-tokens", "600")
     b = _evaluate("--hf-model", str(hf_dir), "--text-files", str(text), "--max-tokens", "600")
     assert a["tokens"] == b["tokens"] >= 600 and a["windows"] == b["windows"]

@@ -11,7 +11,8 @@ from megatron_fixedcode.export import (
     load_megatron_checkpoint,
     megatron_logits,
 )
-from tests.export_helpers import SMOLLM2_TOKENIZER, hf_logits, random_checkpoint
+from tests.export_helpers import hf_logits, random_checkpoint
+from tests.helpers import SMOLLM2_TOKENIZER
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -53,7 +54,6 @@ def test_gpt_gelu_with_grouped_query_attention_is_refused(tmp_path):
         convert_checkpoint_to_hf(src, tmp_path / "hf")
 
 
-@pytest.mark.skipif(not SMOLLM2_TOKENIZER.exists(), reason="shared SmolLM2 tokenizer absent")
 def test_tokenizer_files_load_with_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 

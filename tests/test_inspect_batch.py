@@ -3,10 +3,8 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy
 import pytest
@@ -15,10 +13,9 @@ import torch
 from megatron_fixedcode.data import DataConfig, build_datasets, global_batch_indices
 from megatron_fixedcode.data.inspect import describe_samples, format_record
 from tests.data_helpers import single_process_group, tagged_documents, write_indexed_dataset
+from tests.helpers import REPO
+from tests.helpers import SMOLLM2_TOKENIZER as SMOLLM2
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
-SMOLLM2 = SHARED_DATA / "tokenizers" / "smollm2" / "tokenizer.json"
 SEQ, GBS, STEP, SEED = 16, 4, 2, 5
 
 
@@ -42,8 +39,6 @@ def test_describe_samples_reports_where_each_window_came_from(tmp_path):
 @pytest.fixture(scope="module")
 def smollm2(tmp_path_factory):
     tokenizers = pytest.importorskip("megatron_fixedcode.tokenizers")
-    if not SMOLLM2.is_file():
-        pytest.skip(f"SmolLM2 tokenizer not found at {SMOLLM2} (set MFC_SHARED_DATA)")
     tokenizer = tokenizers.build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2))
     words = "the quick brown fox jumps over a lazy dog while seven wise owls watch".split()
     rng = numpy.random.default_rng(0)

@@ -111,14 +111,14 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2_corpus(tmp_path_factory) -> dict:
-    """GPT-2 BPE files (tests/helpers.py) and a book of the shared corpus indexed with them by
+    """GPT-2 BPE files (tests/helpers.py) and a book of tests/assets indexed with them by
     preprocess_data in Megatron-LM's spelling, one paragraph a document."""
     from megatron_fixedcode.cli.preprocess_data import main as preprocess_data
-    from tests.helpers import SHARED_DATA, write_gpt2_bpe_files
+    from tests.helpers import ASSETS, write_gpt2_bpe_files
 
     root = tmp_path_factory.mktemp("gpt2")
     vocab, merges = write_gpt2_bpe_files(root)
-    text = (SHARED_DATA / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")
+    text = (ASSETS / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")
     paragraphs = [p for p in re.split(r"\r?\n\s*\n", text) if p.strip()]
     (root / "book.jsonl").write_text("".join(json.dumps({"text": p}) + "\n" for p in paragraphs), encoding="utf-8")
     assert preprocess_data(["--input", str(root / "book.jsonl"), "--output-prefix", str(root / "book"), "--tokenizer-type",

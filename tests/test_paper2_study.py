@@ -14,7 +14,6 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "paper2_study.sh"
-SHARED = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def _env() -> dict:

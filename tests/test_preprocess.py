@@ -3,7 +3,6 @@ split, worker-count independence, clear errors, and atomic outputs."""
 
 import gzip
 import json
-import os
 import re
 import signal
 import subprocess
@@ -24,16 +23,9 @@ from megatron_fixedcode.data.preprocess import (
 )
 from megatron_fixedcode.data.preprocess.encode import sentence_splitter
 from megatron_fixedcode.tokenizers import build_tokenizer, train_bpe_tokenizer
+from tests.helpers import ASSETS, SMOLLM2
 
 REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="session")
-def shared_data() -> Path:
-    path = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    if not path.is_dir():
-        pytest.skip(f"shared data not found at {path} (set MFC_SHARED_DATA)")
-    return path
 
 
 @pytest.fixture(scope="session")
@@ -45,10 +37,11 @@ def small_tokenizer(tmp_path_factory) -> str:
 
 
 @pytest.fixture(scope="session")
-def corpus_sample(shared_data, tmp_path_factory) -> tuple[Path, list[dict]]:
-    """~600 documents of the shared corpus (paragraphs), as JSONL with ids."""
+def corpus_sample(tmp_path_factory) -> tuple[Path, list[dict]]:
+    """~600 documents of the corpus in tests/assets (paragraphs; ASCII, UTF-8 with BOM and CRLF,
+    Latin-1), as JSONL with ids."""
     docs = []
-    for path in sorted((shared_data / "corpus").rglob("*.txt"))[::4]:
+    for path in sorted((ASSETS / "corpus").rglob("*.txt")):
         raw = path.read_bytes()
         text = raw.decode("utf-8") if raw.isascii() or _utf8(raw) else raw.decode("latin-1")
         paragraphs = [p for p in re.split(r"\n\s*\n", text) if p.strip()][:60]
@@ -101,9 +94,9 @@ def check_roundtrip(tmp_path, docs, tok, summary, fraction, append_eod=True):
             assert g.tolist() == w
 
 
-def test_roundtrip_smollm2(tmp_path, shared_data, corpus_sample):
+def test_roundtrip_smollm2(tmp_path, corpus_sample):
     jsonl, docs = corpus_sample
-    model = shared_data / "tokenizers" / "smollm2"
+    model = SMOLLM2
     summary = run(tmp_path, [jsonl], model, append_eod=True, id_key="id", valid_fraction=0.2)
     assert summary["dtype"] == "uint16"
     check_roundtrip(tmp_path, docs, build_tokenizer("HuggingFaceTokenizer", str(model)), summary, 0.2)
@@ -176,9 +169,9 @@ def test_parquet_and_gzip_match_jsonl(tmp_path, small_tokenizer):
     assert outputs[0] == outputs[1] == outputs[2]
 
 
-def test_workers_and_chunking_do_not_change_bytes(tmp_path, shared_data, corpus_sample):
+def test_workers_and_chunking_do_not_change_bytes(tmp_path, corpus_sample):
     jsonl, _ = corpus_sample
-    model = shared_data / "tokenizers" / "smollm2"
+    model = SMOLLM2
     for name, workers, chunk_docs in (("w1", 1, 16), ("w2", 2, 16), ("w2b", 2, 5)):
         run(tmp_path, [jsonl], model, name=name, workers=workers, chunk_docs=chunk_docs,
             append_eod=True, valid_fraction=0.1)

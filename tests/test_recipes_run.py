@@ -8,14 +8,13 @@ import math
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import numpy as np
 import pytest
 import yaml
 
 from tests.data_helpers import write_indexed_dataset
-from tests.helpers import REPO
+from tests.helpers import REPO, SMOLLM2
 from tests.pretrain_helpers import read_metrics
 
 pytestmark = pytest.mark.slow
@@ -23,14 +22,12 @@ pytestmark = pytest.mark.slow
 RECIPES = sorted(p.name for p in (REPO / "examples" / "recipes").glob("paper[12]_*.yaml") if "sft" not in p.name)
 SIZES = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
          "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8"]
-TOKENIZER = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data")) / "tokenizers" / "smollm2"
+TOKENIZER = SMOLLM2
 
 
 @pytest.fixture(scope="module")
 def data_env(tmp_path_factory):
     """Indexed shards under the names the recipes expect (ids below every recipe's vocabulary)."""
-    if not (TOKENIZER / "tokenizer.json").is_file():
-        pytest.skip(f"the shared SmolLM2 tokenizer is not at {TOKENIZER} (set MFC_SHARED_DATA)")
     root = tmp_path_factory.mktemp("recipe_data")
     rng = np.random.default_rng(0)
     for name in ("fw", "cosmo"):

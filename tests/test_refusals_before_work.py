@@ -15,11 +15,8 @@ import numpy as np
 import pytest
 
 from tests.data_helpers import write_indexed_dataset
-from tests.helpers import REPO
+from tests.helpers import REPO, SMOLLM2
 from tests.pretrain_helpers import TINY, write_corpus
-
-SMOLLM2 = REPO.parent / "shared" / "data" / "tokenizers" / "smollm2"
-
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
@@ -85,7 +82,6 @@ def _damaged_tokenizers(root: Path) -> list[Path]:
     return damaged
 
 
-@pytest.mark.skipif(not SMOLLM2.is_dir(), reason="shared tokenizer data not present")
 def test_a_damaged_tokenizer_json_is_one_line_in_trainer_dry_run_and_preprocessing(corpus, tmp_path, capsys):
     from megatron_fixedcode.cli.preprocess_data import main as preprocess
 

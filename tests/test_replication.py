@@ -2,11 +2,9 @@
 arithmetic, and the whole --quick path end to end, including a deleted record retrained to the same
 perplexity and --verify."""
 import json
-import os
 import shutil
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -14,8 +12,6 @@ from megatron_fixedcode.replication.report import gap_percent, ppl_table, read_c
 from megatron_fixedcode.replication.store import ResultStore
 from megatron_fixedcode.replication.study import PLANS, VARIANTS, Run, StudyPlan
 from tests.helpers import REPO
-
-SHARED = Path(os.environ.get("MFC_SHARED_DATA", REPO.parent / "shared" / "data"))
 
 
 def test_run_names_parse_both_ways():
@@ -95,7 +91,6 @@ def _study(*args: str) -> subprocess.CompletedProcess:
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(not (SHARED / "corpus").is_dir(), reason="shared corpus absent")
 def test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run(tmp_path):
     work = str(tmp_path)
     first = _study("--work-dir", work)

@@ -18,12 +18,9 @@ from megatron_fixedcode.data.sft import (
     load_sft_examples,
     read_sft_jsonl,
 )
-from tests.export_helpers import SMOLLM2_TOKENIZER, random_checkpoint
-from tests.helpers import REPO
+from tests.export_helpers import random_checkpoint
+from tests.helpers import REPO, SMOLLM2_TOKENIZER
 from tests.pretrain_helpers import TINY, pretrain, read_metrics, write_corpus
-
-needs_tokenizer = pytest.mark.skipif(not SMOLLM2_TOKENIZER.exists(), reason="shared data absent")
-
 
 def char_tokenizer():
     """One id per character (ord), EOD 0: a mask can be checked by reading the ids."""
@@ -121,7 +118,6 @@ SFT_TINY = [*TINY, "--vocab-size", "49152", "--tokenizer-model", str(SMOLLM2_TOK
 
 
 @pytest.mark.slow
-@needs_tokenizer
 def test_finetune_into_sft_then_resume_is_bit_identical(tmp_path):
     """Pretrain 1 step; SFT with --finetune (step 0, fresh optimizer) for 6 steps saving at 3; resume
     the SFT checkpoint at 3 (no --finetune): steps 4-6 equal. Step tokens = response targets."""
@@ -156,7 +152,6 @@ def test_finetune_into_sft_then_resume_is_bit_identical(tmp_path):
     assert straight[-1]["val_loss"] < straight[2]["val_loss"] and math.isfinite(straight[-1]["val_loss"])
 
 
-@needs_tokenizer
 def test_bad_record_stops_the_trainer_with_one_line_and_exit_2(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [*sft_records(3), {"prompt": "no answer"}])
     proc = pretrain(*SFT_TINY, "--dataset-type", "sft", "--data-path", train, "--train-iters", "1", check=False)
@@ -168,7 +163,6 @@ def test_bad_record_stops_the_trainer_with_one_line_and_exit_2(tmp_path):
 
 # --- evaluation ----------------------------------------------------------------------------------
 
-@needs_tokenizer
 def test_gold_answer_and_response_perplexity_equal_a_direct_forward_pass(tmp_path):
     from megatron_fixedcode.eval.gold_answer import squad_prompt
     from megatron_fixedcode.eval.run import checkpoint_target_perplexity
@@ -244,7 +238,6 @@ def test_recipe_matches_the_paper1_model_and_passes_the_dry_run(capsys):
     assert json.loads(capsys.readouterr().out)["dataset_type"] == "sft"
 
 
-@needs_tokenizer
 def test_squad_json_on_a_checkpoint_equals_jsonl_on_its_export(tmp_path):
     """SQuAD's own JSON layout and JSONL rows give the same examples; megatron and transformers agree."""
     pytest.importorskip("transformers")

@@ -11,6 +11,7 @@ import pytest
 
 from megatron_fixedcode.data.preprocess import is_validation_document, output_prefix_for
 from megatron_fixedcode.tokenizers import build_tokenizer, train_bpe_tokenizer
+from tests.helpers import ASSETS, SMOLLM2
 from tests.test_preprocess import read_documents, run
 
 
@@ -412,9 +413,7 @@ def test_trainer_refuses_a_manifest_of_another_tokenizer(tmp_path, small_tokeniz
     _write_shards(tmp_path / "in", n=1)
     shards.run_task(_plan(tmp_path, [tmp_path / "in"], small_tokenizer), 0)
     assert _write_manifest_cli(tmp_path / "out") == 0
-    other = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data")) / "tokenizers" / "smollm2"
-    if not other.is_dir():
-        pytest.skip("shared SmolLM2 tokenizer not found")
+    other = SMOLLM2
     manifest = tmp_path / "out" / "manifest.json"
     cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(TINY), "--dry-run",
            "--data-manifest", str(manifest), "--tokenizer-model", str(other)]
@@ -476,14 +475,11 @@ def test_verify_checks_the_recorded_idx_hash_of_shard_outputs(tmp_path, small_to
 
 @pytest.mark.slow
 def test_shard_benchmark_reports_both_paths_on_the_same_tokens(tmp_path):
-    corpus = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    if not (corpus / "corpus" / "state_union").is_dir():
-        pytest.skip("shared corpus not found")
     from benchmarks.preprocess_shards import main
 
     out = tmp_path / "bench.json"
-    assert main(["--corpus-dir", str(corpus / "corpus" / "state_union"), "--shards", "4", "--tasks", "2",
-                 "--repeat", "1", "--json", str(out)]) == 0
+    assert main(["--corpus-dir", str(ASSETS / "corpus"), "--tokenizer-model", str(SMOLLM2), "--shards", "4",
+                 "--tasks", "2", "--repeat", "1", "--json", str(out)]) == 0
     result = json.loads(out.read_text())
     assert result["tokens"] > 100_000 and result["array_tasks"] == 2
     for path in ("one_process", "array"):

@@ -19,12 +19,12 @@ import numpy as np
 import pytest
 
 from tests.data_helpers import write_indexed_dataset
+from tests.helpers import ASSETS, SMOLLM2
 
 ROOT = Path(__file__).resolve().parents[1]
 LOCAL = ROOT / "scripts" / "slurm_local.sh"
 LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
-SHARED = Path(os.environ.get("MFC_SHARED_DATA", ROOT.parent / "shared" / "data"))
-TOKENIZER = SHARED / "tokenizers" / "smollm2"
+TOKENIZER = SMOLLM2
 # trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
 SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
           "--ffn-hidden-size", "128",
@@ -35,8 +35,7 @@ SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
 SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
 IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(not TOKENIZER.exists(), reason=f"shared data not found at {SHARED} (set MFC_SHARED_DATA)")]
+pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="session")
@@ -291,7 +290,7 @@ def _corpus_shards(directory: Path) -> list[Path]:
     import pyarrow.parquet
 
     texts = []
-    for path in sorted((SHARED / "corpus" / "gutenberg").glob("*.txt")):
+    for path in sorted((ASSETS / "corpus" / "gutenberg").glob("*.txt")):
         texts += [p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")) if p.strip()]
     directory.mkdir(parents=True)
     paths = []

@@ -1,6 +1,6 @@
 """Paper 2's whole study graph under the real local Slurm cluster (scripts/slurm_local.sh; fixture and
 helpers in tests/test_slurm.py): examples/paper2_study.sh with the tiny CPU recipe, four shards cut from
-the shared Gutenberg corpus, the local evaluation tasks and one CPU rank per training, through
+the Gutenberg books of tests/assets, the local evaluation tasks and one CPU rank per training, through
 index array -> manifest -> train-<v> -> export-<v> -> eval-<v> -> report for learned and binary.
 Own module, so pytest-xdist (--dist loadfile) runs it beside tests/test_slurm.py."""
 from __future__ import annotations
@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.test_slurm import ROOT, SHARED, TOKENIZER, job_info, sacct, slurm, wait_done, wait_until  # noqa: F401
+from tests.helpers import ASSETS
+from tests.test_slurm import ROOT, TOKENIZER, job_info, sacct, slurm, wait_done, wait_until  # noqa: F401
 
 pytestmark = pytest.mark.slow
 NAMES = ["index", "manifest", "train-learned", "export-learned", "eval-learned", "train-binary", "export-binary",
@@ -24,7 +25,7 @@ NAMES = ["index", "manifest", "train-learned", "export-learned", "eval-learned",
 
 def _corpus(directory: Path) -> None:
     texts = []
-    for p in sorted((SHARED / "corpus" / "gutenberg").glob("*.txt")):
+    for p in sorted((ASSETS / "corpus" / "gutenberg").glob("*.txt")):
         texts += [t.strip() for t in re.split(r"\n\s*\n", p.read_text(encoding="utf-8", errors="replace"))
                   if len(t.strip()) > 200]
     directory.mkdir(parents=True)
@@ -40,7 +41,6 @@ def _hashes(study: Path, *parts: str) -> dict[str, str]:
             if p.is_file() and "logs" not in p.relative_to(study).parts[:2] and not p.name.endswith(".lock")}
 
 
-@pytest.mark.skipif(not (SHARED / "eval" / "piqa").exists(), reason="shared data not found (set MFC_SHARED_DATA)")
 def test_study_graph_resumes_a_cancelled_training_to_its_report(slurm, tmp_path):
     """Run 1 is submitted held (--hold); index task 0 alone is released. Run 2, while the array is partly
     done (0 COMPLETED, 1 PENDING), submits nothing; nor does run 3 once the array is done and its manifest
@@ -53,8 +53,7 @@ def test_study_graph_resumes_a_cancelled_training_to_its_report(slurm, tmp_path)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "SBATCH_"))}
     env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", VIRTUAL_ENV=sys.prefix, PYTHONPATH=str(ROOT),
                GPUS_PER_NODE="1", CPUS_PER_TASK="1", MFC_REQUIRE_CUDA="0", OMP_NUM_THREADS="1", SAVE_INTERVAL="100000",
-               PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp_path / "hf"),
-               MFC_SHARED_DATA=str(SHARED))
+               PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp_path / "hf"))
     cmd = ["bash", str(ROOT / "examples" / "paper2_study.sh"), "--study-dir", str(study),
            "--input", *map(str, sorted((tmp_path / "corpus").glob("*.jsonl"))), "--tokenizer-model", str(TOKENIZER),
            "--shards-per-task", "2", "--index-cpus", "1", "--max-parallel", "0",

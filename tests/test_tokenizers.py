@@ -1,7 +1,6 @@
 """Tokenizers: one interface over HF tokenizer.json and SentencePiece, megatron-core compatible."""
 
 import json
-import os
 import pickle
 import subprocess
 import sys
@@ -18,7 +17,7 @@ from megatron_fixedcode.tokenizers import (
     train_bpe_tokenizer,
 )
 
-from tests.helpers import write_gpt2_bpe_files
+from tests.helpers import ASSETS, SMOLLM2, write_gpt2_bpe_files
 
 REPO = Path(__file__).resolve().parents[1]
 SAMPLE_TEXT = (
@@ -28,16 +27,8 @@ SAMPLE_TEXT = (
 
 
 @pytest.fixture(scope="session")
-def shared_data() -> Path:
-    path = Path(os.environ.get("MFC_SHARED_DATA", Path(__file__).resolve().parents[2] / "shared" / "data"))
-    if not path.is_dir():
-        pytest.skip(f"shared data not found at {path} (set MFC_SHARED_DATA)")
-    return path
-
-
-@pytest.fixture(scope="session")
-def smollm2(shared_data):
-    return build_tokenizer("HuggingFaceTokenizer", str(shared_data / "tokenizers" / "smollm2"))
+def smollm2():
+    return build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2))
 
 
 @pytest.fixture(scope="session")
@@ -54,23 +45,23 @@ def sp_model(tmp_path_factory) -> Path:
     return out / "sp.model"
 
 
-def corpus_texts(shared_data: Path, num: int = 200) -> list[str]:
-    text = (shared_data / "corpus" / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
+def corpus_texts(num: int = 200) -> list[str]:
+    text = (ASSETS / "corpus" / "wikitext-2" / "valid.txt").read_text(encoding="utf-8")
     return [p for p in text.split("\n \n") if p.strip()][:num]
 
 
-def test_smollm2_properties(smollm2, shared_data):
+def test_smollm2_properties(smollm2):
     assert isinstance(smollm2, HuggingFaceTokenizer)
     assert smollm2.vocab_size == 49152
     assert smollm2.eod == 0 and smollm2.eos == 0
     assert len(smollm2.fingerprint) == 16
-    same = build_tokenizer("HuggingFaceTokenizer", str(shared_data / "tokenizers" / "smollm2" / "tokenizer.json"))
+    same = build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2 / "tokenizer.json"))
     assert same.fingerprint == smollm2.fingerprint and same.eod == 0
     assert smollm2.describe()["vocab_size"] == 49152
 
 
-def test_batch_equals_single_and_roundtrip(smollm2, shared_data):
-    texts = corpus_texts(shared_data) + [SAMPLE_TEXT, ""]
+def test_batch_equals_single_and_roundtrip(smollm2):
+    texts = corpus_texts() + [SAMPLE_TEXT, ""]
     assert smollm2.encode_batch(texts) == [smollm2.tokenize(t) for t in texts]
     assert smollm2.detokenize(smollm2.tokenize(SAMPLE_TEXT)) == SAMPLE_TEXT
 
@@ -173,7 +164,7 @@ def gpt2_files(tmp_path_factory) -> tuple[Path, Path]:
     return write_gpt2_bpe_files(tmp_path_factory.mktemp("gpt2"))
 
 
-def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files, shared_data):
+def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files):
     """Megatron-LM's GPT2BPETokenizer from vocab.json + merges.txt: the ids of Megatron-LM's own
     pure-Python GPT2Tokenizer on the same files (tests/megatron_gpt2_reference.py, an independent
     implementation), EOD <|endoftext|>, vocabulary the entries of vocab.json (Megatron-LM's len(encoder))."""
@@ -186,10 +177,10 @@ def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files, shared_
     assert isinstance(tok, GPT2BPETokenizer)
     assert (tok.vocab_size, tok.eod, tok.bos, tok.pad) == (1001, 1000, None, None)
     assert (len(ref.encoder), ref.encoder["<|endoftext|>"]) == (1001, 1000)
-    book = (shared_data / "corpus" / "gutenberg" / "pg2701-0.txt").read_text(encoding="utf-8")  # BOM, CRLF, curly quotes
+    book = (ASSETS / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")  # BOM, CRLF, curly quotes
     edge = ["", " ", "  two leading\n\n\ttab\r\n   trailing   ", "it's I'll we've they'd 'quoted' 3.14 12345",
             "naïve café — “quotes” Ünïcödé 東京 日本語 🙂👍🏽 e\u0301 zero\u200bwidth \u00a0nbsp", "a\n \n  \n", "\ufeffBOM"]
-    texts = corpus_texts(shared_data) + [book[:60000], book[-20000:]] + edge
+    texts = corpus_texts() + [book[:60000], book[-20000:]] + edge
     assert [tok.tokenize(t) for t in texts] == [ref.encode(t) for t in texts]
     assert sum(len(tok.tokenize(t)) for t in texts) > 20000
     assert tok.encode_batch(texts) == [tok.tokenize(t) for t in texts]

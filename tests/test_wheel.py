@@ -34,8 +34,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.export_helpers import SHARED_DATA
-from tests.helpers import REPO
+from tests.helpers import ASSETS, REPO
 
 pytestmark = pytest.mark.slow
 
@@ -258,11 +257,10 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     _run([str(ctx["python"]), "-c", "import json, pathlib; from megatron_fixedcode.analysis.plots import plot_report; "
           "plot_report(json.loads(pathlib.Path('report.json').read_text()), pathlib.Path('.'))"], ctx)
     assert all((work / f"{name}.png").stat().st_size > 0 for name in ("activations", "ablation", "probes", "patching"))
-    # eval (lm-eval, accelerate): the harness on the export, a local task from the shared data (LAMBADA:
+    # eval (lm-eval, accelerate): the harness on the export, a local task from tests/assets (LAMBADA:
     # one-word continuations fit the model's 32 tokens)
-    if (SHARED_DATA / "eval" / "lambada").is_dir():
-        env = {**ctx["env"], "MFC_SHARED_DATA": str(SHARED_DATA), "HF_DATASETS_CACHE": str(work / "hf_datasets")}
-        res = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--tasks", "lambada_local", "--limit", "4",
-                               "--batch-size", "4", "--json"], {**ctx, "env": env}).stdout)
-        row = res["results"]["lambada_local@0shot"]
-        assert row["perplexity"] > 1 and 0 <= row["acc"] <= 1 and res["requests"]["lambada_local@0shot"]["requests"] == 4
+    env = {**ctx["env"], "MFC_SHARED_DATA": str(ASSETS), "HF_DATASETS_CACHE": str(work / "hf_datasets")}
+    res = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--tasks", "lambada_local", "--limit", "4",
+                           "--batch-size", "4", "--json"], {**ctx, "env": env}).stdout)
+    row = res["results"]["lambada_local@0shot"]
+    assert row["perplexity"] > 1 and 0 <= row["acc"] <= 1 and res["requests"]["lambada_local@0shot"]["requests"] == 4
