@@ -1,5 +1,5 @@
 """Issue 31, checked against Megatron-LM's own parser: for every argument list of
-tests/data/megatron_reference.json (Megatron-LM's dense-GPT examples and functional-test lists at
+tests/assets/megatron_reference.json (Megatron-LM's dense-GPT examples and functional-test lists at
 core_v0.16.1, the two of test_megatron_cli.py, and one per accepted flag family; written by
 tools/dev/megatron_reference.py, which runs Megatron-LM's parse_args + validate_args on them), the
 ``--dry-run`` config here gives every dest the value Megatron-LM's parser gives it, but for the
@@ -15,7 +15,7 @@ from megatron_fixedcode.training.megatron_args import out_of_scope
 from megatron_fixedcode.training.megatron_inert import refused_value
 from tests.helpers import REPO
 
-REFERENCE = json.loads((REPO / "tests" / "data" / "megatron_reference.json").read_text())
+REFERENCE = json.loads((REPO / "tests" / "assets" / "megatron_reference.json").read_text())
 # Lists Megatron-LM's own parser refuses (e.g. --save-retain-interval not a multiple of --save-interval).
 MEGATRON_REFUSES = {c["name"] for c in REFERENCE["cases"] if "__error__" in c["megatron"]}
 # Lists Megatron-LM's parser accepts and this one refuses at parse time (Megatron-LM fails later, building the model).

@@ -1,6 +1,6 @@
 """Megatron-LM's own parser as the reference for this trainer's command line (issue 31).
 
-Writes ``tests/data/megatron_reference.json``: for many dense-GPT argument lists, the values that
+Writes ``tests/assets/megatron_reference.json``: for many dense-GPT argument lists, the values that
 Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
 give the dests this trainer's ``--dry-run`` prints. ``tests/test_megatron_reference.py`` compares them
 dest by dest; the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of
@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 WORLD_SIZE = 8
-OUT = REPO / "tests" / "data" / "megatron_reference.json"
+OUT = REPO / "tests" / "assets" / "megatron_reference.json"
 # Megatron's values that its validate_args derives and this trainer's dry run prints too.
 DERIVED = ("data_parallel_size", "world_size", "virtual_pipeline_model_parallel_size", "kv_channels",
            "ffn_hidden_size", "global_batch_size", "encoder_num_layers", "encoder_seq_length")
