@@ -20,6 +20,14 @@ def single_rank():
     return initialize_distributed(ParallelLayout(), seed=1234)
 
 
+@pytest.fixture(scope="session")
+def slurm():
+    """The local Slurm cluster of the Slurm tests (tests/helpers/slurm.py)."""
+    from tests.helpers.slurm import ensure_cluster
+
+    ensure_cluster()
+
+
 def _processes_owned_by(marker: str) -> list[int]:
     needle = f"{STRAY_MARKER}={marker}".encode()
     pids = []

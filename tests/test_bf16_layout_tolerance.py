@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
 # Max relative grad-norm difference over the resumed steps 4-6, measured here (gloo, megatron-core
 # 0.16.1, 4 layers of h 64): DP2 -> PP2 9.6e-8, DP2 -> 1 rank 9.2e-8, a straight 1-rank run against

@@ -11,7 +11,8 @@ import pytest
 from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.checkpointing import latest_step
 from tests.helpers import REPO
-from tests.pretrain_helpers import data_args, pretrain, write_corpus
+from tests.helpers.errors import refused
+from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 pytestmark = pytest.mark.slow
 
@@ -48,18 +49,6 @@ def _common(corpus, *extra):
     return [*data_args(corpus, "document_windows"), *extra]
 
 
-def _refused(proc, *needles):
-    """A user error: exit 2, one error line (rank 0), no traceback; it names each needle."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    errors = [line for line in out.splitlines() if " ERROR " in line or line.startswith("error:")]
-    assert len(errors) == 1, errors
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
-
-
 # --- item 4: --load X --save X starts fresh with one log line; a --load holding nothing is an error
 
 def test_load_equal_to_save_with_nothing_there_starts_fresh_and_says_so(trained):
@@ -70,7 +59,7 @@ def test_load_equal_to_save_with_nothing_there_starts_fresh_and_says_so(trained)
 def test_load_that_holds_no_checkpoint_is_an_error(tmp_path, corpus):
     proc = pretrain("--train-iters", "2", "--load", str(tmp_path / "nowhere"), "--save", str(tmp_path / "out"),
                     *_common(corpus), check=False)
-    _refused(proc, "--load", "nowhere", "does not exist")
+    refused(proc, "--load", "nowhere", "does not exist")
     assert not (tmp_path / "out").exists()
 
 
@@ -100,7 +89,7 @@ def test_corrupt_latest_checkpoint_is_refused_naming_file_and_way_forward(corrup
     ckpt, shard = corrupt
     for extra in (["--train-iters", "3", "--save", str(ckpt)], ["--train-iters", "2", "--skip-train"]):
         proc = pretrain(*extra, "--load", str(ckpt), "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
-        _refused(proc, str(shard), "--ckpt-step 1", str(checkpointing.checkpoint_dir(ckpt, 1)))
+        refused(proc, str(shard), "--ckpt-step 1", str(checkpointing.checkpoint_dir(ckpt, 1)))
     assert checkpointing.verified_step(ckpt, 1) == 1  # the way forward verifies
 
 
@@ -144,7 +133,7 @@ def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, co
         load_megatron_checkpoint(ckpt)
     proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--tokenizer-model", trained["tok"],
                     *_common(corpus), check=False)
-    _refused(proc, str(target / checkpointing.CHECKSUMS), "--ckpt-step 1")
+    refused(proc, str(target / checkpointing.CHECKSUMS), "--ckpt-step 1")
     # the explicit way past it, with a warning
     proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--no-verify-checkpoint",
                     "--tokenizer-model", trained["tok"], *_common(corpus))
@@ -171,14 +160,14 @@ def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
 def test_resume_refusal_names_the_field_that_differs(trained, corpus, flag, value, field):
     proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
                     flag, value, *_common(corpus), check=False)
-    _refused(proc, field, value)
+    refused(proc, field, value)
 
 
 def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corpus, tmp_path):
     other = _tokenizer(tmp_path / "tok_b", 7)
     proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other,
                     *_common(corpus), check=False)
-    _refused(proc, "tokenizer", other, "--finetune")
+    refused(proc, "tokenizer", other, "--finetune")
 
 
 # --- item 5: LR schedule on resume; item 11: data paths compared resolved
@@ -186,7 +175,7 @@ def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corp
 def test_changed_lr_on_resume_is_refused_naming_the_flag(trained, corpus):
     proc = pretrain("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
                     trained["tok"], *_common(corpus), check=False)
-    _refused(proc, "--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler")
+    refused(proc, "--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler")
 
 
 def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_path):
@@ -225,7 +214,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
 
 def test_parse_time_validation(capsys):
     from megatron_fixedcode.training.arguments import parse_pretrain_args
-    from tests.pretrain_helpers import TINY
+    from tests.helpers.pretrain import TINY
 
     with pytest.raises(SystemExit) as e:
         parse_pretrain_args([*TINY, "--train-iters", "2", "--data-path", "x", "--global-batch-size", "0"])
@@ -244,7 +233,7 @@ def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
     with lock_save_dir(ckpt):  # stands for a first job still training into it
         proc = pretrain("--train-iters", "1", "--save", str(ckpt), *_common(corpus), check=False)
-    _refused(proc, f"--save {ckpt}", "in use by another run", f"pid {os.getpid()}")
+    refused(proc, f"--save {ckpt}", "in use by another run", f"pid {os.getpid()}")
     assert latest_step(ckpt) is None and not list(ckpt.glob("iter_*"))
 
 
@@ -268,7 +257,7 @@ def test_resume_on_another_data_parallel_size_keeps_adam_and_rng(tmp_path, corpu
     proc = pretrain(*common, "--save", ckpt, "--load", ckpt, "--metrics-file", str(tmp_path / "dp1.jsonl"))
     log = proc.stdout + proc.stderr
     assert "optimizer state and the RNG states of data-parallel rank 0 kept" in log, log[-3000:]
-    from tests.pretrain_helpers import read_metrics
+    from tests.helpers.pretrain import read_metrics
 
     straight = {r["step"]: r for r in read_metrics(tmp_path / "straight.jsonl")}
     resumed = read_metrics(tmp_path / "dp1.jsonl")
@@ -288,7 +277,7 @@ def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, 
     before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
     proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(ckpt),
                     "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
-    _refused(proc, f"--save {ckpt} holds checkpoints up to step 2", f"--load {ckpt} --save {ckpt}")
+    refused(proc, f"--save {ckpt} holds checkpoints up to step 2", f"--load {ckpt} --save {ckpt}")
     assert latest_step(ckpt) == 2 and {p.name: p.stat().st_mtime_ns for p in target.iterdir()} == before
     # into a new directory it runs
     pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
@@ -303,7 +292,7 @@ def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpu
     marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
     proc = pretrain("--train-iters", "3", "--load", str(ckpt), "--save", str(ckpt), "--tokenizer-model", trained["tok"],
                     *_common(corpus), check=False)
-    _refused(proc, str(marker), "binary data", "--ckpt-step 2")
+    refused(proc, str(marker), "binary data", "--ckpt-step 2")
 
 
 def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_path, capsys):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from megatron_fixedcode.training import save_checks
-from tests.pretrain_helpers import data_args, pretrain, write_corpus
+from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 # Big enough that the tensors dominate the files (2.36M parameters), small enough for one CPU step.
 SIZE = ["--num-layers", "2", "--hidden-size", "256", "--ffn-hidden-size", "1024", "--num-attention-heads", "4"]

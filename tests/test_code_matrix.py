@@ -10,7 +10,7 @@ import torch
 from megatron_fixedcode.codes import CodeSpec, gf2_rank, sample_recoding_matrix
 from megatron_fixedcode.models.code_matrix_file import load_code_matrix
 from megatron_fixedcode.pretrain import main
-from tests.pretrain_helpers import TINY, data_args, pretrain, write_corpus
+from tests.helpers.pretrain import TINY, data_args, pretrain, write_corpus
 
 
 def circulant(k: int, shifts: tuple[int, ...]) -> np.ndarray:
@@ -106,7 +106,7 @@ def test_trained_with_a_hand_made_matrix_exports_and_evaluates_exactly_that_map(
     from megatron_fixedcode.eval.run import checkpoint_perplexity
     from megatron_fixedcode.export import convert_checkpoint_to_hf, load_megatron_checkpoint, megatron_logits
     from megatron_fixedcode.export.llama import model_config_from_llama
-    from tests.export_helpers import hf_logits
+    from tests.helpers.export import hf_logits
 
     corpus = write_corpus(tmp_path)
     matrix_file = _write(tmp_path, "released.json", json.dumps({"matrix": HAND_MADE_10.tolist(), "offset": 6}))

@@ -2,8 +2,8 @@
 norm, lr, tokens, validation loss), and lowdim's trained coordinates are in the checkpoint."""
 import pytest
 
-from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
-from tests.test_pretrain import assert_same_steps
+from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import assert_same_steps
 
 pytestmark = pytest.mark.slow
 INTERFACES = {

@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from megatron_fixedcode.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
+from tests.helpers.errors import refused
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -154,7 +155,7 @@ def test_preprocess_takes_over_lock_of_killed_run(tmp_path, small_tokenizer):
 
 def test_merge_output_locked(tmp_path):
     from megatron_fixedcode.data.preprocess import merge_datasets
-    from tests.data_helpers import write_indexed_dataset
+    from tests.helpers.data import write_indexed_dataset
 
     a = write_indexed_dataset(tmp_path / "a", [np.arange(1, 5)])
     with lock_output_prefix(tmp_path / "m"):
@@ -167,7 +168,7 @@ def test_merge_output_locked(tmp_path):
 
 def _build(tmp_path, prefixes, dataset_type, vocab_size, seq=8, valid=None):
     from megatron_fixedcode.data import DataConfig, build_datasets
-    from tests.data_helpers import StubTokenizer, single_process_group
+    from tests.helpers.data import StubTokenizer, single_process_group
 
     cfg = DataConfig(data_path=prefixes, valid_data_path=valid, dataset_type=dataset_type, seq_length=seq,
                      split="100,0,0", cache_path=str(tmp_path / "cache"))
@@ -181,7 +182,7 @@ def _build(tmp_path, prefixes, dataset_type, vocab_size, seq=8, valid=None):
 def test_damaged_shard_refused_at_startup_naming_it(tmp_path, dataset_type, damage):
     """Issue 15 item 6: a .bin 2 bytes short (and other index/data mismatches) is refused when
     the datasets are built, naming the shard, not when the sampler reaches the damage."""
-    from tests.data_helpers import random_documents, write_indexed_dataset
+    from tests.helpers.data import random_documents, write_indexed_dataset
 
     rng = np.random.default_rng(0)
     good = write_indexed_dataset(tmp_path / "good", random_documents(rng, [40] * 5, 500))
@@ -202,7 +203,7 @@ def test_damaged_shard_refused_at_startup_naming_it(tmp_path, dataset_type, dama
 
 
 def test_valid_shard_checked_too(tmp_path):
-    from tests.data_helpers import random_documents, write_indexed_dataset
+    from tests.helpers.data import random_documents, write_indexed_dataset
 
     rng = np.random.default_rng(0)
     good = write_indexed_dataset(tmp_path / "good", random_documents(rng, [40] * 5, 500))
@@ -213,7 +214,7 @@ def test_valid_shard_checked_too(tmp_path):
 
 
 def test_token_dtype_must_hold_the_vocabulary(tmp_path):
-    from tests.data_helpers import random_documents, write_indexed_dataset
+    from tests.helpers.data import random_documents, write_indexed_dataset
 
     shard = write_indexed_dataset(tmp_path / "u16", random_documents(np.random.default_rng(0), [40] * 3, 500),
                                   dtype=np.uint16)
@@ -226,7 +227,7 @@ def test_token_id_beyond_vocabulary_is_a_named_error(tmp_path, dataset_type):
     """Ids >= V gave a bare IndexError in the learned embedding; every input interface now gets
     the same named check when the sample is read (it names shard and document)."""
     from megatron_fixedcode.data.validate import TokenIdOutOfRange
-    from tests.data_helpers import write_indexed_dataset
+    from tests.helpers.data import write_indexed_dataset
 
     docs = [np.full(40, 7)] + [np.r_[np.full(20, 7), np.full(20, 900)]] * 3
     shard = write_indexed_dataset(tmp_path / "ids", docs)
@@ -261,7 +262,7 @@ def test_damaged_shard_stops_two_rank_training_with_one_line(tmp_path):
     """A .bin 2 bytes short, found by the index check at parse time (before the process group
     exists; the dataset build repeats it): one line on rank 0 naming the shard, exit code 2, no
     traceback per rank."""
-    from tests.pretrain_helpers import data_args, pretrain, write_corpus
+    from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
     train, valid = write_corpus(tmp_path)
     os.truncate(train + ".bin", os.path.getsize(train + ".bin") - 2)
@@ -273,8 +274,8 @@ def test_damaged_shard_stops_two_rank_training_with_one_line(tmp_path):
 def test_token_id_beyond_vocabulary_stops_two_rank_training_with_one_line(tmp_path):
     """One document holds an id >= V: whichever rank reads it, every rank stops at that step
     (they agree before the forward pass) and rank 0 names shard and document; exit code 2."""
-    from tests.data_helpers import write_indexed_dataset
-    from tests.pretrain_helpers import data_args, pretrain
+    from tests.helpers.data import write_indexed_dataset
+    from tests.helpers.pretrain import data_args, pretrain
 
     rng = np.random.default_rng(0)
     docs = [rng.integers(1, 100, size=60) for _ in range(12)]
@@ -407,46 +408,30 @@ def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
     assert "no space left on device" in str(err) and str(tmp_path) in str(err)
 
 
-def _trainer_refused(proc, *needles, also_from: str | None = None) -> str:
-    """Exit 2, no traceback, one error line of the trainer naming ``needles`` (and at most one
-    or two of the library logger ``also_from``)."""
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    errors = [line for line in out.splitlines() if " ERROR " in line]
-    if also_from:
-        assert len([line for line in errors if f" ERROR {also_from}" in line]) <= 2, errors
-        errors = [line for line in errors if f" ERROR {also_from}" not in line]
-    assert len(errors) == 1, errors
-    for needle in needles:
-        assert needle in errors[0], errors[0]
-    return errors[0]
-
-
 @pytest.mark.slow
 def test_trainer_refuses_save_under_a_file_before_step_one(tmp_path):
     """Issue 15 item 7: a --save under a regular file was found at the first save, after that
     many steps; now before any process group, model or step (exit 2, one line)."""
-    from tests.pretrain_helpers import data_args, pretrain, write_corpus
+    from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
     (tmp_path / "file").write_text("x")
     metrics = tmp_path / "metrics.jsonl"
     proc = pretrain("--train-iters", "2", "--save", str(tmp_path / "file" / "ckpt"), "--metrics-file", str(metrics),
                     *data_args(write_corpus(tmp_path), "document_windows"), check=False)
-    _trainer_refused(proc, f"--save {tmp_path / 'file' / 'ckpt'}: cannot create the directory: not a directory")
+    refused(proc, f"--save {tmp_path / 'file' / 'ckpt'}: cannot create the directory: not a directory")
     assert not metrics.exists()
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_trainer_refuses_read_only_save_before_step_one(tmp_path):
-    from tests.pretrain_helpers import data_args, pretrain, write_corpus
+    from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o500)
     proc = pretrain("--train-iters", "2", "--save", str(tmp_path / "ro"),
                     *data_args(write_corpus(tmp_path), "document_windows"), check=False)
-    _trainer_refused(proc, f"--save {tmp_path / 'ro'}: not writable: permission denied")
+    refused(proc, f"--save {tmp_path / 'ro'}: not writable: permission denied")
 
 
 _FULL_DISK_AT_STEP_2 = """
@@ -477,7 +462,7 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
     ``unexpected pos 704 vs 598``; now one line names the file and "no space left on device",
     exit code 2, and ``latest`` still names the verified step-1 checkpoint."""
     from megatron_fixedcode.training import checkpointing
-    from tests.pretrain_helpers import TINY, data_args, write_corpus
+    from tests.helpers.pretrain import TINY, data_args, write_corpus
 
     ckpt = tmp_path / "ckpt"
     argv = [*TINY, "--train-iters", "3", "--save", str(ckpt), "--save-interval", "1",
@@ -486,7 +471,7 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
     proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_FULL_DISK_AT_STEP_2.format(argv=argv))],
                           cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     # megatron-core's writer logs the OSError of its worker too (one line; two on 0.19)
-    _trainer_refused(proc, f"cannot write checkpoint {ckpt / 'iter_0000002'}", "no space left on device",
+    refused(proc, f"cannot write checkpoint {ckpt / 'iter_0000002'}", "no space left on device",
                      "the last complete checkpoint is kept", also_from="megatron.core.dist_checkpointing")
     assert checkpointing.latest_step(ckpt) == 1
     assert checkpointing.verified_step(ckpt) == 1
@@ -524,8 +509,8 @@ def test_a_prefix_reindexed_with_another_corpus_gets_a_new_sample_index_and_refu
     map (step-1 loss 4.5% off), and a resume continued on other data."""
     import numpy as np
 
-    from tests.data_helpers import write_indexed_dataset
-    from tests.pretrain_helpers import pretrain, read_metrics
+    from tests.helpers.data import write_indexed_dataset
+    from tests.helpers.pretrain import pretrain, read_metrics
 
     rng = np.random.default_rng(1)
 

@@ -194,7 +194,7 @@ def test_context_parallel_split_matches_megatron_core(single_rank, cp_size, monk
 def _run_pretraining(argv, caplog):
     from megatron_fixedcode.training.arguments import parse_pretrain_args
     from megatron_fixedcode.training.loop import run_pretraining
-    from tests.pretrain_helpers import TINY
+    from tests.helpers.pretrain import TINY
 
     code = run_pretraining(parse_pretrain_args([*TINY, "--data-path", "/nonexistent/prefix", "--train-iters", "1", *argv]))
     return code, [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
@@ -246,7 +246,7 @@ def test_auto_without_te_on_a_gpu_warns(monkeypatch, caplog):
 def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
     from megatron_fixedcode.training import gpu_features
     from megatron_fixedcode.training.arguments import parse_pretrain_args
-    from tests.pretrain_helpers import TINY
+    from tests.helpers.pretrain import TINY
 
     argv = [*TINY, "--data-path", "x", "--train-iters", "1"]
     if not torch.cuda.is_available():  # the CPU overrides turn every fusion off
@@ -283,7 +283,7 @@ def _one_step_placement(tmp_path, variant: str, *flags: str) -> dict:
     import subprocess
     import sys
 
-    from tests.pretrain_helpers import TINY, data_args, write_corpus
+    from tests.helpers.pretrain import TINY, data_args, write_corpus
 
     out = tmp_path / "placement.json"
     cmd = [sys.executable, str(DEVICE_WORKER), str(out), "--", *TINY, *data_args(write_corpus(tmp_path), "gpt"),

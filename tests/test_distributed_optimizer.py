@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from megatron_fixedcode.training.checkpointing import CHECKSUMS, checkpoint_dir, latest_step
-from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
 pytestmark = pytest.mark.slow
 

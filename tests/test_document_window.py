@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import numpy
 import pytest
@@ -23,7 +22,7 @@ from megatron_fixedcode.data import (
     rank_microbatch_indices,
     samples_per_shard_visit,
 )
-from tests.data_helpers import random_documents, tagged_documents, write_indexed_dataset
+from tests.helpers.data import random_documents, tagged_documents, write_indexed_dataset
 
 SEQ = 8
 # Lengths straddle the eligibility bound SEQ + 1 = 9: 8 and 3 are too short, 9 has one start.
@@ -226,11 +225,11 @@ def test_two_gloo_ranks_read_the_dp1_global_batch(shards, tmp_path):
     """torchrun, 2 ranks: gathered per-rank microbatches == the 1-rank global batch, both types."""
     import json
 
-    from tests.data_helpers import StubTokenizer, single_process_group
-    from tests.helpers import torchrun
+    from tests.helpers.data import StubTokenizer, single_process_group
+    from tests.helpers import REPO, torchrun
 
     step, gbs, mbs = 3, 8, 2
-    torchrun(Path(__file__).with_name("data_helpers.py"), str(tmp_path), str(step), str(gbs),
+    torchrun(REPO / "tests" / "helpers" / "data.py", str(tmp_path), str(step), str(gbs),
              str(mbs), str(SEQ), *shards, nproc=2, timeout=180)
     gathered = json.loads((tmp_path / "stream.json").read_text())
     for dataset_type in ("gpt", "document_windows"):

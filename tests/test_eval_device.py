@@ -11,7 +11,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
 from megatron_fixedcode.eval import perplexity
-from tests.export_helpers import random_checkpoint
+from tests.helpers.export import random_checkpoint
 from tests.helpers import ASSETS, SMOLLM2_TOKENIZER
 from tests.helpers import REPO
 

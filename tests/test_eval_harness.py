@@ -4,7 +4,7 @@ import json
 
 import pytest
 
-from tests.export_helpers import random_checkpoint
+from tests.helpers.export import random_checkpoint
 from tests.helpers import SMOLLM2_TOKENIZER
 
 pytest.importorskip("lm_eval")

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from megatron_fixedcode.eval.perplexity import document_nll, windows
-from tests.data_helpers import write_indexed_dataset
-from tests.export_helpers import random_checkpoint
+from tests.helpers.data import write_indexed_dataset
+from tests.helpers.export import random_checkpoint
 from tests.helpers import ASSETS, SMOLLM2_TOKENIZER
 from tests.helpers import REPO
 

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from megatron_fixedcode.export import convert_checkpoint_to_hf, load_megatron_checkpoint, megatron_logits
-from tests.export_helpers import hf_greedy, hf_logits, megatron_greedy
-from tests.pretrain_helpers import data_args, pretrain, write_corpus
+from tests.helpers.export import hf_greedy, hf_logits, megatron_greedy
+from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

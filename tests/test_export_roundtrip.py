@@ -11,8 +11,9 @@ from megatron_fixedcode.export import (
     load_megatron_checkpoint,
     megatron_logits,
 )
-from tests.export_helpers import hf_logits, random_checkpoint
+from tests.helpers.export import hf_logits, random_checkpoint
 from tests.helpers import SMOLLM2_TOKENIZER
+from tests.helpers.errors import one_line_error
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
@@ -110,14 +111,6 @@ def _edit_config(hf_dir, **changes):
     (hf_dir / "config.json").write_text(json.dumps(config))
 
 
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, err
-    return err
-
-
 @pytest.mark.parametrize("damage, needles", [
     # config.json says 1 layer, the safetensors hold 2: layer 1 was dropped silently (rc 0)
     (lambda d: _edit_config(d, num_hidden_layers=1),
@@ -141,7 +134,7 @@ def test_import_refuses_weights_that_do_not_fit_the_config_in_one_line(tmp_path,
     hf_dir = convert_checkpoint_to_hf(random_checkpoint(tmp_path / "src"), tmp_path / "hf")
     damage(hf_dir)
     assert main(["--hf-dir", str(hf_dir), "--save", str(tmp_path / "back"), "--make-vocab-size-divisible-by", "8"]) == 2
-    _one_line_error(capsys, str(hf_dir), *needles)
+    one_line_error(capsys, str(hf_dir), *needles)
     assert not (tmp_path / "back").exists()
 
 
@@ -182,18 +175,18 @@ def test_a_killed_export_leaves_nothing_that_looks_complete_and_is_refused(tmp_p
     text = tmp_path / "doc.txt"
     text.write_text("some text " * 20)
     assert evaluate(["--hf-model", str(out), "--text-files", str(text)]) == 2
-    _one_line_error(capsys, f"{out}: no such directory", f"{partial} is an export that did not finish")
+    one_line_error(capsys, f"{out}: no such directory", f"{partial} is an export that did not finish")
     assert evaluate(["--hf-model", str(partial), "--text-files", str(text)]) == 2
-    _one_line_error(capsys, f"{partial}: an incomplete export")
+    one_line_error(capsys, f"{partial}: an incomplete export")
     assert import_main(["--hf-dir", str(partial), "--save", str(tmp_path / "back")]) == 2
-    _one_line_error(capsys, "an incomplete export")
+    one_line_error(capsys, "an incomplete export")
     # what the old writer left in place: the weights and a 0-byte config.json under the final name
     old = tmp_path / "old_partial"
     old.mkdir()
     os.replace(partial / "model.safetensors", old / "model.safetensors")
     (old / "config.json").write_text("")
     assert evaluate(["--hf-model", str(old), "--text-files", str(text)]) == 2
-    _one_line_error(capsys, f"{old / 'config.json'}: empty")
+    one_line_error(capsys, f"{old / 'config.json'}: empty")
     # the next export replaces the leftover and leaves only the complete directory
     assert convert_checkpoint_to_hf(src, out) == out
     assert not partial.exists() and not (out / hf_io.INCOMPLETE_MARKER).exists()

@@ -8,7 +8,7 @@ import torch
 
 from megatron_fixedcode.data import DataConfig, build_datasets, locate_gpt_sample, parse_blend
 from megatron_fixedcode.data.sampler import count_prediction_targets, fetch_microbatch
-from tests.data_helpers import (
+from tests.helpers.data import (
     StubTokenizer,
     single_process_group,
     tagged_documents,

@@ -22,7 +22,7 @@ import torch
 from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.compat.autocast import forward_autocast
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
-from tests.test_te_parity import copy_local_into_te
+from tests.helpers.te import copy_local_into_te
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,

@@ -12,7 +12,7 @@ import torch
 
 from megatron_fixedcode.data import DataConfig, build_datasets, global_batch_indices
 from megatron_fixedcode.data.inspect import describe_samples, format_record
-from tests.data_helpers import single_process_group, tagged_documents, write_indexed_dataset
+from tests.helpers.data import single_process_group, tagged_documents, write_indexed_dataset
 from tests.helpers import REPO
 from tests.helpers import SMOLLM2_TOKENIZER as SMOLLM2
 

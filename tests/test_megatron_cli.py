@@ -17,7 +17,7 @@ import torch
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training.arguments import build_parser, parse_pretrain_args, train_paths, valid_paths
 from tests.helpers import REPO
-from tests.pretrain_helpers import TINY, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import TINY, pretrain, read_metrics, write_corpus
 
 # The flag lists of Megatron-LM's examples at core_v0.16.1, copied as data; sizes shrunk (marked "shrunk").
 # examples/llama/train_llama3_8b_h100_fp8.sh, the real-data configuration:
@@ -111,7 +111,7 @@ def corpus(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def gpt2_corpus(tmp_path_factory) -> dict:
-    """GPT-2 BPE files (tests/helpers.py) and a book of tests/assets indexed with them by
+    """GPT-2 BPE files (tests/helpers/__init__.py) and a book of tests/assets indexed with them by
     preprocess_data in Megatron-LM's spelling, one paragraph a document."""
     from megatron_fixedcode.cli.preprocess_data import main as preprocess_data
     from tests.helpers import ASSETS, write_gpt2_bpe_files
@@ -277,7 +277,7 @@ def test_megatron_defaults(capsys):
 def test_defaults_and_flag_spellings_match_megatron():
     """Every default shared with Megatron-LM's parser is its default (read from that parser by
     tools/dev/megatron_reference.py), but for test_megatron_reference.DIFFERENT."""
-    from tests.test_megatron_reference import DIFFERENT, REFERENCE
+    from tests.helpers.megatron_reference import DIFFERENT, REFERENCE
 
     p = build_parser()
     defaults = {}
@@ -577,7 +577,7 @@ def test_mock_data_trains_on_megatrons_mock_dataset_and_resumes_exactly(tmp_path
 
     from megatron_fixedcode.data.build import build_datasets
     from megatron_fixedcode.data.config import DataConfig
-    from tests.test_pretrain import assert_same_steps
+    from tests.helpers.pretrain import assert_same_steps
 
     mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "6", "--eval-interval", "3",
             "--eval-iters", "1"]
@@ -606,7 +606,7 @@ def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_p
     own peak and floor; a stop and resume continues both exactly; a resume that adds or drops the group is refused
     in one line; at --decoupled-lr 0 the output layer keeps its initial weights while the blocks train."""
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
-    from tests.test_pretrain import assert_same_steps
+    from tests.helpers.pretrain import assert_same_steps
 
     mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "4"]  # warmup 2, cosine to step 4
     decoupled = [*mock, "--decoupled-lr", "1e-2", "--decoupled-min-lr", "1e-3"]

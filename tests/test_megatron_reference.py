@@ -13,22 +13,13 @@ import pytest
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training.megatron_args import out_of_scope
 from megatron_fixedcode.training.megatron_inert import refused_value
-from tests.helpers import REPO
+from tests.helpers.megatron_reference import DIFFERENT, REFERENCE
 
-REFERENCE = json.loads((REPO / "tests" / "assets" / "megatron_reference.json").read_text())
 # Lists Megatron-LM's own parser refuses (e.g. --save-retain-interval not a multiple of --save-interval).
 MEGATRON_REFUSES = {c["name"] for c in REFERENCE["cases"] if "__error__" in c["megatron"]}
 # Lists Megatron-LM's parser accepts and this one refuses at parse time (Megatron-LM fails later, building the model).
 REFUSED_HERE = {"gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split":
                 "--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"}  # once the uneven-split flags go
-
-# The one place a resolved value deliberately differs from Megatron-LM's: dest -> why (docs/training.md's table).
-DIFFERENT = {
-    "micro_batch_size": "default 1 here, None (required) in Megatron-LM: usable without the flag",
-    "tokenizer_type": "default HuggingFaceTokenizer here, None in Megatron-LM: usable without the flag",
-    "dist_ckpt_optim_fully_reshardable": "on by default here: a resume on any layout keeps Adam's state",
-}
-
 
 def _megatron(case: dict) -> dict:
     values = {**REFERENCE["megatron_defaults"], **case["megatron"]}

@@ -7,19 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from tests.data_helpers import write_indexed_dataset
-from tests.export_helpers import random_checkpoint
-from tests.pretrain_helpers import data_args, pretrain, write_corpus
+from tests.helpers.data import write_indexed_dataset
+from tests.helpers.errors import one_line_error, refused
+from tests.helpers.export import random_checkpoint
+from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 POISONED = "decoder.layers.1.mlp.linear_fc1.weight"
-
-
-def _one_line_error(capsys, *needles) -> str:
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: ") and "\n" not in err and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in err, err
-    return err
 
 
 def _checkpoint_with(root: Path, value: float, **fields) -> Path:
@@ -44,7 +37,7 @@ def test_hf_import_refuses_a_nan_tensor_naming_it(tmp_path, capsys):
     weights["model.layers.0.self_attn.o_proj.weight"][0, 0] = float("nan")
     save_file(weights, hf_dir / "model.safetensors", metadata={"format": "pt"})
     assert main(["--hf-dir", str(hf_dir), "--save", str(tmp_path / "back"), "--make-vocab-size-divisible-by", "8"]) == 2
-    _one_line_error(capsys, str(hf_dir), "model.layers.0.self_attn.o_proj.weight", "not finite", "1 of 4096")
+    one_line_error(capsys, str(hf_dir), "model.layers.0.self_attn.o_proj.weight", "not finite", "1 of 4096")
     assert not (tmp_path / "back").exists()
 
 
@@ -55,9 +48,9 @@ def test_evaluate_and_export_refuse_a_checkpoint_with_nan_weights(tmp_path, caps
     ckpt = _checkpoint_with(tmp_path / "nan", float("nan"))
     data = write_indexed_dataset(tmp_path / "docs", [np.arange(1, 40)], dtype=np.uint16)
     assert evaluate(["--load", str(ckpt), "--data-path", data, "--json"]) == 2
-    _one_line_error(capsys, f"--load {ckpt}", POISONED, "not finite")
+    one_line_error(capsys, f"--load {ckpt}", POISONED, "not finite")
     assert export_main(["--load", str(ckpt), "--output", str(tmp_path / "hf")]) == 2
-    _one_line_error(capsys, POISONED, "not finite")
+    one_line_error(capsys, POISONED, "not finite")
     assert not (tmp_path / "hf").exists()
 
 
@@ -66,7 +59,7 @@ def test_export_refuses_weights_that_overflow_its_dtype(tmp_path, capsys):
 
     ckpt = _checkpoint_with(tmp_path / "big", 1e6)  # finite in FP32, +inf in float16
     assert export_main(["--load", str(ckpt), "--output", str(tmp_path / "hf"), "--dtype", "float16"]) == 2
-    _one_line_error(capsys, "--dtype float16", "not finite")
+    one_line_error(capsys, "--dtype float16", "not finite")
     assert not (tmp_path / "hf").exists()
 
 
@@ -84,11 +77,7 @@ def test_finetune_from_a_checkpoint_with_nan_weights_is_refused_naming_the_tenso
     corpus = write_corpus(tmp_path / "data")
     proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
                     *data_args(corpus, "document_windows"), check=False)
-    out = proc.stdout + proc.stderr
-    assert proc.returncode == 2, out[-3000:]
-    assert "Traceback" not in out, out[-3000:]
-    errors = [line for line in out.splitlines() if " ERROR " in line]
-    assert len(errors) == 1 and POISONED in errors[0] and "not finite" in errors[0], errors
+    refused(proc, POISONED, "not finite")
     assert not list((tmp_path / "ft").glob("iter_*"))
 
 

@@ -12,6 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers.study import study_record as _record
+from tests.helpers.study import study_result as _result
+
 REPO = Path(__file__).resolve().parents[1]
 SCRIPT = REPO / "examples" / "paper2_study.sh"
 
@@ -83,20 +86,6 @@ def test_a_second_invocation_must_describe_the_same_study(tmp_path):
     check_fixed_options(StudyOptions(study_dir=str(tmp_path), mfc_root=str(REPO), train_time="01:00:00"))
     with pytest.raises(ValueError, match=r"planned with eval_tasks='paper', not 'local'"):
         check_fixed_options(StudyOptions(study_dir=str(tmp_path), mfc_root=str(REPO), eval_tasks="local"))
-
-
-def _record(variant, **over):
-    rec = {"variant": variant, "recipe": "r.yaml", "input_embedding": variant, "step": 4, "planned_steps": 4,
-           "tokens": 2048, "config_hash": "c" * 64, "data_manifest_fingerprint": "d" * 64,
-           "tokenizer_fingerprint": "t" * 16, "eval_protocol_hash": "e" * 64}
-    return {**rec, **over}
-
-
-def _result(acc, sha="a" * 64, truncated=0):
-    return {"results": {"piqa_local@0shot": {"acc": acc, "acc_stderr": 0.1, "acc_norm": acc + 0.01,
-                                             "acc_norm_stderr": 0.11, "sample_len": 4},
-                        "lambada_local@0shot": {"perplexity": 900.0, "perplexity_stderr": 50.0, "acc": 0.0}},
-            "requests": {"piqa_local@0shot": {"requests": 8, "sha256": sha, "truncated": truncated, "max_length": 64}}}
 
 
 @pytest.mark.parametrize("field", ["tokenizer_fingerprint", "data_manifest_fingerprint", "eval_protocol_hash"])

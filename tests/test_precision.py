@@ -14,7 +14,7 @@ from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training.forward_backward import gpt_forward_step
-from tests.pretrain_helpers import TINY, data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import TINY, data_args, pretrain, read_metrics, write_corpus
 
 PAPER2 = "examples/recipes/paper2_1p7b_gf2.yaml"
 

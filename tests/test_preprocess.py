@@ -11,19 +11,14 @@ import time
 import types
 from pathlib import Path
 
-import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-from megatron_fixedcode.data.preprocess import (
-    PreprocessConfig,
-    is_validation_document,
-    output_prefix_for,
-    preprocess,
-)
+from megatron_fixedcode.data.preprocess import is_validation_document, output_prefix_for
 from megatron_fixedcode.data.preprocess.encode import sentence_splitter
 from megatron_fixedcode.tokenizers import build_tokenizer, train_bpe_tokenizer
 from tests.helpers import ASSETS, SMOLLM2
+from tests.helpers.data import index_files, read_documents
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,23 +54,6 @@ def _utf8(raw: bytes) -> bool:
         return False
 
 
-def read_documents(prefix: str) -> list[np.ndarray]:
-    """Each document's tokens (its sequences concatenated), via megatron-core's reader."""
-    dataset = IndexedDataset(prefix)
-    bounds = dataset.document_indices
-    return [
-        np.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]) for d in range(len(bounds) - 1)
-    ]
-
-
-def run(tmp_path, inputs, tokenizer, name="out", tokenizer_type="HuggingFaceTokenizer", **kwargs) -> dict:
-    cfg = PreprocessConfig(
-        input=[str(i) for i in inputs], output_prefix=str(tmp_path / name), tokenizer_type=tokenizer_type,
-        tokenizer_model=str(tokenizer), **{"valid_fraction": 0.0, **kwargs},
-    )
-    return preprocess(cfg)
-
-
 def expected_split(docs, seed, fraction, key="id"):
     return {
         split: [d for d in docs if is_validation_document(d[key].encode(), seed, fraction) == (split == "valid")]
@@ -97,7 +75,7 @@ def check_roundtrip(tmp_path, docs, tok, summary, fraction, append_eod=True):
 def test_roundtrip_smollm2(tmp_path, corpus_sample):
     jsonl, docs = corpus_sample
     model = SMOLLM2
-    summary = run(tmp_path, [jsonl], model, append_eod=True, id_key="id", valid_fraction=0.2)
+    summary = index_files(tmp_path, [jsonl], model, append_eod=True, id_key="id", valid_fraction=0.2)
     assert summary["dtype"] == "uint16"
     check_roundtrip(tmp_path, docs, build_tokenizer("HuggingFaceTokenizer", str(model)), summary, 0.2)
     assert summary["tokenizer"]["vocab_size"] == 49152 and summary["tokenizer"]["fingerprint"]
@@ -107,12 +85,12 @@ def test_roundtrip_smollm2(tmp_path, corpus_sample):
 
 def test_gpt2_bpe_with_megatron_flags(tmp_path, corpus_sample, capsys):
     """Megatron-LM's spelling: --tokenizer-type GPT2BPETokenizer --vocab-file --merge-file; the .bin/.idx
-    hold Megatron-LM's own pure-Python GPT-2 BPE ids (tests/megatron_gpt2_reference.py) + EOD, 2 workers
+    hold Megatron-LM's own pure-Python GPT-2 BPE ids (tests/helpers/megatron_gpt2_reference.py) + EOD, 2 workers
     as 1; --tokenizer-model with them, or a lone --vocab-file, is one line."""
     pytest.importorskip("regex")
     from megatron_fixedcode.cli.preprocess_data import main
     from tests.helpers import write_gpt2_bpe_files
-    from tests.megatron_gpt2_reference import GPT2Tokenizer
+    from tests.helpers.megatron_gpt2_reference import GPT2Tokenizer
 
     jsonl, docs = corpus_sample
     vocab, merges = write_gpt2_bpe_files(tmp_path / "gpt2")
@@ -147,7 +125,7 @@ def test_roundtrip_sentencepiece(tmp_path, corpus_sample):
         byte_fallback=True, minloglevel=2,
     )
     model = tmp_path / "sp.model"
-    summary = run(tmp_path, [jsonl], model, tokenizer_type="SentencePieceTokenizer", id_key="id",
+    summary = index_files(tmp_path, [jsonl], model, tokenizer_type="SentencePieceTokenizer", id_key="id",
                   valid_fraction=0.2, append_eod=False)
     tok = build_tokenizer("SentencePieceTokenizer", str(model))
     check_roundtrip(tmp_path, docs, tok, summary, 0.2, append_eod=False)
@@ -164,7 +142,7 @@ def test_parquet_and_gzip_match_jsonl(tmp_path, small_tokenizer):
     pq.write_table(pa.Table.from_pylist(docs), tmp_path / "a.parquet", row_group_size=64)
     outputs = []
     for name in ("a.jsonl", "a.jsonl.gz", "a.parquet"):
-        run(tmp_path, [tmp_path / name], small_tokenizer, name=name, append_eod=True, chunk_docs=50)
+        index_files(tmp_path, [tmp_path / name], small_tokenizer, name=name, append_eod=True, chunk_docs=50)
         outputs.append(Path(output_prefix_for(str(tmp_path / name), "train", "text") + ".bin").read_bytes())
     assert outputs[0] == outputs[1] == outputs[2]
 
@@ -173,7 +151,7 @@ def test_workers_and_chunking_do_not_change_bytes(tmp_path, corpus_sample):
     jsonl, _ = corpus_sample
     model = SMOLLM2
     for name, workers, chunk_docs in (("w1", 1, 16), ("w2", 2, 16), ("w2b", 2, 5)):
-        run(tmp_path, [jsonl], model, name=name, workers=workers, chunk_docs=chunk_docs,
+        index_files(tmp_path, [jsonl], model, name=name, workers=workers, chunk_docs=chunk_docs,
             append_eod=True, valid_fraction=0.1)
     for split in ("train", "valid"):
         for suffix in (".bin", ".idx"):
@@ -189,7 +167,7 @@ def test_split_is_document_level_and_within_bounds(tmp_path, small_tokenizer):
     tok = build_tokenizer("HuggingFaceTokenizer", small_tokenizer)
     ids = {}
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
-        run(tmp_path, [path], small_tokenizer, name=name, valid_fraction=fraction, split_seed=seed, id_key="id")
+        index_files(tmp_path, [path], small_tokenizer, name=name, valid_fraction=fraction, split_seed=seed, id_key="id")
         ids[name] = {
             split: [tok.detokenize(d.tolist()) for d in read_documents(output_prefix_for(str(tmp_path / name), split, "text"))]
             for split in ("train", "valid")
@@ -207,11 +185,11 @@ def test_split_is_document_level_and_within_bounds(tmp_path, small_tokenizer):
 def test_no_id_key_hashes_text_and_zero_fraction_writes_train_only(tmp_path, small_tokenizer):
     path = tmp_path / "dup.jsonl"
     path.write_text("".join(json.dumps({"text": f"t{i % 50}"}) + "\n" for i in range(500)))
-    summary = run(tmp_path, [path], small_tokenizer, valid_fraction=0.3)
+    summary = index_files(tmp_path, [path], small_tokenizer, valid_fraction=0.3)
     valid = {tuple(d) for d in read_documents(output_prefix_for(str(tmp_path / "out"), "valid", "text"))}
     train = {tuple(d) for d in read_documents(output_prefix_for(str(tmp_path / "out"), "train", "text"))}
     assert not train & valid and summary["documents"]["valid"] > 0  # equal texts share a split
-    summary = run(tmp_path, [path], small_tokenizer, name="only", valid_fraction=0.0)
+    summary = index_files(tmp_path, [path], small_tokenizer, name="only", valid_fraction=0.0)
     assert list(summary["documents"]) == ["train"]
     assert not list(tmp_path.glob("only_valid*"))
 
@@ -225,7 +203,7 @@ def test_dtype_choice(tmp_path):
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.save(str(tmp_path / f"{name}.json"))
         (tmp_path / f"{name}.jsonl").write_text(json.dumps({"text": f"w{size - 1} w1 w{size // 2}"}) + "\n")
-        summary = run(tmp_path, [tmp_path / f"{name}.jsonl"], tmp_path / f"{name}.json", name=name, append_eod=True)
+        summary = index_files(tmp_path, [tmp_path / f"{name}.jsonl"], tmp_path / f"{name}.json", name=name, append_eod=True)
         assert summary["dtype"] == {"small": "uint16", "large": "int32"}[name]
         (doc,) = read_documents(output_prefix_for(str(tmp_path / name), "train", "text"))
         assert doc.tolist() == [size - 1, 1, size // 2, 0]
@@ -234,7 +212,7 @@ def test_dtype_choice(tmp_path):
 def test_split_sentences(tmp_path, small_tokenizer):
     text = "First sentence here. Second one follows! Third one, at last?"
     (tmp_path / "s.jsonl").write_text(json.dumps({"text": text}) + "\n")
-    run(tmp_path, [tmp_path / "s.jsonl"], small_tokenizer, split_sentences=True, append_eod=True)
+    index_files(tmp_path, [tmp_path / "s.jsonl"], small_tokenizer, split_sentences=True, append_eod=True)
     dataset = IndexedDataset(output_prefix_for(str(tmp_path / "out"), "train", "text"))
     sentences = sentence_splitter()[0].tokenize(text)
     tok = build_tokenizer("HuggingFaceTokenizer", small_tokenizer)
@@ -276,8 +254,8 @@ def test_bad_input_names_file_and_line(tmp_path, small_tokenizer, case):
     good = tmp_path / "good.jsonl"
     good.write_text('{"text": "fine"}\n')
     with pytest.raises(ValueError, match=pattern):
-        run(tmp_path, [good, tmp_path / name], small_tokenizer)
-    summary = run(tmp_path, [good, tmp_path / name], small_tokenizer, skip_bad_documents=True)
+        index_files(tmp_path, [good, tmp_path / name], small_tokenizer)
+    summary = index_files(tmp_path, [good, tmp_path / name], small_tokenizer, skip_bad_documents=True)
     assert summary["skipped"]["count"] >= 1
     assert re.search(pattern, f"{summary['skipped']['listed'][0]['where']}: {summary['skipped']['listed'][0]['reason']}")
     assert summary["documents"]["train"] >= 1
@@ -286,7 +264,7 @@ def test_bad_input_names_file_and_line(tmp_path, small_tokenizer, case):
 def test_empty_documents_are_counted_and_progress_is_logged(tmp_path, small_tokenizer, caplog):
     (tmp_path / "e.jsonl").write_text('{"text": "a"}\n{"text": ""}\n\n{"text": "b"}\n')
     with caplog.at_level("INFO", logger="megatron_fixedcode.data.preprocess"):
-        summary = run(tmp_path, [tmp_path / "e.jsonl"], small_tokenizer, append_eod=True)
+        summary = index_files(tmp_path, [tmp_path / "e.jsonl"], small_tokenizer, append_eod=True)
     assert summary["empty_documents"] == 1 and summary["documents"]["train"] == 2
     assert re.search(r"docs/s, .* tokens/s, .* MB/s \| 100\.0% of input, ETA", caplog.text)
 
@@ -294,13 +272,13 @@ def test_empty_documents_are_counted_and_progress_is_logged(tmp_path, small_toke
 def test_failure_keeps_previous_output(tmp_path, small_tokenizer):
     good = tmp_path / "good.jsonl"
     good.write_text("".join(json.dumps({"text": f"t{i}"}) + "\n" for i in range(1000)))
-    run(tmp_path, [good], small_tokenizer)
+    index_files(tmp_path, [good], small_tokenizer)
     prefix = output_prefix_for(str(tmp_path / "out"), "train", "text")
     before = {s: Path(prefix + s).read_bytes() for s in (".bin", ".idx")}
     late_bad = tmp_path / "late_bad.jsonl"
     late_bad.write_text(good.read_text() * 3 + "{not json\n")
     with pytest.raises(ValueError, match=r"late_bad\.jsonl:3001"):
-        run(tmp_path, [late_bad], small_tokenizer, chunk_docs=100)
+        index_files(tmp_path, [late_bad], small_tokenizer, chunk_docs=100)
     assert {s: Path(prefix + s).read_bytes() for s in (".bin", ".idx")} == before
     assert not list(tmp_path.glob("*.tmp"))
 
@@ -317,7 +295,7 @@ def test_cli_error_and_killed_run(tmp_path, small_tokenizer):
            "--tokenizer-model", small_tokenizer, "--output-prefix", str(tmp_path / "out"), "--valid-fraction", "0"]
     err = subprocess.run(cli + ["--input", str(bad)], capture_output=True, text=True, cwd=REPO)
     assert err.returncode == 2 and "bad.jsonl:2: malformed JSON" in err.stderr and "Traceback" not in err.stderr
-    run(tmp_path, [small], small_tokenizer)
+    index_files(tmp_path, [small], small_tokenizer)
     prefix = output_prefix_for(str(tmp_path / "out"), "train", "text")
     before = {s: Path(prefix + s).read_bytes() for s in (".bin", ".idx")}
     proc = subprocess.Popen(cli + ["--input", str(big), "--chunk-docs", "200"], cwd=REPO,

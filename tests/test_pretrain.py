@@ -10,7 +10,7 @@ import pytest
 
 from megatron_fixedcode.training.checkpointing import latest_step
 from tests.helpers import REPO
-from tests.pretrain_helpers import TINY, data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.pretrain import TINY, assert_same_steps, data_args, pretrain, read_metrics, write_corpus
 
 pytestmark = pytest.mark.slow
 VARIANTS = ("learned", "binary", "gf2")
@@ -27,15 +27,6 @@ def _is_complete_checkpoint(path) -> bool:
     from megatron.core import dist_checkpointing
 
     return dist_checkpointing.check_is_distributed_checkpoint(str(path)) and (path / ".metadata").exists()
-
-
-def assert_same_steps(straight: list[dict], resumed: list[dict]) -> None:
-    by_step = {r["step"]: r for r in straight}
-    assert resumed, "the resumed run logged no step"
-    for b in resumed:
-        a = by_step[b["step"]]
-        assert (a["loss"], a["grad_norm"], a["lr"], a["tokens"], a.get("val_loss")) == \
-               (b["loss"], b["grad_norm"], b["lr"], b["tokens"], b.get("val_loss")), b["step"]
 
 
 @pytest.mark.parametrize("dataset_type", ["document_windows", "gpt"])

@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import yaml
 
-from tests.data_helpers import write_indexed_dataset
+from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO, SMOLLM2
-from tests.pretrain_helpers import read_metrics
+from tests.helpers.pretrain import read_metrics
 
 pytestmark = pytest.mark.slow
 

@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.data_helpers import write_indexed_dataset
+from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO, SMOLLM2
-from tests.pretrain_helpers import TINY, write_corpus
+from tests.helpers.pretrain import TINY, write_corpus
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:

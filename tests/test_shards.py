@@ -12,7 +12,7 @@ import pytest
 from megatron_fixedcode.data.preprocess import is_validation_document, output_prefix_for
 from megatron_fixedcode.tokenizers import build_tokenizer, train_bpe_tokenizer
 from tests.helpers import ASSETS, SMOLLM2
-from tests.test_preprocess import read_documents, run
+from tests.helpers.data import index_files, read_documents
 
 
 @pytest.fixture(scope="module")
@@ -36,7 +36,7 @@ def test_split_key_is_id_where_present_else_text_per_document(tmp_path, small_to
         records.append(record)
     path = tmp_path / "mixed.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
-    summary = run(tmp_path, [path], small_tokenizer, valid_fraction=fraction, split_seed=seed, id_key="id")
+    summary = index_files(tmp_path, [path], small_tokenizer, valid_fraction=fraction, split_seed=seed, id_key="id")
     assert summary["split_keys"] == {"id": 1000, "text": 2000}
 
     def key(r):
@@ -50,7 +50,7 @@ def test_split_key_is_id_where_present_else_text_per_document(tmp_path, small_to
     by_text = [r["text"] for r in records if is_validation_document(r["text"].encode(), seed, fraction)]
     assert got_valid != by_text
     assert summary["documents"]["valid"] + summary["documents"]["train"] == 3000
-    no_id = run(tmp_path, [path], small_tokenizer, name="noid", valid_fraction=fraction, split_seed=seed)
+    no_id = index_files(tmp_path, [path], small_tokenizer, name="noid", valid_fraction=fraction, split_seed=seed)
     assert no_id["split_keys"] == {"id": 0, "text": 3000}
 
 
@@ -72,7 +72,7 @@ def indexed(tmp_path, small_tokenizer):
                             + "\n" for i in range(400)))
     out = tmp_path / "idx"
     out.mkdir()
-    summary = run(out, [path], small_tokenizer, name="shard", valid_fraction=0.2, append_eod=True)
+    summary = index_files(out, [path], small_tokenizer, name="shard", valid_fraction=0.2, append_eod=True)
     return out, summary
 
 
@@ -209,7 +209,7 @@ def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
     ("no .bin/.idx pairs matching '*'", naming a flag it lacks). The prefix, its .idx, its
     directory and a merge of it verify; a path holding no dataset names no flag."""
     from megatron_fixedcode.data.preprocess import merge_datasets
-    from tests.pretrain_helpers import pretrain
+    from tests.helpers.pretrain import pretrain
 
     out, _ = indexed
     train = output_prefix_for(str(out / "shard"), "train", "text")
@@ -294,7 +294,7 @@ def test_shard_tasks_match_one_process_per_shard_and_resume(tmp_path, small_toke
     # byte-identical to preprocess_data's library path, one process per shard
     (tmp_path / "ref").mkdir()
     for path in inputs:
-        run(tmp_path / "ref", [path], small_tokenizer, name=shards.shard_name(path), append_eod=True, id_key="id",
+        index_files(tmp_path / "ref", [path], small_tokenizer, name=shards.shard_name(path), append_eod=True, id_key="id",
             valid_fraction=0.1)
     got, want = _output_bytes(tmp_path / "out"), _output_bytes(tmp_path / "ref")
     assert len(got) == 5 * 2 * 2 and got == want
@@ -431,7 +431,7 @@ def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tok
     """DATA_MANIFEST (paper 2) and two manifests weighted 0.8 / 0.2 (paper 1, replacing the
     recipe's blend) reach the trainer as one flag each; the resolved config holds the shards."""
     from megatron_fixedcode.data import shards
-    from tests.test_launchers import launcher_env, run_dry
+    from tests.helpers.launchers import launcher_env, run_dry
 
     manifests = []
     for corpus in ("fwe", "cosmo"):

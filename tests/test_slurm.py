@@ -18,11 +18,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from tests.data_helpers import write_indexed_dataset
+from tests.helpers.data import write_indexed_dataset
 from tests.helpers import ASSETS, SMOLLM2
+from tests.helpers.slurm import IN_FLIGHT, ROOT, job_info, sacct, wait_done, wait_until
 
-ROOT = Path(__file__).resolve().parents[1]
-LOCAL = ROOT / "scripts" / "slurm_local.sh"
 LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
 TOKENIZER = SMOLLM2
 # trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
@@ -33,21 +32,8 @@ SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "
           "--lr-decay-iters", "1000", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"]
 # one node, one CPU "GPU" rank, few CPUs: the #SBATCH header's 2 x 8 GPUs, 64 CPUs, exclusive, overridden
 SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
-IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
 
 pytestmark = pytest.mark.slow
-
-
-@pytest.fixture(scope="session")
-def slurm():
-    if subprocess.run(["bash", str(LOCAL), "status"], capture_output=True, timeout=120).returncode == 0:
-        return
-    required = os.environ.get("CI") == "true" or os.environ.get("MFC_SLURM") == "1"
-    if not required:
-        pytest.skip("no local Slurm cluster: run `bash scripts/slurm_local.sh start` (root) or set MFC_SLURM=1")
-    res = subprocess.run(["bash", str(LOCAL), "start"], capture_output=True, text=True, timeout=900)
-    if res.returncode != 0:
-        pytest.fail(f"scripts/slurm_local.sh start failed: {res.stderr.strip()[-2000:]}")
 
 
 @pytest.fixture(scope="module")
@@ -82,35 +68,6 @@ def sbatch(run: Path, env: dict, *flags: str, sbatch_opts=SMALL, script=LAUNCHER
                          env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert res.returncode == 0, res.stderr
     return res.stdout.strip().split(";")[0]
-
-
-def job_info(job: str) -> dict:
-    out = subprocess.run(["scontrol", "show", "job", "-o", job], capture_output=True, text=True).stdout
-    return dict(re.findall(r"(\w+)=(\S*)", out))
-
-
-def sacct(job: str) -> tuple[str, str]:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode"], capture_output=True,
-                         text=True).stdout.split()
-    return tuple(out[0].split("|")) if out else ("", "")
-
-
-def wait_until(predicate, timeout: float, what: str, run: Path | None = None):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(0.3)
-    logs = "".join(p.read_text()[-3000:] for p in run.glob("slurm-*.out")) if run else ""
-    pytest.fail(f"timed out waiting for {what}\n{logs}")
-
-
-def wait_done(job: str, run: Path, timeout: float = 400) -> dict:
-    def done():
-        info = job_info(job)
-        return info if info.get("JobState") and info["JobState"] not in IN_FLIGHT else None
-    return wait_until(done, timeout, f"job {job} to end", run)
 
 
 def steps(run: Path) -> list[dict]:
@@ -260,7 +217,8 @@ def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm,
     fails (runs that differ in their tokenizer); after the fix the next re-run resubmits it alone; then done."""
     from megatron_fixedcode.study.layout import StudyLayout
     from megatron_fixedcode.study.record import write_json_atomic
-    from tests.test_paper2_study import _record, _result
+    from tests.helpers.study import study_record as _record
+    from tests.helpers.study import study_result as _result
 
     layout = StudyLayout(tmp_path / "study")
     for v in ("learned", "binary", "gf2"):

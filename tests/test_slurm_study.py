@@ -1,5 +1,5 @@
 """Paper 2's whole study graph under the real local Slurm cluster (scripts/slurm_local.sh; fixture and
-helpers in tests/test_slurm.py): examples/paper2_study.sh with the tiny CPU recipe, four shards cut from
+helpers in tests/helpers/slurm.py): examples/paper2_study.sh with the tiny CPU recipe, four shards cut from
 the Gutenberg books of tests/assets, the local evaluation tasks and one CPU rank per training, through
 index array -> manifest -> train-<v> -> export-<v> -> eval-<v> -> report for learned and binary.
 Own module, so pytest-xdist (--dist loadfile) runs it beside tests/test_slurm.py."""
@@ -16,7 +16,8 @@ from pathlib import Path
 import pytest
 
 from tests.helpers import ASSETS
-from tests.test_slurm import ROOT, TOKENIZER, job_info, sacct, slurm, wait_done, wait_until  # noqa: F401
+from tests.helpers import SMOLLM2 as TOKENIZER
+from tests.helpers.slurm import ROOT, job_info, sacct, wait_done, wait_until
 
 pytestmark = pytest.mark.slow
 NAMES = ["index", "manifest", "train-learned", "export-learned", "eval-learned", "train-binary", "export-binary",

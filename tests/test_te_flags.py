@@ -17,7 +17,7 @@ from megatron_fixedcode.models import builder
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training import gpu_features
 from megatron_fixedcode.training.arguments import parse_pretrain_args
-from tests.pretrain_helpers import TINY
+from tests.helpers.pretrain import TINY
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 NO_DATA = ["--data-path", "/nonexistent/prefix", "--train-iters", "1"]
@@ -253,7 +253,7 @@ def _fp8_or_skip(recipe: str) -> None:
 @needs_te
 @pytest.mark.parametrize("recipe", ["delayed", "tensorwise"])
 def test_one_fp8_training_step_with_the_real_trainer(tmp_path, recipe):
-    from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+    from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
     _fp8_or_skip(recipe)
     corpus = write_corpus(tmp_path)
@@ -267,7 +267,7 @@ def test_one_fp8_training_step_with_the_real_trainer(tmp_path, recipe):
 @pytest.mark.gpu
 def test_overlap_flags_train_like_the_plain_run(tmp_path):
     """DP=1, so the overlapped reduction/gather must give the plain run's losses (bit-identical)."""
-    from tests.pretrain_helpers import data_args, pretrain, read_metrics, write_corpus
+    from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
     corpus = write_corpus(tmp_path)
     common = [*data_args(corpus, "gpt"), "--train-iters", "3", "--bf16", "--use-distributed-optimizer"]

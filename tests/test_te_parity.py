@@ -18,37 +18,13 @@ import torch
 
 from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
+from tests.helpers.te import copy_local_into_te
 
 pytestmark = [pytest.mark.gpu,
               pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
                                  reason="Transformer Engine is not installed")]
 
 REL_L2, NLL_ATOL, ARGMAX_AGREE = 2e-2, 1e-2, 0.95
-TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-            "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
-            "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-            "pre_mlp_layernorm.bias": "mlp.linear_fc1.layer_norm_bias"}
-
-
-def te_name(local_name: str) -> str:
-    for local, te in TE_NAMES.items():
-        if local_name.endswith(local):
-            return local_name[: -len(local)] + te
-    return local_name
-
-
-def copy_local_into_te(local: torch.nn.Module, te: torch.nn.Module) -> None:
-    """Every TE parameter gets exactly one local tensor (buffers: the fixed code's, identical)."""
-    te_params = dict(te.named_parameters())
-    filled = set()
-    with torch.no_grad():
-        for name, tensor in local.named_parameters():
-            target = te_name(name)
-            assert target in te_params, f"{name} -> {target}: no such TE parameter"
-            assert te_params[target].shape == tensor.shape, (name, te_params[target].shape, tensor.shape)
-            te_params[target].copy_(tensor)
-            filled.add(target)
-    assert filled == set(te_params), f"TE parameters without a local source: {sorted(set(te_params) - filled)}"
 
 
 def model(cfg: ModelConfig, pg):

@@ -166,10 +166,10 @@ def gpt2_files(tmp_path_factory) -> tuple[Path, Path]:
 
 def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files):
     """Megatron-LM's GPT2BPETokenizer from vocab.json + merges.txt: the ids of Megatron-LM's own
-    pure-Python GPT2Tokenizer on the same files (tests/megatron_gpt2_reference.py, an independent
+    pure-Python GPT2Tokenizer on the same files (tests/helpers/megatron_gpt2_reference.py, an independent
     implementation), EOD <|endoftext|>, vocabulary the entries of vocab.json (Megatron-LM's len(encoder))."""
     pytest.importorskip("regex")
-    from tests.megatron_gpt2_reference import GPT2Tokenizer
+    from tests.helpers.megatron_gpt2_reference import GPT2Tokenizer
 
     vocab, merges = gpt2_files
     tok = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(merges))
@@ -196,7 +196,7 @@ def test_gpt2_bpe_reads_merges_as_megatron_and_names_bad_files(gpt2_files, tmp_p
     last (after the final newline): without a header the first merge is not applied. Bad files: one
     line naming the file."""
     pytest.importorskip("regex")
-    from tests.megatron_gpt2_reference import GPT2Tokenizer
+    from tests.helpers.megatron_gpt2_reference import GPT2Tokenizer
 
     vocab, merges = gpt2_files
     lines = merges.read_text(encoding="utf-8").split("\n")

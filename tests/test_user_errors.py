@@ -8,8 +8,9 @@ import sys
 import numpy as np
 
 from megatron_fixedcode.data.verify import Progress
-from tests.data_helpers import write_indexed_dataset
+from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO
+from tests.helpers.errors import refused
 
 
 def _run(*args: str, traceback: bool = False) -> subprocess.CompletedProcess:
@@ -34,11 +35,10 @@ def test_trainer_error_traceback_on_request(tmp_path):
     args = ("-m", "megatron_fixedcode.pretrain", "--config", "examples/recipes/tiny_cpu.yaml", "--vocab-size", "256",
             "--data-path", str(tmp_path / "missing_text_document"), "--train-iters", "1")
     plain = _run(*args)
-    errors = [line for line in plain.stderr.splitlines() if " ERROR " in line]
-    assert plain.returncode == 2 and len(errors) == 1 and "Traceback" not in plain.stderr, plain.stderr
+    line = refused(plain)
     full = _run(*args, traceback=True)
     assert full.returncode == 2 and "Traceback (most recent call last):" in full.stderr, full.stderr
-    assert errors[0].split(" ERROR ", 1)[1] in full.stderr
+    assert line.split(" ERROR ", 1)[1] in full.stderr
 
 
 def test_progress_lines_are_rate_limited():

@@ -6,7 +6,7 @@ its last (empty after the final newline), no special tokens are added (``<|endof
 tokenized as text), EOD is the id of ``<|endoftext|>`` and the vocabulary size is the number of
 entries of ``vocab.json``. Encoding runs in HF ``tokenizers`` (a BPE model with GPT-2's ByteLevel
 pre-tokenizer, no prefix space); tests/test_tokenizers.py checks its ids against Megatron-LM's own
-pure-Python tokenizer (tests/megatron_gpt2_reference.py).
+pure-Python tokenizer (tests/helpers/megatron_gpt2_reference.py).
 """
 
 import hashlib

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 
-from tests.data_helpers import write_indexed_dataset
+from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
@@ -59,3 +59,14 @@ def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300)
 
 def read_metrics(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def assert_same_steps(straight: list[dict], resumed: list[dict]) -> None:
+    """Every step of ``resumed`` logged the loss, gradient norm, LR, tokens and validation loss of the
+    same step of ``straight``, bit for bit."""
+    by_step = {r["step"]: r for r in straight}
+    assert resumed, "the resumed run logged no step"
+    for b in resumed:
+        a = by_step[b["step"]]
+        assert (a["loss"], a["grad_norm"], a["lr"], a["tokens"], a.get("val_loss")) == \
+               (b["loss"], b["grad_norm"], b["lr"], b["tokens"], b.get("val_loss")), b["step"]

@@ -13,7 +13,7 @@ from typing import Iterator
 
 import numpy
 import torch
-from megatron.core.datasets.indexed_dataset import IndexedDatasetBuilder
+from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 
 def write_indexed_dataset(
@@ -73,6 +73,26 @@ def single_process_group(tmp_dir: str | Path) -> Iterator[None]:
         yield
     finally:
         torch.distributed.destroy_process_group()
+
+
+def read_documents(prefix: str) -> list[numpy.ndarray]:
+    """Each document's tokens (its sequences concatenated), via megatron-core's reader."""
+    dataset = IndexedDataset(prefix)
+    bounds = dataset.document_indices
+    return [
+        numpy.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]) for d in range(len(bounds) - 1)
+    ]
+
+
+def index_files(tmp_path, inputs, tokenizer, name="out", tokenizer_type="HuggingFaceTokenizer", **kwargs) -> dict:
+    """``preprocess`` of ``inputs`` to ``tmp_path/name`` (no validation split unless asked); its summary."""
+    from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
+
+    cfg = PreprocessConfig(
+        input=[str(i) for i in inputs], output_prefix=str(tmp_path / name), tokenizer_type=tokenizer_type,
+        tokenizer_model=str(tokenizer), **{"valid_fraction": 0.0, **kwargs},
+    )
+    return preprocess(cfg)
 
 
 def _dp_stream_worker(out_dir: str, step: int, global_batch_size: int, micro_batch_size: int,

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
