@@ -1,4 +1,4 @@
-"""Issue 34 item 6: how closely a BF16 run with the distributed optimizer, stopped on DP 2 and
+"""How closely a BF16 run with the distributed optimizer, stopped on DP 2 and
 resumed on PP 2 or on 1 rank, tracks the uninterrupted DP-2 run. docs/training.md promised grad
 norms within 1e-4; the campaign measured 2.77e-4 (losses bit-identical), and an uninterrupted
 1-rank run differs from DP 2 by 3.1e-4 as well: BF16 gradients summed in another order, not lost

@@ -1,4 +1,4 @@
-"""Nothing lost, nothing silently wrong (issue 15): checkpoint checksums verified on every load,
+"""Nothing lost, nothing silently wrong: checkpoint checksums verified on every load,
 a way forward from a corrupt latest checkpoint, resume identity (tokenizer, shapes, resolved data
 paths, LR schedule), fresh-start vs missing --load, parse-time validation, non-finite stop."""
 import json
@@ -49,7 +49,7 @@ def _common(corpus, *extra):
     return [*data_args(corpus, "document_windows"), *extra]
 
 
-# --- item 4: --load X --save X starts fresh with one log line; a --load holding nothing is an error
+# --- --load X --save X starts fresh with one log line; a --load holding nothing is an error
 
 def test_load_equal_to_save_with_nothing_there_starts_fresh_and_says_so(trained):
     assert trained["log"].count("starting fresh") == 1, trained["log"][-3000:]
@@ -63,7 +63,7 @@ def test_load_that_holds_no_checkpoint_is_an_error(tmp_path, corpus):
     assert not (tmp_path / "out").exists()
 
 
-# --- item 2: checksums recorded at save, verified on every load; item 9: the way forward
+# --- checksums recorded at save, verified on every load; the way forward
 
 def test_checksums_cover_every_file_of_a_checkpoint(trained):
     target = checkpointing.checkpoint_dir(trained["ckpt"], 2)
@@ -123,7 +123,7 @@ def _copy(trained, tmp_path):
 
 
 def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, corpus, tmp_path):
-    """Issue 25 item 4: deleting checksums.json no longer loads changed bytes under the false
+    """Deleting checksums.json no longer loads changed bytes under the false
     reason 'saved before checksums were recorded' — the checkpoint's metadata says it had them."""
     from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
 
@@ -153,7 +153,7 @@ def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
     assert checkpointing.verified_step(ckpt, 2, verify=False) == 2
 
 
-# --- item 11 / 3: resume refusals name the field; the tokenizer joins the resume identity
+# --- resume refusals name the field; the tokenizer joins the resume identity
 
 @pytest.mark.parametrize("flag,value,field", [("--hidden-size", "128", "hidden_size"),
                                               ("--vocab-size", "2048", "vocab_size")])
@@ -170,7 +170,7 @@ def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corp
     refused(proc, "tokenizer", other, "--finetune")
 
 
-# --- item 5: LR schedule on resume; item 11: data paths compared resolved
+# --- LR schedule on resume; data paths compared resolved
 
 def test_changed_lr_on_resume_is_refused_naming_the_flag(trained, corpus):
     proc = pretrain("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
@@ -196,7 +196,7 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
     assert latest_step(ckpt) == 3
 
 
-# --- item 2 (second half): a non-finite loss stops training before it is saved
+# --- a non-finite loss stops training before it is saved
 
 def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
@@ -210,7 +210,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
     assert (latest_step(ckpt) or 0) < failed_step, (latest_step(ckpt), failed_step)
 
 
-# --- item 10: parse-time validation
+# --- parse-time validation
 
 def test_parse_time_validation(capsys):
     from megatron_fixedcode.training.arguments import parse_pretrain_args
@@ -225,7 +225,7 @@ def test_parse_time_validation(capsys):
     assert cfg.args.eval_iters == 0
 
 
-# --- item 1 (trainer): one job at a time writes a --save directory
+# --- one job at a time writes a --save directory
 
 def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
     from megatron_fixedcode.locks import lock_save_dir
@@ -237,7 +237,7 @@ def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
     assert latest_step(ckpt) is None and not list(ckpt.glob("iter_*"))
 
 
-# --- item 8: a resume that changes only the data-parallel size keeps Adam and RNG state
+# --- a resume that changes only the data-parallel size keeps Adam and RNG state
 
 # DP2 sums each rank's two micro-batch gradients, then all-reduces the two partial sums; DP1
 # accumulates the four micro-batches in one sum. The float32 summation order differs, so the runs
@@ -272,7 +272,7 @@ def test_resume_on_another_data_parallel_size_keeps_adam_and_rng(tmp_path, corpu
 
 
 def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, tmp_path):
-    """Issue 25 item 3: --finetune --load X --save X overwrote X's iter_2 and moved latest back."""
+    """--finetune --load X --save X used to overwrite X's iter_2 and moved latest back."""
     ckpt, target = _copy(trained, tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
     proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(ckpt),
@@ -286,7 +286,7 @@ def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, 
 
 
 def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpus, tmp_path):
-    """Issue 25 item 9: the marker is read as bytes; non-ASCII is one line naming the file."""
+    """The marker is read as bytes; non-ASCII is one line naming the file."""
     ckpt, _ = _copy(trained, tmp_path)
     marker = ckpt / checkpointing.LATEST_MARKER
     marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
@@ -296,7 +296,7 @@ def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpu
 
 
 def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_path, capsys):
-    """Issue 25 item 2: tools/evaluate.py --load CKPT --tokenizer-model OTHER gave a loss of the
+    """tools/evaluate.py --load CKPT --tokenizer-model OTHER gave a loss of the
     wrong thing with rc 0; --tokenizer-model beside --hf-model was silently ignored."""
     import importlib.util
 
@@ -319,7 +319,7 @@ def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_pat
 
 
 def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monkeypatch):
-    """Issue 25 item 7: a killed export child left a partial hf/iter_N and the trainer exited 0.
+    """A killed export child left a partial hf/iter_N and the trainer exited 0.
     Here every export child is SIGKILLed with everything written, just before it renames
     iter_N.partial to iter_N (a sitecustomize that only the converter's command line triggers):
     the step-1 export failure is logged and training goes on; the final (step 2) one fails the

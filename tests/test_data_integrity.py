@@ -1,4 +1,4 @@
-"""Issue 15, data side: one writer per output (locks), shard/.idx consistency and token-id
+"""Data integrity: one writer per output (locks), shard/.idx consistency and token-id
 checks at start-up, helpers that die with their parent, --save pre-flight checks, and bounded
 memory for huge documents. Each test fails on the code before the fix."""
 
@@ -108,7 +108,7 @@ def _preprocess_argv(corpus: Path, prefix: Path, tokenizer: str) -> list[str]:
 
 
 def test_concurrent_preprocess_on_one_prefix_second_refused_first_complete(tmp_path, small_tokenizer):
-    """Issue 15 item 1: the second writer exits 2 at once naming the holder; the first's outputs
+    """The second writer exits 2 at once naming the holder; the first's outputs
     are complete and load."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
@@ -180,7 +180,7 @@ def _build(tmp_path, prefixes, dataset_type, vocab_size, seq=8, valid=None):
 @pytest.mark.parametrize("dataset_type", ["gpt", "document_windows"])
 @pytest.mark.parametrize("damage", ["bin_short", "bin_long", "idx_truncated", "idx_header"])
 def test_damaged_shard_refused_at_startup_naming_it(tmp_path, dataset_type, damage):
-    """Issue 15 item 6: a .bin 2 bytes short (and other index/data mismatches) is refused when
+    """A .bin 2 bytes short (and other index/data mismatches) is refused when
     the datasets are built, naming the shard, not when the sampler reaches the damage."""
     from tests.helpers.data import random_documents, write_indexed_dataset
 
@@ -325,7 +325,7 @@ def _helper_after_parent_sigkill(tmp_path, make_queue: str) -> bool:
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
-    """Issue 15 item 12: the forked Manager that serves megatron's async-writer results queue
+    """The forked Manager that serves megatron's async-writer results queue
     outlived a SIGKILLed rank; started through compat.process it dies with its parent."""
     assert _helper_after_parent_sigkill(
         tmp_path, "import torch; queue = torch.multiprocessing.get_context('fork').Manager().Queue()")
@@ -410,7 +410,7 @@ def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_trainer_refuses_save_under_a_file_before_step_one(tmp_path):
-    """Issue 15 item 7: a --save under a regular file was found at the first save, after that
+    """A --save under a regular file was found at the first save, after that
     many steps; now before any process group, model or step (exit 2, one line)."""
     from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
@@ -458,7 +458,7 @@ _FULL_DISK_AT_STEP_2 = """
 
 @pytest.mark.slow
 def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_path):
-    """Issue 15 item 7: a full disk at the second save (step 2) gave torch's
+    """A full disk at the second save (step 2) gave torch's
     ``unexpected pos 704 vs 598``; now one line names the file and "no space left on device",
     exit code 2, and ``latest`` still names the verified step-1 checkpoint."""
     from megatron_fixedcode.training import checkpointing
@@ -481,7 +481,7 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
 # --------------------------------------------------------------------------- 13: huge documents
 
 def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokenizer):
-    """Issue 15 item 13: a 50 MB document needed 7 GB to index; records above
+    """A 50 MB document needed 7 GB to index; records above
     --max-document-bytes (default 8 MiB) are refused as FILE:LINE before tokenizing."""
     corpus = tmp_path / "big.jsonl"
     big = "word " * ((8 << 20) // 5 + 10)  # just above 8 MiB
@@ -504,7 +504,7 @@ def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokeni
 
 
 def test_a_prefix_reindexed_with_another_corpus_gets_a_new_sample_index_and_refuses_resume(tmp_path):
-    """Issue 25 item 1: megatron's GPT index cache (beside the data) was keyed by path, seed,
+    """Megatron's GPT index cache (beside the data) was keyed by path, seed,
     length and tokenizer only: a prefix re-indexed with a larger corpus trained on the old sample
     map (step-1 loss 4.5% off), and a resume continued on other data."""
     import numpy as np

@@ -1,4 +1,4 @@
-"""The configuration users run, on CPU + gloo (issue 21): megatron's distributed optimizer, BF16
+"""The configuration users run, on CPU + gloo: megatron's distributed optimizer, BF16
 weights, overlapped gradient reduce / parameter gather, and resume from any layout to any other.
 
 Every trainer here has 4 layers (so PP 2 with two virtual stages fits) and trains 6 steps of a

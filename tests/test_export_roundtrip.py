@@ -127,7 +127,7 @@ def _edit_config(hf_dir, **changes):
      ["model.safetensors", "truncated"]),
 ], ids=["fewer-layers", "missing-tensor", "wrong-shape", "missing-key", "bad-groups", "bad-json", "truncated"])
 def test_import_refuses_weights_that_do_not_fit_the_config_in_one_line(tmp_path, capsys, damage, needles):
-    """Issue 25 item 5: every tensor in the safetensors is used and every tensor the model needs is
+    """Every tensor in the safetensors is used and every tensor the model needs is
     there with its shape, or the import is refused naming them (exit 2, nothing written)."""
     from megatron_fixedcode.cli.convert_hf_to_megatron import main
 
@@ -153,7 +153,7 @@ sys.exit(main(sys.argv[1:]))
 
 
 def test_a_killed_export_leaves_nothing_that_looks_complete_and_is_refused(tmp_path, capsys):
-    """Issue 25 item 7: a converter killed midway left OUT with only model.safetensors (or a 0-byte
+    """A converter killed midway left OUT with only model.safetensors (or a 0-byte
     config.json), unmarked, and evaluate.py --hf-model on it died with a traceback. The export is
     written to OUT.partial (marked incomplete) and renamed to OUT when complete."""
     import os

@@ -1,4 +1,4 @@
-"""Issue 34 item 6: the fused CPU kernel's first build is not interrupted by a signal meant for the
+"""The fused CPU kernel's first build is not interrupted by a signal meant for the
 trainer. torchrun, Slurm and a terminal signal a worker's whole process group; the compiler ran in
 that group and died, so that rank fell back to the torch path while the others compiled on."""
 import os

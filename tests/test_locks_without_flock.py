@@ -69,7 +69,7 @@ def test_with_flock_the_kernel_lock_is_used(tmp_path, caplog):
     lock.release()
 
 
-# --- issue 34 item 3: a take-over rule that cannot block a restart forever ------------------------
+# --- a take-over rule that cannot block a restart forever ------------------------
 
 def _lock_file(tmp_path, content: str, age_s: float = 0.0):
     import os

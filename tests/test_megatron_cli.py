@@ -1,4 +1,4 @@
-"""Issue 31: a Megatron-LM user's command line runs here unchanged — Megatron-LM's flags (core_v0.16.1),
+"""A Megatron-LM user's command line runs here unchanged — Megatron-LM's flags (core_v0.16.1),
 their meanings and defaults, its log line and TensorBoard tags; the refusals are one line each."""
 from __future__ import annotations
 

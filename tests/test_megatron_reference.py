@@ -1,4 +1,4 @@
-"""Issue 31, checked against Megatron-LM's own parser: for every argument list of
+"""Checked against Megatron-LM's own parser: for every argument list of
 tests/assets/megatron_reference.json (Megatron-LM's dense-GPT examples and functional-test lists at
 core_v0.16.1, the two of test_megatron_cli.py, and one per accepted flag family; written by
 tools/dev/megatron_reference.py, which runs Megatron-LM's parse_args + validate_args on them), the

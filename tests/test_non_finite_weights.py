@@ -1,4 +1,4 @@
-"""Issue 34 item 1: a non-finite tensor is refused where it enters — the HF import, a checkpoint
+"""A non-finite tensor is refused where it enters — the HF import, a checkpoint
 load (``--finetune``, ``tools/evaluate.py --load``, the HF converter) and an export — naming the
 tensor in one line, exit code 2; an evaluation never reports a NaN loss with exit code 0."""
 from pathlib import Path
@@ -82,7 +82,7 @@ def test_finetune_from_a_checkpoint_with_nan_weights_is_refused_naming_the_tenso
 
 
 def test_evaluate_refuses_an_empty_text_file_naming_it(tmp_path):
-    """Issue 34 item 6: an empty --text-files file was refused without naming it (or, beside
+    """An empty --text-files file was refused without naming it (or, beside
     others, silently scored nothing)."""
     from megatron_fixedcode.eval.perplexity import text_documents
 

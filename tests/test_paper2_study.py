@@ -1,4 +1,4 @@
-"""The paper-2 study in one command (issue 22): the Slurm job graph of examples/paper2_study.sh
+"""The paper-2 study in one command: the Slurm job graph of examples/paper2_study.sh
 (--dry-run), the study record's refusals and the report. The whole graph under a real Slurm cluster:
 tests/test_slurm_study.py."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The paper recipes run as written (issue 21): each paper-1 and paper-2 pretraining recipe,
+"""The paper recipes run as written: each paper-1 and paper-2 pretraining recipe,
 every variant, trains two steps on 2 CPU ranks with only the sizes overridden (layers, width,
 heads, FFN, sequence, batch), ``--transformer-impl local`` (Transformer Engine is GPU-only) and
 the run length. Everything else — the distributed optimizer, overlap, precision, the data

@@ -1,4 +1,4 @@
-"""Issue 25 item 9: bad input a user hands the trainer or the preprocessor is one line, exit code 2,
+"""Bad input a user hands the trainer or the preprocessor is one line, exit code 2,
 before any work — the dry run included — never an assertion or a traceback per rank.
 
 Blend weights of 0 / NaN / inf, a damaged tokenizer file, a recipe whose YAML alias refers to

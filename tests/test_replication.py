@@ -22,7 +22,7 @@ def test_run_names_parse_both_ways():
         Run.parse("embedding:1")
 
 
-def test_full_plan_is_the_issue_list():
+def test_full_plan_is_three_seeds_of_each_main_variant_and_the_controls():
     runs = PLANS["full"].runs
     assert len(runs) == len(set(runs)) == 16
     for variant in ("learned", "binary", "gf2"):

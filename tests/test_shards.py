@@ -1,4 +1,4 @@
-"""Shard-parallel indexing (issue 12): the paper's per-document split key, per-shard outputs
+"""Shard-parallel indexing: the paper's per-document split key, per-shard outputs
 that resume, the dataset verifier and the manifest the trainer reads."""
 
 import json
@@ -138,7 +138,7 @@ def _change_tokens_in_range(prefix: str, change: str, eod: int) -> None:
 
 @pytest.mark.parametrize("change", ["reversed", "one_token", "eod"])
 def test_verify_names_a_bin_changed_in_range(indexed, small_tokenizer, capsys, change):
-    """Issue 25 item 6: tokens reversed, one changed or replaced with EOD (ids < V, same size)
+    """Tokens reversed, one changed or replaced with EOD (ids < V, same size)
     passed the verifier, which checked structure, counts and ids but never the .bin's content.
     Preprocessing records the .bin's sha256; the verifier names the shard whose .bin differs,
     given its directory, its summary or the prefix itself (with or without a vocabulary)."""
@@ -159,7 +159,7 @@ def test_verify_names_a_bin_changed_in_range(indexed, small_tokenizer, capsys, c
 
 
 def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_tokenizer, capsys):
-    """Issue 25 item 6: the shard path's summaries, the manifest and a merge's summary carry each
+    """The shard path's summaries, the manifest and a merge's summary carry each
     .bin's sha256; verify_dataset checks a manifest's shards against it. A shard indexed before
     the hash was recorded verifies with a note, not an error."""
     from megatron_fixedcode.data import shards
@@ -204,7 +204,7 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
 
 
 def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
-    """Issue 25 item 8: once a run trained on a prefix, megatron's GPT index cache makes PREFIX/
+    """Once a run trained on a prefix, megatron's GPT index cache makes PREFIX/
     a directory (PREFIX/cache/GPTDataset_indices); verify_dataset took it for a shard directory
     ("no .bin/.idx pairs matching '*'", naming a flag it lacks). The prefix, its .idx, its
     directory and a merge of it verify; a path holding no dataset names no flag."""
@@ -229,7 +229,7 @@ def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
 
 
 def test_verify_without_a_vocabulary_runs_the_structural_checks(indexed, capsys):
-    """Issue 25 item 8: without --vocab-size (or a tokenizer) the verifier refused to run; it now
+    """Without --vocab-size (or a tokenizer) the verifier refused to run; it now
     checks structure, counts and hashes (ids only when given V), and says ids went unchecked."""
     out, _ = indexed
     train = output_prefix_for(str(out / "shard"), "train", "text")

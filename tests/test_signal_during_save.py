@@ -1,4 +1,4 @@
-"""Issue 34 item 5: a SIGTERM that arrives while a checkpoint is being saved ends the run at that
+"""A SIGTERM that arrives while a checkpoint is being saved ends the run at that
 checkpoint; it used to be read only before the save, so it cost one more step and one more save
 inside the grace window."""
 import os

@@ -1,4 +1,4 @@
-"""Issue 34 item 4: a study stage is done only when its outputs verify — the records parse and carry
+"""A study stage is done only when its outputs verify — the records parse and carry
 the hashes they claim; a corrupt one is named (its path) and redone, and the report job names the
 file it cannot parse. It used to count as done because ``records/<v>.json`` existed, and the report
 failed with ``Expecting value: line 1 column 54``, naming no file, on every re-run."""

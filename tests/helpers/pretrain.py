@@ -16,7 +16,7 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3",
         "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--transformer-impl", "local", "--log-interval", "1",
         "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8",
-        # the project's defaults before Megatron-LM's (issue 31), which these tests were written for
+        # the project's defaults before Megatron-LM's, which these tests were written for
         "--block", "llama", "--input-embedding", "binary", "--hidden-dropout", "0", "--attention-dropout", "0", "--adam-beta2", "0.95",
         "--lr-decay-style", "cosine", "--eval-iters", "10", "--ckpt-keep-last", "2", "--split", "99,1,0"]
 

@@ -1,4 +1,4 @@
-"""Megatron-LM's own parser as the reference for this trainer's command line (issue 31).
+"""Megatron-LM's own parser as the reference for this trainer's command line.
 
 Writes ``tests/assets/megatron_reference.json``: for many dense-GPT argument lists, the values that
 Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
