@@ -220,10 +220,25 @@ def test_fused_adamw_only_for_torch_adamw_on_cuda(monkeypatch):
     assert torch.all(param < 1)
 
 
-def test_params_synced_is_a_no_op_without_overlap():
-    chunk = types.SimpleNamespace(ddp_config=types.SimpleNamespace(overlap_param_gather=False))
-    with gpu_features.params_synced([chunk, torch.nn.Linear(1, 1)]):
-        pass
+def test_params_synced_gathers_only_overlapped_chunks_and_restores_their_hooks():
+    """Chunks without --overlap-param-gather (and modules without a DDP config) are left alone; an
+    overlapped chunk's pre-hooks are disabled (its parameters gathered) before the body and enabled
+    after it, also when the body raises."""
+    calls = []
+
+    def chunk(name: str, overlap: bool):
+        return types.SimpleNamespace(ddp_config=types.SimpleNamespace(overlap_param_gather=overlap),
+                                     disable_forward_pre_hook=lambda: calls.append(f"disable {name}"),
+                                     enable_forward_pre_hook=lambda: calls.append(f"enable {name}"))
+
+    chunks = [chunk("plain", False), torch.nn.Linear(1, 1), chunk("overlapped", True)]
+    with gpu_features.params_synced(chunks):
+        assert calls == ["disable overlapped"]
+    assert calls == ["disable overlapped", "enable overlapped"]
+    calls.clear()
+    with pytest.raises(RuntimeError, match="evaluation failed"), gpu_features.params_synced(chunks):
+        raise RuntimeError("evaluation failed")
+    assert calls == ["disable overlapped", "enable overlapped"]
 
 
 # --- on a CUDA machine with Transformer Engine (scripts/gpu_check.sh runs these) -----------------
