@@ -12,7 +12,7 @@
 # WITHOUT WARRANTIES OR CONDITIONS OF ANY KIND, either express or implied.
 # See the License for the specific language governing permissions and
 # limitations under the License.
-"""The reference for tests/test_tokenizers.py: Megatron-LM's pure-Python GPT-2 BPE,
+"""The reference for tests/tokenizers/test_tokenizers.py: Megatron-LM's pure-Python GPT-2 BPE,
 ``megatron/training/tokenizer/gpt2_tokenization.py`` at core_v0.16.1 (the class its
 ``_GPT2BPETokenizer`` wraps with ``special_tokens=[]``), trimmed to what encoding and decoding use
 (no downloads, no Python 2, no special tokens); the algorithm and file reading are unchanged.

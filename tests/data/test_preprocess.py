@@ -20,7 +20,7 @@ from megatron_fixedcode.tokenizers import build_tokenizer, train_bpe_tokenizer
 from tests.helpers import ASSETS, SMOLLM2
 from tests.helpers.data import index_files, read_documents
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="session")

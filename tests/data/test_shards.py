@@ -340,7 +340,7 @@ def test_bad_shard_is_recorded_by_name_and_the_task_goes_on(tmp_path, small_toke
 
 # --- manifest.json and the trainer's --data-manifest / --data-args-path ---------------------------
 
-TINY = Path(__file__).resolve().parents[1] / "examples" / "recipes" / "tiny_cpu.yaml"
+TINY = Path(__file__).resolve().parents[2] / "examples" / "recipes" / "tiny_cpu.yaml"
 
 
 def _write_manifest_cli(*argv):

@@ -13,7 +13,7 @@ from megatron_fixedcode.data.preprocess import PreprocessConfig, merge_datasets,
 from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter
 from megatron_fixedcode.tokenizers import train_bpe_tokenizer
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")

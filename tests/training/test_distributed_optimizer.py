@@ -3,7 +3,7 @@ weights, overlapped gradient reduce / parameter gather, and resume from any layo
 
 Every trainer here has 4 layers (so PP 2 with two virtual stages fits) and trains 6 steps of a
 global batch of 8 on 2 ranks unless the layout says otherwise. The layouts track each other to
-float rounding (tests/test_parallel_parity.py), so every resumed run is compared with the DP 2 run
+float rounding (tests/models/test_parallel_parity.py), so every resumed run is compared with the DP 2 run
 of its optimizer and precision, straight through.
 """
 import json

@@ -14,7 +14,7 @@ from megatron.core.datasets.indexed_dataset import IndexedDataset
 from megatron_fixedcode import quickstart_pipeline
 from megatron_fixedcode.quickstart_pipeline import MIN_STEPS, choose_steps, main, stdlib_documents
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 DATA_ARGS = ["--data-only", "--corpus-mb", "0.3", "--vocab-size", "1024", "--valid-fraction", "0.2"]
 OUTPUTS = ["corpus/corpus.jsonl", "tokenizer/tokenizer.json", "data/corpus_train_text_document.bin",
            "data/corpus_train_text_document.idx", "data/corpus_valid_text_document.bin",

@@ -19,7 +19,7 @@ from megatron_fixedcode.tokenizers import (
 
 from tests.helpers import ASSETS, SMOLLM2, write_gpt2_bpe_files
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SAMPLE_TEXT = (
     "The quick brown fox jumps over the lazy dog. Numbers 12345 and symbols #$%! "
     "Unicode: café, naïve, 東京, emoji 🙂.\n\nA second paragraph with  double  spaces.\n"

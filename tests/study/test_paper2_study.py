@@ -1,6 +1,6 @@
 """The paper-2 study in one command: the Slurm job graph of examples/paper2_study.sh
 (--dry-run), the study record's refusals and the report. The whole graph under a real Slurm cluster:
-tests/test_slurm_study.py."""
+tests/launchers/test_slurm_study.py."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import pytest
 from tests.helpers.study import study_record as _record
 from tests.helpers.study import study_result as _result
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "examples" / "paper2_study.sh"
 
 

@@ -17,7 +17,7 @@ import pytest
 from megatron_fixedcode.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
 from tests.helpers.errors import refused
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _python(code: str, **kw) -> subprocess.Popen:

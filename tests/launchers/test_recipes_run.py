@@ -3,7 +3,7 @@ every variant, trains two steps on 2 CPU ranks with only the sizes overridden (l
 heads, FFN, sequence, batch), ``--transformer-impl local`` (Transformer Engine is GPU-only) and
 the run length. Everything else — the distributed optimizer, overlap, precision, the data
 pipeline, the schedule — is the recipe's, its ``${VAR}`` placeholders filled from the
-environment as the launchers do. (``paper1_sft.yaml`` continues a checkpoint: tests/test_sft.py.)"""
+environment as the launchers do. (``paper1_sft.yaml`` continues a checkpoint: tests/training/test_sft.py.)"""
 import math
 import os
 import subprocess

@@ -9,7 +9,7 @@ The line right above a ```bash / ```sh / ```console block is one of:
 
 A run block sees `/tmp/` as a fresh directory of this test; nothing else is rewritten (blocks read
 data from tests/assets, as a clone has it). Each block is one test with the id
-`FILE:Lnn`; `pytest -rA tests/test_docs.py` lists what ran, and each skip says why.
+`FILE:Lnn`; `pytest -rA tests/repository/test_docs.py` lists what ran, and each skip says why.
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 SHELL = ("bash", "sh", "console")
 MARKER = re.compile(r"^<!--\s*(run after (?P<after>\S+)|run by (?P<by>.+?)|not run:\s*(?P<why>.+?)|(?P<run>run))\s*-->$")
 BLOCK_TIMEOUT_S = 300

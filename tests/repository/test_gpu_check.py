@@ -56,7 +56,8 @@ def test_dry_run_prints_the_plan_and_checks_the_wiring(tmp_path):
     out = run(str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--wheels", str(tmp_path / "no-wheels"))
     assert out.returncode == 0, out.stderr[-4000:]
     assert "FAILED" not in out.stderr and "dry run ok" in out.stderr
-    for f in ("tests/test_te_parity.py", "tests/test_te_flags.py", "tests/test_gpu_te.py", "tests/test_device_contract.py"):
+    for f in ("tests/models/test_te_parity.py", "tests/training/test_te_flags.py", "tests/models/test_gpu_te.py",
+              "tests/training/test_device_contract.py"):
         assert f in out.stderr
     budgets, total, mib = _plan_numbers(out.stdout)
     assert list(budgets) == ["env", "install", "compile", "bench:binary", "bench:gf2", "bench:learned",

@@ -4,7 +4,7 @@ norms within 1e-4; the campaign measured 2.77e-4 (losses bit-identical), and an 
 1-rank run differs from DP 2 by 3.1e-4 as well: BF16 gradients summed in another order, not lost
 state. Measured here: at most 9.6e-8 (relative grad norm, resumed steps 4-6). Asserted: 1e-6, ten
 times that; a resume that lost Adam's step or moments is off by 2e-3 to 9e-3
-(tests/test_distributed_optimizer.py), two thousand times the bound."""
+(tests/training/test_distributed_optimizer.py), two thousand times the bound."""
 import shutil
 
 import pytest

@@ -2,7 +2,7 @@
 helpers in tests/helpers/slurm.py): examples/paper2_study.sh with the tiny CPU recipe, four shards cut from
 the Gutenberg books of tests/assets, the local evaluation tasks and one CPU rank per training, through
 index array -> manifest -> train-<v> -> export-<v> -> eval-<v> -> report for learned and binary.
-Own module, so pytest-xdist (--dist loadfile) runs it beside tests/test_slurm.py."""
+Own module, so pytest-xdist (--dist loadfile) runs it beside tests/launchers/test_slurm.py."""
 from __future__ import annotations
 
 import hashlib

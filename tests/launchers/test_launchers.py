@@ -1,5 +1,5 @@
 """Slurm launchers and YAML recipes: syntax, dry runs the trainer accepts, recipe invariants,
-and how the launchers read their environment. Under a real Slurm controller: tests/test_slurm.py."""
+and how the launchers read their environment. Under a real Slurm controller: tests/launchers/test_slurm.py."""
 from __future__ import annotations
 
 import json
@@ -15,7 +15,7 @@ import yaml
 
 from tests.helpers.launchers import launcher_env, run_dry
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 EXAMPLES = ROOT / "examples"
 RECIPES = EXAMPLES / "recipes"
 INPUT_KEYS = re.compile(r"^(input_embedding|code_\w+)$")

@@ -87,7 +87,7 @@ def readme_pip_lines(test: str = "test_installed_tool_trains_exports_and_evaluat
     import shlex
 
     lines = (REPO / "README.md").read_text().splitlines()
-    start = lines.index(f"<!-- run by tests/test_wheel.py::{test} -->") + 2
+    start = lines.index(f"<!-- run by tests/repository/test_wheel.py::{test} -->") + 2
     block = lines[start:lines.index("```", start)]
     return [shlex.split(line, comments=True) for line in block if line.startswith("pip ")]
 
