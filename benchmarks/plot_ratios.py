@@ -1,4 +1,4 @@
-"""Every benchmark ratio against its target, in one picture (issue 6's targets).
+"""Every benchmark ratio against its target, in one picture (the targets of docs/BENCHMARKS.md).
 
 Reads the ``--json`` outputs of ``embedding.py``, ``train_step.py`` and ``dataloader.py`` (any
 subset, in any order: each object names its benchmark) and draws one horizontal bar per ratio,

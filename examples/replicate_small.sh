@@ -6,7 +6,7 @@
 #   bash examples/replicate_small.sh --only binary:1      # one run of the plan
 #   bash examples/replicate_small.sh --verify binary:1    # retrain one run, compare with its record
 #   bash examples/replicate_small.sh --quick              # CI smoke run in a temporary directory
-# Shared data: ../shared/data beside the checkout, or $MFC_SHARED_DATA.
+# Data: the directory $MFC_SHARED_DATA names, laid out as tests/assets (samples: tests/assets/SOURCES.md).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-$( [ -x .venv/bin/python ] && echo .venv/bin/python || echo python )}

@@ -35,7 +35,7 @@
 #                     OMP_NUM_THREADS defaults to CPUS_PER_TASK / GPUS_PER_NODE.
 #   MFC_REQUIRE_CUDA  exported to the trainer, default 1: a rank that sees no CUDA GPU refuses to start
 #                     (exit before any model or data is built) instead of training on CPU. Set it to 0
-#                     only for CPU runs (tests/test_slurm.py does).
+#                     only for CPU runs (tests/launchers/test_slurm.py does).
 #   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below

@@ -2,7 +2,7 @@
 (``--load``/``--finetune``, ``tools/evaluate.py --load``, the HF converter) and an export; an
 evaluation whose loss is not finite is an error, not a ``NaN`` result with exit code 0.
 
-Issue 34 item 1: a safetensors file holding a NaN tensor was imported without a word and evaluated
+A safetensors file holding a NaN tensor was imported without a word and evaluated
 to ``"loss": NaN`` with exit 0; only a training step caught it."""
 from __future__ import annotations
 

@@ -27,8 +27,8 @@
 #                    64 MiB or the budgets over 480 s; then check the wiring (the files it would run, the
 #                    helpers on toy inputs, the report writers on fake numbers)
 #   --install-only   only the env and install stages (needs no GPU): how the offline install is tested on CPU
-#   --cpu-standin    every stage's command as on the GPU, at toy size on CPU (gloo): what tests/test_gpu_check.py
-#                    runs, so that a typo in a stage cannot wait for a GPU to show
+#   --cpu-standin    every stage's command as on the GPU, at toy size on CPU (gloo): what
+#                    tests/repository/test_gpu_check.py runs, so that a typo in a stage cannot wait for a GPU to show
 #
 # Expects: one NVIDIA GPU, a python whose `import torch` gives a CUDA torch (PYTHON=..., else the first of
 # python3, python that imports torch: on the lent H200 the image's own venv with torch 2.11 + CUDA 13,
@@ -95,7 +95,7 @@ START=$SECONDS
 log() { echo "[gpu_check +$((SECONDS - START))s] $*" >&2; }
 stage() { "$PY" "$HELPERS/report.py" stage "$OUT" "$@"; }
 budget_of() { "$PY" "$HELPERS/plan.py" budget "$1"; }
-gpu_test_files() { (cd "$ROOT" && grep -l "pytest.mark.gpu" tests/test_*.py); }
+gpu_test_files() { (cd "$ROOT" && grep -l "pytest.mark.gpu" tests/*/test_*.py); }
 left() { echo $((BUDGET - (SECONDS - START))); }
 # pick_python: the first of $PYTHON, python3, python whose `import torch` works (each try in python-probe.log)
 pick_python() {
@@ -127,7 +127,8 @@ if ((DRY)); then
     files=$(gpu_test_files | tr '\n' ' ')
     log "GPU test files: $files"
     for f in $files; do check "$f exists" test -f "$ROOT/$f"; done
-    for f in tests/test_te_parity.py tests/test_te_flags.py tests/test_gpu_te.py tests/test_device_contract.py; do
+    for f in tests/models/test_te_parity.py tests/training/test_te_flags.py tests/models/test_gpu_te.py \
+             tests/training/test_device_contract.py; do
         check "$f is among them" grep -qw "$f" <<<"$files"
     done
     check "pytest collects the GPU tests" "$PY" -m pytest -q -p no:cacheprovider --collect-only -m gpu $files

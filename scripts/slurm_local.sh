@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# A real Slurm cluster on this one machine, for the tests that submit through sbatch (tests/test_slurm*.py):
+# A real Slurm cluster on this one machine, for the tests that submit through sbatch (tests/launchers/test_slurm*.py):
 #
 #   bash scripts/slurm_local.sh start    # install what is missing, configure, start, wait for idle nodes
 #   bash scripts/slurm_local.sh status   # the daemons and `sinfo`; exit 0 when the cluster takes jobs

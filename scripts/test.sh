@@ -6,7 +6,7 @@
 #      scripts/setup_env.sh --py312): the core subset below (test_quickstart_pipeline runs the
 #      quickstart pipeline --quick end to end on that line).
 #      MFC_SKIP_PY312=1 skips it, MFC_SKIP_PY311=1 skips leg 1 (quick local runs only: CI runs both).
-# Leg 1 runs tests/test_slurm*.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
+# Leg 1 runs tests/launchers/test_slurm*.py against a real local Slurm cluster: MFC_SLURM=1 (the default here) makes
 # its fixture start one (scripts/slurm_local.sh start: root, apt-get on a fresh machine) and fail when it
 # cannot; outside CI, MFC_SLURM=0 leaves them skipped unless a cluster already runs.
 # Both legs run even when the first fails; the script fails if either did. Each leg runs on two pytest-xdist
@@ -16,11 +16,12 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 CORE_SUBSET=(
-    tests/test_fixed_code_embedding.py tests/test_parallel_parity.py tests/test_pretrain.py
-    tests/test_export_parity.py tests/test_compat_cpu.py tests/test_quickstart_pipeline.py
-    tests/test_precision.py  # patches megatron-core internals (compat/autocast.py) that differ by version
-    tests/test_distributed_optimizer.py  # megatron's distributed optimizer, BF16 and resharding (compat/cpu.py, compat/torch_adam.py)
-    tests/test_megatron_reference.py  # the dry run against Megatron-LM's parser (3 s): the same on both lines
+    tests/models/test_fixed_code_embedding.py tests/models/test_parallel_parity.py tests/training/test_pretrain.py
+    tests/export/test_export_parity.py tests/compat/test_compat_cpu.py tests/cli/test_quickstart_pipeline.py
+    tests/compat/test_precision.py  # patches megatron-core internals (compat/autocast.py) that differ by version
+    tests/training/test_distributed_optimizer.py  # megatron's distributed optimizer, BF16, resharding (compat/cpu.py,
+                                                  # compat/torch_adam.py)
+    tests/training/test_megatron_reference.py  # the dry run against Megatron-LM's parser (3 s): the same on both lines
 )
 WORKERS=(-n "${MFC_TEST_WORKERS:-2}" --dist loadfile)
 T0=$SECONDS

@@ -5,6 +5,10 @@ from pathlib import Path
 
 import pytest
 
+# The library's study data and the local evaluation tasks read $MFC_SHARED_DATA: in tests, always the
+# repository's tests/assets (never a data directory of the machine), also for every subprocess.
+os.environ["MFC_SHARED_DATA"] = str(Path(__file__).resolve().parent / "assets")
+
 STRAY_MARKER = "MFC_TEST_OWNER"  # every subprocess a test starts inherits it (tests build env from os.environ)
 
 
@@ -14,6 +18,14 @@ def single_rank():
     from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
 
     return initialize_distributed(ParallelLayout(), seed=1234)
+
+
+@pytest.fixture(scope="session")
+def slurm():
+    """The local Slurm cluster of the Slurm tests (tests/helpers/slurm.py)."""
+    from tests.helpers.slurm import ensure_cluster
+
+    ensure_cluster()
 
 
 def _processes_owned_by(marker: str) -> list[int]:

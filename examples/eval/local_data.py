@@ -1,6 +1,6 @@
 """Local-file datasets for the LM Evaluation Harness, read in their original formats from the
-shared data directory ($MFC_SHARED_DATA, else ../shared/data beside the checkout). Nothing is
-downloaded or copied. Used by the ``*_local.yaml`` tasks here via ``custom_dataset``."""
+data directory $MFC_SHARED_DATA (laid out as the repository's tests/assets, which holds 40-record
+samples). Nothing is downloaded or copied. Used by the ``*_local.yaml`` tasks here via ``custom_dataset``."""
 from __future__ import annotations
 
 import json
@@ -10,9 +10,11 @@ from pathlib import Path
 
 
 def data_root() -> Path:
-    root = Path(os.environ.get("MFC_SHARED_DATA") or Path(__file__).resolve().parents[3] / "shared" / "data")
+    if not os.environ.get("MFC_SHARED_DATA"):
+        raise ValueError("set MFC_SHARED_DATA to the evaluation data directory (eval/, corpus/ as in tests/assets)")
+    root = Path(os.environ["MFC_SHARED_DATA"])
     if not root.is_dir():
-        raise ValueError(f"shared evaluation data not found at {root}; set MFC_SHARED_DATA")
+        raise ValueError(f"evaluation data not found at {root} (MFC_SHARED_DATA)")
     return root
 
 

@@ -2,7 +2,7 @@
 
 numpy has no bfloat16, so it is emulated bit-exactly: float32 → bfloat16 is round-to-nearest-even
 on the top 16 bits, which is what torch's ``Tensor.to(torch.bfloat16)`` does on CPU and GPU
-(``tests/test_codes_families.py`` checks the emulation against torch on every table we build).
+(``tests/codes/test_codes_families.py`` checks the emulation against torch on every table we build).
 """
 from __future__ import annotations
 

@@ -1,7 +1,7 @@
 """Cheap consistency checks of indexed-dataset shards, and the named token-id check.
 
 At start-up (``build_datasets``) every shard of the train and valid blends is checked without
-reading its tokens (issue 15, item 6): the ``.idx`` header, version and dtype code; the
+reading its tokens: the ``.idx`` header, version and dtype code; the
 ``.idx`` size against its sequence / document counts; the document index bounds; the ``.bin``
 size against the last sequence's pointer and length; and that the token dtype can hold every
 id of the vocabulary. A damaged shard is refused with a ``ValueError`` naming it, instead of

@@ -194,7 +194,7 @@ def write_report(plan: StudyPlan, records: dict[Run, dict], data: dict, out: Pat
     dates = sorted(rec["date"] for rec in records.values())
     text = f"""# Small-scale study (CPU): learned input table vs fixed codes, with controls
 
-<!-- run by tests/test_replication.py::test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run -->
+<!-- run by tests/replication/test_replication.py::test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run -->
 ```bash
 python -m megatron_fixedcode.replication                   # trains what is not done yet, rewrites this page
 python -m megatron_fixedcode.replication --verify binary:1 # retrains one run, compares with its record

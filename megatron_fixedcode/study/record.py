@@ -120,7 +120,7 @@ def check_comparable(records: list[dict[str, Any]]) -> None:
                              "the report does not put them side by side")
 
 
-# --- a stage is done when its outputs verify (issue 34 item 4) -----------------------------------
+# --- a stage is done when its outputs verify -----------------------------------
 
 RECORD_KEYS = ("variant", "run_config", "config_hash", "eval_protocol", "eval_protocol_hash", "step", "tokens",
                "data_manifest_fingerprint", "tokenizer_fingerprint")

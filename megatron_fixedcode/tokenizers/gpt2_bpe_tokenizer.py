@@ -5,8 +5,8 @@ is the JSON object, the merges are the lines of the file but its first (the ``#v
 its last (empty after the final newline), no special tokens are added (``<|endoftext|>`` in a text is
 tokenized as text), EOD is the id of ``<|endoftext|>`` and the vocabulary size is the number of
 entries of ``vocab.json``. Encoding runs in HF ``tokenizers`` (a BPE model with GPT-2's ByteLevel
-pre-tokenizer, no prefix space); tests/test_tokenizers.py checks its ids against Megatron-LM's own
-pure-Python tokenizer (tests/megatron_gpt2_reference.py).
+pre-tokenizer, no prefix space); tests/tokenizers/test_tokenizers.py checks its ids against Megatron-LM's own
+pure-Python tokenizer (tests/helpers/megatron_gpt2_reference.py).
 """
 
 import hashlib

@@ -1,4 +1,4 @@
-"""What a trainer's checkpoint load checks in the weights it loaded (issue 34): they are finite
+"""What a trainer's checkpoint load checks in the weights it loaded: they are finite
 (else every rank stops, exit 2, rank 0 naming the tensor), and a change of precision since the
 save is said in one line."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Worker for tests/test_device_contract.py: build the real Trainer from pretrain flags, run one
+"""Worker for tests/training/test_device_contract.py: build the real Trainer from pretrain flags, run one
 optimizer step, and report where every parameter, buffer, model input and collective tensor lives.
 
     python tests/distributed/device_worker.py OUT.json -- <pretrain flags>

@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_device_contract.py: build a model under --layout and save each
+"""torchrun worker for tests/training/test_device_contract.py: build a model under --layout and save each
 rank's initial weights keyed by *global* layer number, plus the TP partition of each tensor.
 
     torchrun --nproc_per_node N tests/distributed/init_worker.py --layout {single,pp2,tp2,vpp2} --out DIR

@@ -1,4 +1,4 @@
-"""torchrun worker for the parallel-parity tests (see tests/test_parallel_parity.py).
+"""torchrun worker for the parallel-parity tests (see tests/models/test_parallel_parity.py).
 
 mode ``run``: build learned/binary/gf2/gpt2 models under --layout, optionally load shared weights,
 run one forward/backward of a fixed batch through megatron's schedule and DDP, then save the
@@ -26,7 +26,7 @@ VARIANTS = ("learned", "binary", "gf2", "gpt2")
 # stages: finalize_model_grads sums the two copies' gradients), learned positions, linear biases
 GPT2_BLOCK = dict(input_embedding="learned", block="gpt_gelu", add_bias_linear=True,
                   position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
-EXTRA_VARIANTS = {  # the research interfaces (tests/test_codes_parity.py): name -> ModelConfig fields
+EXTRA_VARIANTS = {  # the research interfaces (tests/models/test_codes_parity.py): name -> ModelConfig fields
     "binary_centered_normmatch": dict(input_embedding="binary", code_centered=True, code_norm_match=True),
     "random": dict(input_embedding="random", code_width=24),
     "sinusoidal": dict(input_embedding="sinusoidal"),

@@ -1,4 +1,4 @@
-"""torchrun worker for tests/test_sft_per_token_loss.py: one global batch of SFT-like samples
+"""torchrun worker for tests/training/test_sft_per_token_loss.py: one global batch of SFT-like samples
 (response-only loss masks of very different lengths) on 2 data-parallel ranks, split into
 microbatches three ways, through megatron's schedule, DDP and finalize_model_grads with the loss
 settings the trainer uses for each ``--dataset-type`` given. Writes, per split, the largest relative

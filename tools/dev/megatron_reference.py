@@ -1,8 +1,8 @@
-"""Megatron-LM's own parser as the reference for this trainer's command line (issue 31).
+"""Megatron-LM's own parser as the reference for this trainer's command line.
 
-Writes ``tests/data/megatron_reference.json``: for many dense-GPT argument lists, the values that
+Writes ``tests/assets/megatron_reference.json``: for many dense-GPT argument lists, the values that
 Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
-give the dests this trainer's ``--dry-run`` prints. ``tests/test_megatron_reference.py`` compares them
+give the dests this trainer's ``--dry-run`` prints. ``tests/training/test_megatron_reference.py`` compares them
 dest by dest; the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of
 Megatron-LM's code is copied: its parser runs in a subprocess and only the resulting values are stored.
 
@@ -11,7 +11,7 @@ Megatron-LM's code is copied: its parser runs in a subprocess and only the resul
     # the flags a later tree adds (megatron_019.py), with the interpreter that imports that tree (py3.12 venv):
     python tools/dev/megatron_reference.py --megatron /tmp/mlm019 --added-since /tmp/mlm016 --python PY312
 
-The argument lists (``collect_cases``): the two of tests/test_megatron_cli.py (Megatron's Llama-3 8B
+The argument lists (``collect_cases``): the two of tests/training/test_megatron_cli.py (Megatron's Llama-3 8B
 FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
 ``examples/post_training/modelopt/conf``; every dense training case of
 ``tests/functional_tests/test_cases/gpt/*/model_config.yaml``; and :data:`FAMILIES`, which sets every
@@ -45,7 +45,7 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 WORLD_SIZE = 8
-OUT = REPO / "tests" / "data" / "megatron_reference.json"
+OUT = REPO / "tests" / "assets" / "megatron_reference.json"
 # Megatron's values that its validate_args derives and this trainer's dry run prints too.
 DERIVED = ("data_parallel_size", "world_size", "virtual_pipeline_model_parallel_size", "kv_channels",
            "ffn_hidden_size", "global_batch_size", "encoder_num_layers", "encoder_seq_length")
@@ -177,10 +177,12 @@ def collect_cases(tree: Path) -> list[dict]:
     """(name, source, argv) of every list described in the module docstring."""
     import yaml
 
-    from tests.test_megatron_cli import GPT3_175B, LLAMA3_8B_FP8
+    from tests.training.test_megatron_cli import GPT3_175B, LLAMA3_8B_FP8
 
-    cases = [{"name": "llama3_8b_h100_fp8", "source": "tests/test_megatron_cli.py LLAMA3_8B_FP8", "argv": LLAMA3_8B_FP8},
-             {"name": "gpt3_175b_distributed", "source": "tests/test_megatron_cli.py GPT3_175B", "argv": GPT3_175B}]
+    cases = [{"name": "llama3_8b_h100_fp8", "source": "tests/training/test_megatron_cli.py LLAMA3_8B_FP8",
+              "argv": LLAMA3_8B_FP8},
+             {"name": "gpt3_175b_distributed", "source": "tests/training/test_megatron_cli.py GPT3_175B",
+              "argv": GPT3_175B}]
     for sh in sorted((tree / "examples/post_training/modelopt/conf").glob("*/*.sh")):
         text = sh.read_text()
         if "MODEL_ARGS=\"" not in text or "--num-experts" in text or "--mamba" in text or "hybrid" in text:

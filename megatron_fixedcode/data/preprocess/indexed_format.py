@@ -2,7 +2,7 @@
 
 Writing it needs no torch: importing megatron-core for ``IndexedDatasetBuilder`` costs seconds of
 start-up per preprocessing run. The bytes are identical to the builder's
-(tests/test_preprocess_format.py compares them); training reads the files with megatron-core.
+(tests/data/test_preprocess_format.py compares them); training reads the files with megatron-core.
 """
 from __future__ import annotations
 
