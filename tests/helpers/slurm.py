@@ -34,10 +34,22 @@ def job_info(job: str) -> dict:
     return dict(re.findall(r"(\w+)=(\S*)", out))
 
 
-def sacct(job: str) -> tuple[str, str]:
+def sacct_now(job: str) -> tuple[str, str]:
     out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode"], capture_output=True,
                          text=True).stdout.split()
     return tuple(out[0].split("|")) if out else ("", "")
+
+
+def sacct(job: str, timeout: float = 60) -> tuple[str, str]:
+    """The job's final (State, ExitCode) in the accounting database. slurmctld sends a job's end to
+    slurmdbd asynchronously, so right after scontrol says the job ended sacct may still say RUNNING:
+    poll until the record leaves the in-flight states (the last record is returned at the timeout)."""
+    deadline = time.monotonic() + timeout
+    record = sacct_now(job)
+    while (record[0] in IN_FLIGHT or not record[0]) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        record = sacct_now(job)
+    return record
 
 
 def wait_until(predicate, timeout: float, what: str, run: Path | None = None):
