@@ -5,12 +5,8 @@ import json
 import pytest
 import torch
 
-from megatron_fixedcode.export import (
-    convert_checkpoint_to_hf,
-    convert_hf_to_megatron,
-    load_megatron_checkpoint,
-    megatron_logits,
-)
+from megatron_fixedcode.checkpoint import load_megatron_checkpoint, megatron_logits
+from megatron_fixedcode.export import convert_checkpoint_to_hf, convert_hf_to_megatron
 from tests.export_helpers import SMOLLM2_TOKENIZER, hf_logits, random_checkpoint
 
 pytest.importorskip("transformers")

@@ -24,7 +24,7 @@ def _one_line_error(capsys, *needles) -> str:
 
 def _checkpoint_with(root: Path, value: float, **fields) -> Path:
     """A checkpoint (written as the trainer writes one) whose ``POISONED`` tensor holds ``value``."""
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint, save_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint, save_megatron_checkpoint
 
     ckpt = load_megatron_checkpoint(random_checkpoint(root.with_name(root.name + "_src"), **fields))
     with torch.no_grad():

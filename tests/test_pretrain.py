@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from megatron_fixedcode.training.checkpointing import latest_step
+from megatron_fixedcode.checkpoint import latest_step
 from tests.helpers import REPO
 from tests.pretrain_helpers import TINY, data_args, pretrain, read_metrics, write_corpus
 

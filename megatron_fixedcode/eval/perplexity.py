@@ -134,7 +134,7 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
 
 
 def megatron_logits_fn(model: torch.nn.Module, vocab_size: int) -> LogitsFn:
-    from megatron_fixedcode.export.megatron_io import megatron_logits
+    from megatron_fixedcode.checkpoint.single_process import megatron_logits
 
     device = next(model.parameters()).device
     return lambda ids_BS: megatron_logits(model, ids_BS.to(device), vocab_size)

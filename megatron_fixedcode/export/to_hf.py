@@ -15,10 +15,10 @@ from typing import Any
 
 import torch
 
+from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 from megatron_fixedcode.export import hf_io
 from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
 from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
-from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
 from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
 

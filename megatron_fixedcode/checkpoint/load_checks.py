@@ -1,4 +1,4 @@
-"""What a trainer's checkpoint load checks in the weights it loaded (issue 34): they are finite
+"""What a trainer's checkpoint load checks in the weights it loaded: they are finite
 (else every rank stops, exit 2, rank 0 naming the tensor), and a change of precision since the
 save is said in one line."""
 from __future__ import annotations
@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_fixedcode.training.checkpointing import CorruptCheckpoint, unwrap
+from megatron_fixedcode.checkpoint.paths import CorruptCheckpoint
+from megatron_fixedcode.checkpoint.state import unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -18,7 +19,7 @@ def refuse_non_finite_weights(target: Path, chunks, action: str) -> None:
     """Every rank checks the weights it loaded; one with a NaN/Inf stops them all (exit 2, rank 0
     names the tensor): a checkpoint whose weights are not finite is not trained on."""
     from megatron_fixedcode.finite import non_finite
-    from megatron_fixedcode.training.rank_agreement import raise_if_any_rank_failed
+    from megatron_fixedcode.utils.rank_agreement import raise_if_any_rank_failed
 
     bad = non_finite((n, p) for c in chunks for n, p in unwrap(c).named_parameters())
     error = None if bad is None else (f"{target}: tensor {bad} is not finite; refusing to {action} it "
