@@ -15,7 +15,7 @@ import numpy as np
 
 from megatron_fixedcode.compat.process import die_with_parent
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
-from megatron_fixedcode.data.preprocess.indexed_format import optimal_dtype
+from megatron_fixedcode.data.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.inputs import Chunk
 from megatron_fixedcode.tokenizers import Tokenizer, build_tokenizer
 
