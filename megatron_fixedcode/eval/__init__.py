@@ -7,10 +7,10 @@ _EXPORTS = {
     "document_nll": "perplexity",
     "indexed_documents": "perplexity",
     "text_documents": "perplexity",
-    "compare": "report",
-    "comparison_markdown": "report",
-    "model_markdown": "report",
-    "seed_summary": "report",
+    "compare": "tables",
+    "comparison_markdown": "tables",
+    "model_markdown": "tables",
+    "seed_summary": "tables",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

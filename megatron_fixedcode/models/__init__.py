@@ -9,8 +9,8 @@ _EXPORTS = {
     "ModelConfig": "config",
     "FixedCodeEmbedding": "fixed_code_embedding",
     "InputInterfaceGPTModel": "gpt",
-    "format_parameter_report": "report",
-    "parameter_report": "report",
+    "format_parameter_report": "cost",
+    "parameter_report": "cost",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

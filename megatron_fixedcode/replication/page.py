@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from megatron_fixedcode.eval.report import seed_summary
+from megatron_fixedcode.eval.tables import seed_summary
 from megatron_fixedcode.replication.study import MAIN_VARIANTS, VARIANTS, Run, StudyPlan
 
 READING_FILE = "reading.md"  # hand-written, beside the records; included verbatim

@@ -22,7 +22,7 @@ step's time (the compile), and where every tensor was: the device of each parame
 trainer.chunks after the steps, and of the batch tensors the model was called with (a forward
 pre-hook). On CUDA, anything not on CUDA fails the run (exit 3).
 
-Model FLOPs per token = 6·N + 12·L·h·s (models.report.model_flops_per_token), N = trainable parameters
+Model FLOPs per token = 6·N + 12·L·h·s (models.cost.model_flops_per_token), N = trainable parameters
 that do matrix multiplies (blocks + output head; a learned input table is a lookup and is left out,
 so learned and binary are credited the same work); recomputation is not credited (MFU, not hardware
 FLOP utilization). MFU = model FLOP/s over the GPU's dense BF16 peak (training.metrics: 989.4 TFLOP/s
@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
+from megatron_fixedcode.models.cost import model_flops_per_token  # noqa: E402
 from megatron_fixedcode.training.metrics import device_peak_flops  # noqa: E402
 
 LOCAL = ["--transformer-impl", "local"]
