@@ -239,7 +239,7 @@ def test_parse_time_validation(capsys):
 # --- item 1 (trainer): one job at a time writes a --save directory
 
 def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
-    from megatron_fixedcode.locks import lock_save_dir
+    from megatron_fixedcode.utils.locks import lock_save_dir
 
     ckpt = tmp_path / "ckpt"
     with lock_save_dir(ckpt):  # stands for a first job still training into it

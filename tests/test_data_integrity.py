@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_fixedcode.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
+from megatron_fixedcode.utils.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -51,7 +51,7 @@ def test_lock_of_killed_holder_is_taken_over(tmp_path):
     ready = tmp_path / "ready"
     holder = _python(f"""
         import time
-        from megatron_fixedcode.locks import lock_save_dir
+        from megatron_fixedcode.utils.locks import lock_save_dir
         lock = lock_save_dir({str(tmp_path / 'ckpt')!r})
         open({str(ready)!r}, 'w').close()
         time.sleep(600)

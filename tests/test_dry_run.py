@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from megatron_fixedcode.training.arguments import parse_pretrain_args
-from megatron_fixedcode.te_install import TE_INSTALL_HINT
 from megatron_fixedcode.training.dry_run import GB, plan
+from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 from tests.helpers import REPO
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None

@@ -493,8 +493,8 @@ def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
 def test_the_loop_hands_the_start_up_signals_back():
     """Start-up exits at once on SIGTERM/SIGUSR1; once the loop runs only --exit-signal is caught,
     and a signal it does not name has its earlier handler again (not a silent exit 0)."""
-    from megatron_fixedcode.exit_signals import exit_at_once_until_training
     from megatron_fixedcode.training.loop import ExitRequest
+    from megatron_fixedcode.utils.exit_signals import exit_at_once_until_training
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:

@@ -23,7 +23,7 @@ verifies (``--ckpt-step N``).
 * :mod:`.single_process` — any checkpoint into a TP=1/PP=1 model in one process, and one saved from it.
 """
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     **dict.fromkeys(["CHECKSUMS", "LATEST_MARKER", "CorruptCheckpoint", "checkpoint_dir", "latest_step",

@@ -18,7 +18,7 @@ logger = logging.getLogger(__name__)
 def refuse_non_finite_weights(target: Path, chunks, action: str) -> None:
     """Every rank checks the weights it loaded; one with a NaN/Inf stops them all (exit 2, rank 0
     names the tensor): a checkpoint whose weights are not finite is not trained on."""
-    from megatron_fixedcode.finite import non_finite
+    from megatron_fixedcode.utils.finite import non_finite
     from megatron_fixedcode.utils.rank_agreement import raise_if_any_rank_failed
 
     bad = non_finite((n, p) for c in chunks for n, p in unwrap(c).named_parameters())

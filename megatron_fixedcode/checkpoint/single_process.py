@@ -19,8 +19,8 @@ from megatron_fixedcode.checkpoint.paths import LATEST_MARKER, _fsync_write, che
 from megatron_fixedcode.checkpoint.save import _fork_results_queue
 from megatron_fixedcode.checkpoint.verify import verified_step, write_checksums
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
-from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
+from megatron_fixedcode.utils.finite import refuse_non_finite
 
 
 @dataclasses.dataclass

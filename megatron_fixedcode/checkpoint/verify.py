@@ -11,7 +11,7 @@ import torch.distributed as dist
 
 from megatron_fixedcode.checkpoint.paths import (CHECKSUMS, LATEST_MARKER, CorruptCheckpoint, _fsync_write,
                                                  checkpoint_dir, read_common_state_of, resolve_step)
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.utils.files import file_sha256
 
 logger = logging.getLogger(__name__)
 NO_VERIFY_FLAG = "--no-verify-checkpoint"

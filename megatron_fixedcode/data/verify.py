@@ -24,7 +24,7 @@ import numpy
 
 from megatron_fixedcode.data.indexed_format import IndexFile
 from megatron_fixedcode.data.validate import check_shard
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.utils.files import file_sha256
 
 TOKEN_BLOCK = 1 << 24
 """Tokens read at once in the id scan (bounded memory whatever the shard size)."""

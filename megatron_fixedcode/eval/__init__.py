@@ -1,7 +1,7 @@
 """Evaluation: validation loss/perplexity of checkpoints and exports, the LM Evaluation Harness,
 and per-model / across-seed reports."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "document_nll": "perplexity",

@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from megatron_fixedcode.finite import check_finite_loss
+from megatron_fixedcode.utils.finite import check_finite_loss
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
 NLL_CHUNK_BYTES = 64 << 20  # float64 log-probabilities held at once: ~170 positions at V = 49,152

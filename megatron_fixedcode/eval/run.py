@@ -39,8 +39,8 @@ def _megatron_on(model, device: str | None, dtype: str):
 
 
 def _hf_model(model_dir: str, *, trust_remote_code: bool, device: str | None, dtype: str):
-    from megatron_fixedcode._lazy import require
     from megatron_fixedcode.export import hf_io
+    from megatron_fixedcode.utils.lazy import require
 
     transformers = require("transformers", "hf", "evaluate --hf-model")
     hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback

@@ -2,7 +2,7 @@
 
 A checkpoint in one process (load, save, logits) is :mod:`megatron_fixedcode.checkpoint.single_process`."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "convert_hf_to_megatron": "from_hf",

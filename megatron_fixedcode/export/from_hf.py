@@ -24,8 +24,8 @@ from megatron_fixedcode.export.llama import (
     llama_to_megatron,
     model_config_from_llama,
 )
-from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
+from megatron_fixedcode.utils.finite import refuse_non_finite
 
 logger = logging.getLogger(__name__)
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM", "FixedCodeLlamaForCausalLM")

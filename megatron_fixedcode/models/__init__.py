@@ -1,6 +1,6 @@
 """Models: the fixed-code input interface inside megatron-core's GPTModel."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "build_gpt_model": "builder",

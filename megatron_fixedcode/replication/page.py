@@ -55,7 +55,7 @@ def gap_percent(table: dict[str, dict], variant: str, reference: str = "learned"
 def plot_curves(records: dict[Run, dict], out: Path) -> Path:
     """Two panels side by side: the main variants (every seed) and the controls next to learned and
     binary at the first seed. Training loss as lines, held-out loss as dots."""
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("matplotlib", "plots", "the replication report's loss curves").use("Agg")
     import matplotlib.pyplot as plt

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.utils.files import file_sha256
 
 # The fields that must be equal for runs to stand side by side in one table.
 COMPARED_FIELDS = ("data_manifest_fingerprint", "tokenizer_fingerprint", "eval_protocol_hash")

@@ -89,7 +89,7 @@ def plot_losses(curves: dict[str, Path], out: Path) -> Path | None:
     curves = {run: p for run, p in curves.items() if p.is_file()}
     if not curves:
         return None
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("matplotlib", "plots", "the study report's loss curves").use("Agg")
     import matplotlib.pyplot as plt

@@ -21,8 +21,6 @@ from megatron_fixedcode.checkpoint import CorruptCheckpoint
 from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
 from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
-from megatron_fixedcode.exit_signals import end_start_up
-from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.arguments import PretrainConfig
@@ -30,6 +28,8 @@ from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFinit
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
 from megatron_fixedcode.training.trainer import Trainer
+from megatron_fixedcode.utils.exit_signals import end_start_up
+from megatron_fixedcode.utils.locks import lock_save_dir
 from megatron_fixedcode.utils.rank_agreement import any_rank
 
 logger = logging.getLogger(__name__)
