@@ -2,7 +2,7 @@
 
 Each phase is the trainer's own path: megatron's model chunks in DDP, megatron's optimizer (plain
 Adam: every tensor replicated over the DP ranks) after one step, then
-``checkpointing.save_checkpoint`` (megatron's fully parallel save strategy; each rank hashes the
+``checkpoint.save_checkpoint`` (megatron's fully parallel save strategy; each rank hashes the
 shard files it wrote, rank 0 merges the checksums) and the load-time verification (every rank
 hashes its share of the files, ``verify_checkpoint_share``), then ``load_checkpoint``. Reported
 per phase: seconds for save, verify and load, the state's bytes, and the bytes each rank wrote.
@@ -46,9 +46,9 @@ def phase(size: str, out_dir: str) -> dict:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    from megatron_fixedcode import checkpoint
     from megatron_fixedcode.compat import ParallelLayout, initialize_distributed, parallel_ranks
     from megatron_fixedcode.models import ModelConfig, build_transformer_config
-    from megatron_fixedcode.training import checkpointing
     from megatron_fixedcode.training.model_chunks import build_model_chunks
 
     cfg = ModelConfig(num_attention_heads=8, seq_length=64, input_embedding="binary", **SIZES[size])
@@ -67,15 +67,15 @@ def phase(size: str, out_dir: str) -> dict:
     state = {"step": 1, "tokens": 0, "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
     dist.barrier()
     t0 = time.perf_counter()
-    target = checkpointing.save_checkpoint(out_dir, 1, chunks, optimizer, scheduler, state, keep_last=1)
+    target = checkpoint.save_checkpoint(out_dir, 1, chunks, optimizer, scheduler, state, keep_last=1)
     t_save = time.perf_counter() - t0
     t0 = time.perf_counter()
-    error = checkpointing.verify_checkpoint_share(target, dist.get_rank(), dist.get_world_size())
+    error = checkpoint.verify_checkpoint_share(target, dist.get_rank(), dist.get_world_size())
     dist.barrier()
     t_verify = time.perf_counter() - t0
     assert error is None, error
     t0 = time.perf_counter()
-    checkpointing.load_checkpoint(out_dir, chunks, optimizer, scheduler)
+    checkpoint.load_checkpoint(out_dir, chunks, optimizer, scheduler)
     dist.barrier()
     t_load = time.perf_counter() - t0
     written = {}
@@ -127,9 +127,9 @@ def format_phase(size: str, out_dir: str, fmt: str) -> dict:
     from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
     from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+    from megatron_fixedcode import checkpoint
     from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
     from megatron_fixedcode.models import ModelConfig, build_transformer_config
-    from megatron_fixedcode.training import checkpointing
     from megatron_fixedcode.training.model_chunks import build_model_chunks
 
     cfg = ModelConfig(num_attention_heads=8, seq_length=64, input_embedding="binary", **SIZES[size])
@@ -153,7 +153,7 @@ def format_phase(size: str, out_dir: str, fmt: str) -> dict:
     t0 = time.perf_counter()
     with PeakRSS() as rss:
         before = PeakRSS.rss()
-        checkpointing.save_checkpoint(out_dir, 1, chunks, optimizer, scheduler, state, keep_last=1)
+        checkpoint.save_checkpoint(out_dir, 1, chunks, optimizer, scheduler, state, keep_last=1)
     t_save = time.perf_counter() - t0
     added = torch.tensor([rss.peak - before], dtype=torch.float64)
     per_rank = [torch.zeros(1, dtype=torch.float64) for _ in range(dist.get_world_size())]

@@ -43,7 +43,7 @@ from torch import nn  # noqa: E402
 
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed  # noqa: E402
 from megatron_fixedcode.models import ModelConfig, build_transformer_config, parameter_report  # noqa: E402
-from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
+from megatron_fixedcode.models.cost import model_flops_per_token  # noqa: E402
 from megatron_fixedcode.training.forward_backward import forward_backward  # noqa: E402
 from megatron_fixedcode.training.model_chunks import build_model_chunks  # noqa: E402
 

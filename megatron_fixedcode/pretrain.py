@@ -10,7 +10,7 @@ import os
 import sys
 import warnings
 
-from megatron_fixedcode.exit_signals import exit_at_once_until_training
+from megatron_fixedcode.utils.exit_signals import exit_at_once_until_training
 
 # First thing, before the imports below take seconds: under the Slurm launchers the ranks start with
 # TERM and USR1 ignored (examples/slurm_node.sh), so a signal would otherwise be lost until the loop.

@@ -1,7 +1,7 @@
 """Analysis of trained models on CPU: activation statistics by token across depth, layer ablation,
 activation patching and linear probes (``tools/analyze_model.py``; docs/analysis.md)."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "hidden_states": "hooks",

@@ -10,7 +10,7 @@ import contextlib
 
 import torch
 
-from megatron_fixedcode.export.megatron_io import megatron_logits
+from megatron_fixedcode.checkpoint.single_process import megatron_logits
 
 
 def sites(model: torch.nn.Module) -> list[torch.nn.Module]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from megatron_fixedcode.analysis.hooks import hidden_states, next_token_nll, patch_site, skip_block
-from megatron_fixedcode.export.megatron_io import megatron_logits
+from megatron_fixedcode.checkpoint.single_process import megatron_logits
 
 
 def layer_ablation(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int) -> dict:

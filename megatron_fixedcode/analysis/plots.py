@@ -5,7 +5,7 @@ from pathlib import Path
 
 
 def plot_report(report: dict, out: Path) -> list[Path]:
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("matplotlib", "plots", "analyze_model plots").use("Agg")
     import matplotlib.pyplot as plt

@@ -87,7 +87,7 @@ def patching_pair(ids_BS: torch.Tensor, cfg: AnalysisConfig, vocab_size: int) ->
 
 
 def run_analysis(cfg: AnalysisConfig) -> dict:
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from megatron_fixedcode.tokenizers import tokenizer_from_record
 
     ckpt = load_megatron_checkpoint(cfg.load)

@@ -19,7 +19,7 @@ from pathlib import Path
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
 from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
-from megatron_fixedcode.eval import report
+from megatron_fixedcode.eval import tables
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -100,15 +100,15 @@ def main(argv=None) -> int:
     a = _parser().parse_args(argv)
     if a.compare:
         results = [json.loads(Path(f).read_text()) for f in a.compare]
-        out = report.compare(results)
-        md = report.comparison_markdown(out)
+        out = tables.compare(results)
+        md = tables.comparison_markdown(out)
     else:
         # stdout is the result only: what a library prints meanwhile (lm-eval 0.4.9's "bootstrapping
         # for stddev") goes to stderr, so `--json` output parses
         with contextlib.redirect_stdout(sys.stderr):
             out = _run(a)
         out.update({k: v for k, v in (("label", a.label), ("seed", a.seed)) if v is not None})
-        md = report.model_markdown(out)
+        md = tables.model_markdown(out)
     if a.output:
         Path(a.output).write_text(json.dumps(out, indent=2, sort_keys=True) + "\n")
     if a.markdown:

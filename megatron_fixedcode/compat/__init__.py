@@ -1,6 +1,6 @@
 """Compatibility layer: CPU/gloo runtime and the only access to megatron's parallel_state."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "apply_cpu_patches": "cpu",

@@ -1,6 +1,6 @@
 """Training data: megatron GPTDataset blends, paper-2 document windows and SFT records."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "build_datasets": "build",

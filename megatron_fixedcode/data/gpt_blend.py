@@ -20,8 +20,8 @@ from megatron.core.datasets.utils import Split
 
 from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.validate import check_token_ids
-from megatron_fixedcode.files import indexed_dataset_fingerprint
 from megatron_fixedcode.tokenizers.base import register_with_megatron
+from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 
 register_with_megatron()  # our tokenizers go into GPTDatasetConfig.tokenizer
 

@@ -26,11 +26,11 @@ SPLIT_RULE = ("valid when blake2b(key, key=split_seed) as a 64-bit integer < val
 
 def _tokens(prefix: str) -> tuple[int, int]:
     """(tokens, documents) of one shard, after the start-up consistency check."""
-    from megatron_fixedcode.data.verify import _read_index
+    from megatron_fixedcode.data.indexed_format import IndexFile
     from megatron_fixedcode.data.validate import check_shard
 
     shape = check_shard(prefix, field="shard")
-    sizes, _, _ = _read_index(prefix, shape["sequences"])
+    sizes = IndexFile(prefix + ".idx").sequence_lengths
     return int(sizes.sum(dtype=numpy.int64)), shape["documents"]
 
 

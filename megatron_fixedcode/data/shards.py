@@ -28,7 +28,7 @@ from typing import Optional, Sequence
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, expand_inputs, output_prefix_for, preprocess
 from megatron_fixedcode.data.preprocess.inputs import SUFFIXES
-from megatron_fixedcode.locks import LockHeld
+from megatron_fixedcode.utils.locks import LockHeld
 
 logger = logging.getLogger(__name__)
 
@@ -120,7 +120,7 @@ def _input_record(path: str) -> dict:
 
 def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tuple[str, str]:
     """``("done" | "failed" | "missing" | "stale", detail)`` for one shard of the plan."""
-    from megatron_fixedcode.files import file_sha256
+    from megatron_fixedcode.utils.files import file_sha256
 
     out, name = Path(plan["output_dir"]), shard_name(input_path)
     summary_path, failed_path = out / f"{name}_summary.json", out / f"{name}_failed.json"

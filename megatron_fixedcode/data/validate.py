@@ -15,15 +15,11 @@ out-of-range id is a named error and never a bare ``IndexError`` in an embedding
 from __future__ import annotations
 
 import os
-import struct
 from typing import Iterable, Optional
 
 import numpy
 
-from megatron_fixedcode.data.preprocess.indexed_format import CODE_DTYPES
-
-_INDEX_HEADER = b"MMIDIDX\x00\x00"
-_HEADER_BYTES = len(_INDEX_HEADER) + 8 + 1 + 8 + 8  # header, version, dtype code, #sequences, #documents
+from megatron_fixedcode.data.indexed_format import read_array, read_header
 
 
 class TokenIdOutOfRange(ValueError):
@@ -41,47 +37,29 @@ def check_shard(prefix: str, vocab_size: Optional[int] = None, field: str = "dat
         if not os.path.isfile(path):
             raise ValueError(f"{where}: {path} not found")
     idx_size, bin_size = os.path.getsize(idx_path), os.path.getsize(bin_path)
-    with open(idx_path, "rb") as f:
-        head = f.read(_HEADER_BYTES)
-    if len(head) < _HEADER_BYTES or head[: len(_INDEX_HEADER)] != _INDEX_HEADER:
-        raise ValueError(f"{where}: {idx_path} is not a megatron-core index (bad or truncated header)")
-    offset = len(_INDEX_HEADER)
-    (version,) = struct.unpack_from("<Q", head, offset)
-    (code,) = struct.unpack_from("<B", head, offset + 8)
-    num_sequences, num_documents = struct.unpack_from("<QQ", head, offset + 9)
-    if version != 1:
-        raise ValueError(f"{where}: {idx_path} has index version {version}, expected 1")
     try:
-        dtype = CODE_DTYPES[code]  # megatron-core's DType codes
-    except KeyError:
-        raise ValueError(f"{where}: {idx_path} has an unknown token dtype code {code}") from None
-    expected_idx = _HEADER_BYTES + num_sequences * (4 + 8) + num_documents * 8
+        header = read_header(idx_path)
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    dtype, num_sequences, num_documents = header.dtype, header.num_sequences, header.num_document_bounds
+    expected_idx = header.index_bytes
     if idx_size not in (expected_idx, expected_idx + num_sequences):  # + int8 modes (multimodal)
         raise ValueError(
             f"{where}: {idx_path} is {idx_size} bytes, its header ({num_sequences} sequences, "
             f"{num_documents} document bounds) needs {expected_idx}; the index is damaged or truncated"
         )
-    sizes_off = _HEADER_BYTES
-    pointers_off = sizes_off + num_sequences * 4
-    docs_off = pointers_off + num_sequences * 8
-    with open(idx_path, "rb") as f:
-        if num_documents:
-            f.seek(docs_off)
-            first = numpy.frombuffer(f.read(8), dtype=numpy.int64)[0]
-            f.seek(docs_off + (num_documents - 1) * 8)
-            last = numpy.frombuffer(f.read(8), dtype=numpy.int64)[0]
-            if first != 0 or last != num_sequences:
-                raise ValueError(
-                    f"{where}: {idx_path} document bounds run from {first} to {last}, expected 0 to "
-                    f"{num_sequences}; the index is damaged"
-                )
-        expected_bin = 0
-        if num_sequences:
-            f.seek(sizes_off + (num_sequences - 1) * 4)
-            last_size = int(numpy.frombuffer(f.read(4), dtype=numpy.int32)[0])
-            f.seek(pointers_off + (num_sequences - 1) * 8)
-            last_pointer = int(numpy.frombuffer(f.read(8), dtype=numpy.int64)[0])
-            expected_bin = last_pointer + last_size * dtype.itemsize
+    if num_documents:
+        first, last = (int(read_array(idx_path, header, "documents", i, 1)[0]) for i in (0, num_documents - 1))
+        if first != 0 or last != num_sequences:
+            raise ValueError(
+                f"{where}: {idx_path} document bounds run from {first} to {last}, expected 0 to "
+                f"{num_sequences}; the index is damaged"
+            )
+    expected_bin = 0
+    if num_sequences:
+        last_size = int(read_array(idx_path, header, "lengths", num_sequences - 1, 1)[0])
+        last_pointer = int(read_array(idx_path, header, "pointers", num_sequences - 1, 1)[0])
+        expected_bin = last_pointer + last_size * dtype.itemsize
     if bin_size != expected_bin:
         raise ValueError(
             f"{where}: {bin_path} is {bin_size} bytes but its index describes {expected_bin} "

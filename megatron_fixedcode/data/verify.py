@@ -22,8 +22,9 @@ from typing import Callable, Iterable, Optional, TextIO
 
 import numpy
 
-from megatron_fixedcode.data.validate import _HEADER_BYTES, check_shard
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.data.indexed_format import IndexFile
+from megatron_fixedcode.data.validate import check_shard
+from megatron_fixedcode.utils.files import file_sha256
 
 TOKEN_BLOCK = 1 << 24
 """Tokens read at once in the id scan (bounded memory whatever the shard size)."""
@@ -90,17 +91,6 @@ class Progress:
         print(self.line(), file=self.stream, flush=True)
 
 
-def _read_index(prefix: str, num_sequences: int) -> tuple[numpy.ndarray, numpy.ndarray, numpy.ndarray]:
-    """Sizes, pointers and document bounds (the layout megatron-core's ``_IndexWriter`` writes)."""
-    with open(prefix + ".idx", "rb") as f:
-        f.seek(_HEADER_BYTES - 8)
-        num_documents = int(numpy.frombuffer(f.read(8), numpy.int64)[0])
-        sizes = numpy.frombuffer(f.read(num_sequences * 4), numpy.int32)
-        pointers = numpy.frombuffer(f.read(num_sequences * 8), numpy.int64)
-        documents = numpy.frombuffer(f.read(num_documents * 8), numpy.int64)
-    return sizes, pointers, documents
-
-
 def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[int] = None,
                  recorded: Optional[dict] = None, on_block: Optional[Callable[[int], None]] = None) -> dict:
     """Check one ``prefix.bin/.idx`` completely; returns its counts or raises :class:`ShardError`.
@@ -118,7 +108,8 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
     except ValueError as e:
         raise ShardError(f"{prefix}: {str(e).split(': ', 1)[1]}") from None
     dtype = numpy.dtype(shape["dtype"])
-    sizes, pointers, documents = _read_index(prefix, shape["sequences"])
+    index = IndexFile(prefix + ".idx")
+    sizes, pointers, documents = index.sequence_lengths, index.sequence_pointers, index.document_indices
     if (sizes < 0).any():
         raise ShardError(f"{prefix}: {prefix}.idx holds a negative sequence length; the index is damaged")
     expected_pointers = numpy.concatenate([[0], numpy.cumsum(sizes.astype(numpy.int64))[:-1]]) * dtype.itemsize

@@ -1,16 +1,16 @@
 """Evaluation: validation loss/perplexity of checkpoints and exports, the LM Evaluation Harness,
 and per-model / across-seed reports."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "document_nll": "perplexity",
     "indexed_documents": "perplexity",
     "text_documents": "perplexity",
-    "compare": "report",
-    "comparison_markdown": "report",
-    "model_markdown": "report",
-    "seed_summary": "report",
+    "compare": "tables",
+    "comparison_markdown": "tables",
+    "model_markdown": "tables",
+    "seed_summary": "tables",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -25,7 +25,7 @@ import torch
 
 from megatron_fixedcode.data.jsonl import jsonl_records
 from megatron_fixedcode.eval.perplexity import LogitsFn, summed_nll
-from megatron_fixedcode.finite import check_finite_loss
+from megatron_fixedcode.utils.finite import check_finite_loss
 
 SQUAD_PROMPT = "{context}\n\nQuestion: {question}\nAnswer:"
 

@@ -12,9 +12,9 @@ import json
 from pathlib import Path
 from typing import Any
 
-from megatron_fixedcode._lazy import require
 from megatron_fixedcode.eval.audit import RequestAudit
 from megatron_fixedcode.export import hf_io
+from megatron_fixedcode.utils.lazy import require
 
 LOCAL_TASKS_DIR = Path(__file__).resolve().parent / "tasks"  # examples/eval, shipped as package data
 # (group or task, num_fewshot): paper 2's evaluation table. MMLU runs 0- and 5-shot.

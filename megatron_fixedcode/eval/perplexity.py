@@ -21,7 +21,7 @@ from typing import Callable, Iterable, Iterator
 import numpy as np
 import torch
 
-from megatron_fixedcode.finite import check_finite_loss
+from megatron_fixedcode.utils.finite import check_finite_loss
 
 LogitsFn = Callable[[torch.Tensor], torch.Tensor]  # ids [B, S] -> logits [B, S, V]
 NLL_CHUNK_BYTES = 64 << 20  # float64 log-probabilities held at once: ~170 positions at V = 49,152
@@ -134,7 +134,7 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
 
 
 def megatron_logits_fn(model: torch.nn.Module, vocab_size: int) -> LogitsFn:
-    from megatron_fixedcode.export.megatron_io import megatron_logits
+    from megatron_fixedcode.checkpoint.single_process import megatron_logits
 
     device = next(model.parameters()).device
     return lambda ids_BS: megatron_logits(model, ids_BS.to(device), vocab_size)

@@ -39,8 +39,8 @@ def _megatron_on(model, device: str | None, dtype: str):
 
 
 def _hf_model(model_dir: str, *, trust_remote_code: bool, device: str | None, dtype: str):
-    from megatron_fixedcode._lazy import require
     from megatron_fixedcode.export import hf_io
+    from megatron_fixedcode.utils.lazy import require
 
     transformers = require("transformers", "hf", "evaluate --hf-model")
     hf_io.read_config(model_dir)  # an incomplete export: one line, not transformers' traceback
@@ -91,7 +91,7 @@ def checkpoint_perplexity(load: str, *, step: int | None = None, text_files=None
                           tokenizer_model: str | None = None, verify: bool = True, device: str | None = None,
                           dtype: str = "float32") -> dict[str, Any]:
     """Single process, TP=1/PP=1: the checkpoint is resharded on load, whatever layout saved it."""
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tokenizer, tokenizer_record = _checkpoint_tokenizer(ckpt, load, tokenizer_model, required=bool(text_files))
@@ -142,8 +142,8 @@ def checkpoint_target_perplexity(load: str, *, step: int | None = None, squad=No
                                  tokenizer_model: str | None = None, verify: bool = True, device: str | None = None,
                                  dtype: str = "float32") -> dict[str, Any]:
     """SQuAD gold-answer or held-out SFT response perplexity of a megatron checkpoint (TP=1/PP=1)."""
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from megatron_fixedcode.eval.gold_answer import target_nll
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
 
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tokenizer, tokenizer_record = _checkpoint_tokenizer(ckpt, load, tokenizer_model, required=True)

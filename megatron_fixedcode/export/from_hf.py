@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from megatron_fixedcode.checkpoint.single_process import build_single_rank_model, save_megatron_checkpoint
 from megatron_fixedcode.codes import CodeSpec
 from megatron_fixedcode.export import hf_io
 from megatron_fixedcode.export.llama import (
@@ -23,9 +24,8 @@ from megatron_fixedcode.export.llama import (
     llama_to_megatron,
     model_config_from_llama,
 )
-from megatron_fixedcode.export.megatron_io import build_single_rank_model, save_megatron_checkpoint
-from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
+from megatron_fixedcode.utils.finite import refuse_non_finite
 
 logger = logging.getLogger(__name__)
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM", "FixedCodeLlamaForCausalLM")

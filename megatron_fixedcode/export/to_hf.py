@@ -15,12 +15,12 @@ from typing import Any
 
 import torch
 
+from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 from megatron_fixedcode.export import hf_io
 from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
 from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
-from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
-from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models.config import ModelConfig
+from megatron_fixedcode.utils.finite import refuse_non_finite
 
 logger = logging.getLogger(__name__)
 REMOTE_CODE = Path(__file__).with_name("modeling_fixedcode.py")
@@ -71,7 +71,7 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
     """Write config.json, generation_config.json, safetensors (+ index) and tokenizer files into
     ``OUT.partial`` and rename it to ``OUT`` when complete: a killed or failed export leaves no
     directory under the final name (readers refuse the marked ``OUT.partial``)."""
-    from megatron_fixedcode.locks import PathLock
+    from megatron_fixedcode.utils.locks import PathLock
 
     out = Path(out_dir)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -1,6 +1,6 @@
 """Models: the fixed-code input interface inside megatron-core's GPTModel."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "build_gpt_model": "builder",
@@ -9,8 +9,8 @@ _EXPORTS = {
     "ModelConfig": "config",
     "FixedCodeEmbedding": "fixed_code_embedding",
     "InputInterfaceGPTModel": "gpt",
-    "format_parameter_report": "report",
-    "parameter_report": "report",
+    "format_parameter_report": "cost",
+    "parameter_report": "cost",
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

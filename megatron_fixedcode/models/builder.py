@@ -20,7 +20,7 @@ from megatron_fixedcode.compat.autocast import keep_residual_stream_fp32
 from megatron_fixedcode.models.code_embeddings import embedding_class
 from megatron_fixedcode.models.config import BLOCKS, ModelConfig
 from megatron_fixedcode.models.gpt import InputInterfaceGPTModel, learned_embedding
-from megatron_fixedcode.te_install import TE_INSTALL_HINT
+from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from megatron_fixedcode.cli.parser import user_errors
 from megatron_fixedcode.replication.data import REPO_ROOT, prepare_study_data
-from megatron_fixedcode.replication.report import PPL, read_curve, write_report
+from megatron_fixedcode.replication.page import PPL, read_curve, write_report
 from megatron_fixedcode.replication.store import ResultStore
 from megatron_fixedcode.replication.study import PLANS, Run, StudyPlan
 

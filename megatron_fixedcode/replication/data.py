@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 from typing import Iterator
 
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.utils.files import file_sha256
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 

@@ -7,8 +7,8 @@ from pathlib import Path
 
 
 def heldout_perplexity(load: str, valid_prefix: str, *, max_tokens: int) -> dict:
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from megatron_fixedcode.eval.perplexity import document_nll, indexed_documents, megatron_logits_fn
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
     from megatron_fixedcode.tokenizers import tokenizer_from_record
 
     ckpt = load_megatron_checkpoint(load)

@@ -23,7 +23,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from megatron_fixedcode.files import file_sha256
+from megatron_fixedcode.utils.files import file_sha256
 
 # The fields that must be equal for runs to stand side by side in one table.
 COMPARED_FIELDS = ("data_manifest_fingerprint", "tokenizer_fingerprint", "eval_protocol_hash")
@@ -59,11 +59,11 @@ def eval_protocol(tasks: str, limit: float | None, tasks_dir: str | Path | None 
 
 def training_state(ckpt_dir: str | Path) -> dict | None:
     """The trainer state of the latest complete checkpoint (None: none yet)."""
-    from megatron_fixedcode.training import checkpointing
+    from megatron_fixedcode import checkpoint
 
     if not (Path(ckpt_dir) / "latest_checkpointed_iteration.txt").is_file():
         return None
-    return checkpointing.read_trainer_state(str(ckpt_dir))
+    return checkpoint.read_trainer_state(str(ckpt_dir))
 
 
 def planned_steps(state: dict) -> int:

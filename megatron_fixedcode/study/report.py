@@ -84,12 +84,12 @@ def markdown(data: dict[str, Any]) -> str:
 
 def plot_losses(curves: dict[str, Path], out: Path) -> Path | None:
     """Training (line) and validation (dots) loss of every run in one plot."""
-    from megatron_fixedcode.replication.report import read_curve
+    from megatron_fixedcode.replication.page import read_curve
 
     curves = {run: p for run, p in curves.items() if p.is_file()}
     if not curves:
         return None
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("matplotlib", "plots", "the study report's loss curves").use("Agg")
     import matplotlib.pyplot as plt

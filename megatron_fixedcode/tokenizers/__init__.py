@@ -1,6 +1,6 @@
 """Tokenizers behind one interface: ``build_tokenizer(type, model)``."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "Tokenizer": "base",

@@ -45,7 +45,7 @@ from megatron_fixedcode.training.megatron_args import (
     out_of_scope,
 )
 from megatron_fixedcode.training.megatron_inert import add_inert_args, inert_in_use
-from megatron_fixedcode.yaml_files import load_yaml
+from megatron_fixedcode.utils.yaml_files import load_yaml
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):

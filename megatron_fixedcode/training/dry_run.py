@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 
 from megatron_fixedcode.models.config import padded_vocab_size
-from megatron_fixedcode.te_install import TE_INSTALL_HINT
+from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 
 GB = 1e9
 RUNTIME_BYTES = 3 * GB  # CUDA context, cuBLAS/NCCL workspaces (docs/SCALING.md)

@@ -4,7 +4,7 @@ budget, a signal or a time limit ends it.
 
 Where each decision lives (docs/training.md, "How the trainer is put together"):
 ``run_plan`` (before any process group: budget, resume identity, load step, what a load restores),
-``trainer`` (the parts and a step, an evaluation, a save), ``checkpointing`` (the format on disk).
+``trainer`` (the parts and a step, an evaluation, a save), :mod:`megatron_fixedcode.checkpoint` (the format on disk).
 """
 from __future__ import annotations
 
@@ -17,20 +17,20 @@ import time
 
 import torch
 
+from megatron_fixedcode.checkpoint import CorruptCheckpoint
+from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
 from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
-from megatron_fixedcode.exit_signals import end_start_up
-from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
-from megatron_fixedcode.models.report import model_flops_per_token
+from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.arguments import PretrainConfig
-from megatron_fixedcode.training.checkpointing import CorruptCheckpoint
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
-from megatron_fixedcode.training.rank_agreement import any_rank
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
-from megatron_fixedcode.training.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
 from megatron_fixedcode.training.trainer import Trainer
+from megatron_fixedcode.utils.exit_signals import end_start_up
+from megatron_fixedcode.utils.locks import lock_save_dir
+from megatron_fixedcode.utils.rank_agreement import any_rank
 
 logger = logging.getLogger(__name__)
 

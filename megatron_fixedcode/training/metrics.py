@@ -42,7 +42,7 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
         except ImportError as e:
             raise ValueError(f"--tensorboard-dir needs the tensorboard package: pip install 'megatron-fixedcode[tb]' ({e})")
     if cfg.wandb_project:
-        from megatron_fixedcode._lazy import require
+        from megatron_fixedcode.utils.lazy import require
 
         require("wandb", "wandb", "--wandb-project")
 

@@ -6,7 +6,7 @@ parsed flags and the checkpoint's metadata (testable without torch.distributed).
 * :func:`stream_identity` — what fixes the sample stream (a resume must match it);
 * :func:`reconcile_schedule` — Megatron-LM's rules for a checkpoint's LR schedule against the flags;
 * what a load restores on another layout (Adam's state, the scheduler, the RNG) is decided in
-  :mod:`megatron_fixedcode.training.resume_scope`, which checkpointing applies.
+  :mod:`megatron_fixedcode.checkpoint.resume_scope`, which the checkpoint room applies.
 
 A user error found here is a ``ValueError``: one line on rank 0 and exit code 2, no traceback per rank.
 """
@@ -18,12 +18,12 @@ import os
 import types
 from pathlib import Path
 
-from megatron_fixedcode.files import indexed_dataset_fingerprint
+from megatron_fixedcode import checkpoint
+from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.tokenizers import tokenizer_from_args
-from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
-from megatron_fixedcode.training.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.training.runtime_checks import check_runtime
+from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 
 logger = logging.getLogger(__name__)
 
@@ -180,7 +180,7 @@ def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
     if not (ck.finetune and ck.save and not cfg.args.skip_train):
         return
     try:
-        latest = checkpointing.latest_step(ck.save)
+        latest = checkpoint.latest_step(ck.save)
     except ValueError:
         latest = None  # an unreadable marker: refused where the checkpoint is read
     if latest is None and not any(Path(ck.save).glob("iter_*")):
@@ -200,8 +200,8 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
     ``--load X --save X`` with nothing in X yet."""
     ck = cfg.checkpoint
     # Presence and sizes here; the trainer's ranks hash a share of the files each once the process
-    # group exists (checkpointing.verify_checkpoint_share).
-    step = checkpointing.verified_step(ck.load, ck.load_step, hash_files=False, verify=ck.verify)
+    # group exists (checkpoint.verify_checkpoint_share).
+    step = checkpoint.verified_step(ck.load, ck.load_step, hash_files=False, verify=ck.verify)
     if step is not None:
         return step
     if ck.finetune:
@@ -210,7 +210,7 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
         if int(os.environ.get("RANK", "0")) == 0:
             logger.info("--load %s holds no checkpoint yet: starting fresh (it is also --save)", ck.load)
         return None
-    what = "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpointing.LATEST_MARKER} missing)"
+    what = "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpoint.LATEST_MARKER} missing)"
     raise ValueError(f"--load {ck.load} {what}; to start fresh drop --load, or give the same directory as --save "
                      "(resume when a checkpoint is there, start fresh otherwise)")
 
@@ -218,8 +218,8 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
 def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
     """Refuse a resume that would not continue the checkpoint's run, naming what differs."""
     load, a = cfg.checkpoint.load, cfg.args
-    saved = checkpointing.read_trainer_state(load, plan.load_step)
-    where = f"--load {checkpointing.checkpoint_dir(load, plan.load_step)}"
+    saved = checkpoint.read_trainer_state(load, plan.load_step)
+    where = f"--load {checkpoint.checkpoint_dir(load, plan.load_step)}"
     now_model = dataclasses.asdict(plan.model_cfg)
     # a field a checkpoint does not record is older than the field: it was trained at the field's default
     defaults = {f.name: now_model[f.name] if f.default is dataclasses.MISSING else f.default
@@ -271,13 +271,13 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
                              "the data stream would not continue exactly")
     try:  # what the load will keep; refused here, before any process group, when it cannot
         resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=cfg.checkpoint.no_load_optim,
-                     rng_by_model_parallel_rank=saved.get(checkpointing.RNG_BY_MODEL_PARALLEL_RANK, False),
+                     rng_by_model_parallel_rank=saved.get(checkpoint.RNG_BY_MODEL_PARALLEL_RANK, False),
                      saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
                      distributed_optimizer=cfg.optim.use_distributed_optimizer)
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
-        reconcile_schedule(cfg, plan, saved_schedule=checkpointing.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+        reconcile_schedule(cfg, plan, saved_schedule=checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
 
 
 def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:

@@ -32,6 +32,8 @@ import torch.distributed as dist
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get_standard_config_overrides
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron_fixedcode import checkpoint
+from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.data import DataConfig, build_datasets
@@ -41,7 +43,6 @@ from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.tokenizers import tokenizer_record
-from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
@@ -56,9 +57,8 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
-from megatron_fixedcode.training.rank_agreement import global_sum, raise_if_any_rank_failed
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, sft_fields, stream_identity
-from megatron_fixedcode.training.save_checks import checkpoint_write_error, is_write_failure
+from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
 
 logger = logging.getLogger(__name__)
 
@@ -170,12 +170,12 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     if plan.load_step is None:
         return 0, 0
     rank, world = dist.get_rank(), dist.get_world_size()
-    target = checkpointing.checkpoint_dir(ck.load, plan.load_step)
-    error = checkpointing.verify_checkpoint_share(target, rank, world) if ck.verify else None
-    raise_if_any_rank_failed(error and checkpointing.corrupt_message(ck.load, plan.load_step, error),
-                             runtime_device(), checkpointing.CorruptCheckpoint)
-    state = checkpointing.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
-                                          load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
+    target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
+    error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
+    raise_if_any_rank_failed(error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
+                             runtime_device(), checkpoint.CorruptCheckpoint)
+    state = checkpoint.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
+                                       load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
     if ck.finetune:
         return 0, 0
     if ck.override_opt_param_scheduler:
@@ -193,7 +193,7 @@ def wandb_run_id(cfg: PretrainConfig, plan: RunPlan) -> str | None:
     if not cfg.logging.wandb_project:
         return None
     if plan.load_step is not None and not cfg.checkpoint.finetune:
-        saved = checkpointing.read_trainer_state(cfg.checkpoint.load, plan.load_step) or {}
+        saved = checkpoint.read_trainer_state(cfg.checkpoint.load, plan.load_step) or {}
         if saved.get("wandb_run_id"):
             return saved["wandb_run_id"]
     return uuid.uuid4().hex[:8]
@@ -223,7 +223,7 @@ class Trainer:
         self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
         # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
         seed_streams(a.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
-        self.report = parameter_report(self.model_cfg, [checkpointing.unwrap(c) for c in self.chunks], self.pg)
+        self.report = parameter_report(self.model_cfg, [checkpoint.unwrap(c) for c in self.chunks], self.pg)
         self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule)
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
         self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps, self.global_batch)
@@ -241,8 +241,8 @@ class Trainer:
                 "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
                 "tokenizer": tokenizer_record(self.cfg.args),
                 "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id,
-                "optimizer_format": checkpointing.optimizer_format(self.optimizer,
-                                                                   self.cfg.args.dist_ckpt_optim_fully_reshardable),
+                "optimizer_format": checkpoint.optimizer_format(self.optimizer,
+                                                                self.cfg.args.dist_ckpt_optim_fully_reshardable),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
@@ -357,11 +357,11 @@ class Trainer:
         ck = self.cfg.checkpoint
         self.wait_for_export()
         t0 = time.perf_counter()
-        target, error = checkpointing.checkpoint_dir(ck.save, self.step), None
+        target, error = checkpoint.checkpoint_dir(ck.save, self.step), None
         try:
             with params_synced(self.chunks):
-                path = checkpointing.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                     self.trainer_state(), ck.keep_last, ck.retain_interval)
+                path = checkpoint.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
+                                                  self.trainer_state(), ck.keep_last, ck.retain_interval)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
                 raise

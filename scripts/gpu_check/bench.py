@@ -22,7 +22,7 @@ step's time (the compile), and where every tensor was: the device of each parame
 trainer.chunks after the steps, and of the batch tensors the model was called with (a forward
 pre-hook). On CUDA, anything not on CUDA fails the run (exit 3).
 
-Model FLOPs per token = 6·N + 12·L·h·s (models.report.model_flops_per_token), N = trainable parameters
+Model FLOPs per token = 6·N + 12·L·h·s (models.cost.model_flops_per_token), N = trainable parameters
 that do matrix multiplies (blocks + output head; a learned input table is a lookup and is left out,
 so learned and binary are credited the same work); recomputation is not credited (MFU, not hardware
 FLOP utilization). MFU = model FLOP/s over the GPU's dense BF16 peak (training.metrics: 989.4 TFLOP/s
@@ -43,7 +43,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
-from megatron_fixedcode.models.report import model_flops_per_token  # noqa: E402
+from megatron_fixedcode.models.cost import model_flops_per_token  # noqa: E402
 from megatron_fixedcode.training.metrics import device_peak_flops  # noqa: E402
 
 LOCAL = ["--transformer-impl", "local"]
@@ -146,7 +146,7 @@ def placement(trainer, batch_devices: dict) -> dict:
 def run(a: argparse.Namespace) -> dict:
     import torch
 
-    from megatron_fixedcode.training import checkpointing
+    from megatron_fixedcode import checkpoint
     from megatron_fixedcode.training.arguments import parse_pretrain_args
     from megatron_fixedcode.training.runtime_checks import check_runtime
     from megatron_fixedcode.training.trainer import Trainer
@@ -169,7 +169,7 @@ def run(a: argparse.Namespace) -> dict:
             named = [(f"arg{i}", v) for i, v in enumerate(args)] + list(kwargs.items())
             batch_devices.update({n: str(v.device) for n, v in named if isinstance(v, torch.Tensor)})
 
-    hooks = [checkpointing.unwrap(c).register_forward_pre_hook(record_batch, with_kwargs=True) for c in trainer.chunks]
+    hooks = [checkpoint.unwrap(c).register_forward_pre_hook(record_batch, with_kwargs=True) for c in trainer.chunks]
     losses, times = [], []
     cuda = torch.cuda.is_available()
     sync = torch.cuda.synchronize if cuda else (lambda: None)
@@ -192,7 +192,7 @@ def run(a: argparse.Namespace) -> dict:
     args = cfg.args
     flops_tok = model_flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length)
     # the recipe's 24 layers: the same per-block work for the blocks left out (MFU projection only)
-    block = checkpointing.unwrap(trainer.chunks[0]).decoder.layers[0]
+    block = checkpoint.unwrap(trainer.chunks[0]).decoder.layers[0]
     per_block = sum(p.numel() for p in block.parameters() if p.requires_grad)
     flops_recipe = flops_tok + (RECIPE_LAYERS - args.num_layers) * (6 * per_block + 12 * args.hidden_size * args.seq_length)
     where = placement(trainer, batch_devices)

@@ -102,7 +102,7 @@ def test_run_analysis_on_a_saved_checkpoint_writes_json_and_plots(single_rank, t
     import json
 
     from megatron_fixedcode.analysis.run import AnalysisConfig, run_analysis
-    from megatron_fixedcode.export.megatron_io import save_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import save_megatron_checkpoint
     from tests.helpers.data import write_indexed_dataset
 
     m = model(single_rank, "gf2")

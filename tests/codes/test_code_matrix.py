@@ -103,8 +103,9 @@ def test_code_matrix_needs_gf2_and_agrees_with_code_offset(tmp_path, capsys):
 def test_trained_with_a_hand_made_matrix_exports_and_evaluates_exactly_that_map(tmp_path):
     pytest.importorskip("transformers")
     pytest.importorskip("safetensors")
+    from megatron_fixedcode.checkpoint import load_megatron_checkpoint, megatron_logits
     from megatron_fixedcode.eval.run import checkpoint_perplexity
-    from megatron_fixedcode.export import convert_checkpoint_to_hf, load_megatron_checkpoint, megatron_logits
+    from megatron_fixedcode.export import convert_checkpoint_to_hf
     from megatron_fixedcode.export.llama import model_config_from_llama
     from tests.helpers.export import hf_logits
 

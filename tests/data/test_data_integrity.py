@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_fixedcode.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
+from megatron_fixedcode.utils.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
 from tests.helpers.errors import refused
 
 REPO = Path(__file__).resolve().parents[2]
@@ -52,7 +52,7 @@ def test_lock_of_killed_holder_is_taken_over(tmp_path):
     ready = tmp_path / "ready"
     holder = _python(f"""
         import time
-        from megatron_fixedcode.locks import lock_save_dir
+        from megatron_fixedcode.utils.locks import lock_save_dir
         lock = lock_save_dir({str(tmp_path / 'ckpt')!r})
         open({str(ready)!r}, 'w').close()
         time.sleep(600)
@@ -342,11 +342,11 @@ def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
-    """The trainer's own path (training/checkpointing._fork_results_queue)."""
+    """The trainer's own path (checkpoint/save.py's _fork_results_queue)."""
     assert not _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
-        from megatron_fixedcode.training import checkpointing
+        from megatron_fixedcode.checkpoint.save import _fork_results_queue
         from megatron.core.dist_checkpointing.strategies import filesystem_async
-        checkpointing._fork_results_queue()
+        _fork_results_queue()
         queue = filesystem_async._results_queue
     """).replace("\n", "\n        "))
 
@@ -354,7 +354,7 @@ def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
 # --------------------------------------------------------------------------- 7: --save pre-flight
 
 def test_save_under_a_file_refused_before_training(tmp_path):
-    from megatron_fixedcode.training.save_checks import check_save_dir_writable
+    from megatron_fixedcode.checkpoint.save_checks import check_save_dir_writable
 
     (tmp_path / "file").write_text("x")
     with pytest.raises(ValueError, match=r"^--save .*file/ckpt: cannot create the directory: not a directory"):
@@ -367,7 +367,7 @@ def test_save_under_a_file_refused_before_training(tmp_path):
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root writes into read-only directories")
 def test_save_read_only_refused(tmp_path):
-    from megatron_fixedcode.training.save_checks import check_save_dir_writable
+    from megatron_fixedcode.checkpoint.save_checks import check_save_dir_writable
 
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o500)
@@ -378,7 +378,7 @@ def test_save_read_only_refused(tmp_path):
 def test_free_space_below_two_checkpoints_warns(tmp_path, monkeypatch):
     import shutil as _shutil
 
-    from megatron_fixedcode.training import save_checks
+    from megatron_fixedcode.checkpoint import save_checks
 
     size = save_checks.estimate_checkpoint_bytes(10_000_000)  # 10M params, Adam: ~126 MB
     assert 120e6 < size < 140e6
@@ -392,7 +392,7 @@ def test_free_space_below_two_checkpoints_warns(tmp_path, monkeypatch):
 def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
     import errno as _errno
 
-    from megatron_fixedcode.training import save_checks
+    from megatron_fixedcode.checkpoint import save_checks
 
     try:
         try:
@@ -445,7 +445,7 @@ _FULL_DISK_AT_STEP_2 = """
 
     filesystem_async.open = full_disk_open  # where megatron-core's checkpoint writer opens its shard files
     import shutil
-    from megatron_fixedcode.training import save_checks
+    from megatron_fixedcode.checkpoint import save_checks
     real_usage = shutil.disk_usage
     def full_disk_usage(path):  # and a full disk has no free bytes (megatron-core 0.19 passes on only "OSError")
         usage = real_usage(path)
@@ -461,7 +461,7 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
     """A full disk at the second save (step 2) gave torch's
     ``unexpected pos 704 vs 598``; now one line names the file and "no space left on device",
     exit code 2, and ``latest`` still names the verified step-1 checkpoint."""
-    from megatron_fixedcode.training import checkpointing
+    from megatron_fixedcode import checkpoint
     from tests.helpers.pretrain import TINY, data_args, write_corpus
 
     ckpt = tmp_path / "ckpt"
@@ -473,8 +473,8 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
     # megatron-core's writer logs the OSError of its worker too (one line; two on 0.19)
     refused(proc, f"cannot write checkpoint {ckpt / 'iter_0000002'}", "no space left on device",
                      "the last complete checkpoint is kept", also_from="megatron.core.dist_checkpointing")
-    assert checkpointing.latest_step(ckpt) == 1
-    assert checkpointing.verified_step(ckpt) == 1
+    assert checkpoint.latest_step(ckpt) == 1
+    assert checkpoint.verified_step(ckpt) == 1
     assert not (ckpt / "iter_0000002").exists()  # the partial save is not left to look like a checkpoint
 
 

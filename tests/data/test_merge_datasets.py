@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
+from megatron_fixedcode.data.indexed_format import IndexedWriter
 from megatron_fixedcode.data.preprocess import PreprocessConfig, merge_datasets, output_prefix_for, preprocess
-from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter
 from megatron_fixedcode.tokenizers import train_bpe_tokenizer
 
 REPO = Path(__file__).resolve().parents[2]

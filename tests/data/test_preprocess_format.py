@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter, IndexFile, optimal_dtype
+from megatron_fixedcode.data.indexed_format import IndexedWriter, IndexFile, optimal_dtype
 from megatron_fixedcode.tokenizers import train_bpe_tokenizer
 from tests.helpers import REPO
 

@@ -142,7 +142,7 @@ def test_verify_names_a_bin_changed_in_range(indexed, small_tokenizer, capsys, c
     passed the verifier, which checked structure, counts and ids but never the .bin's content.
     Preprocessing records the .bin's sha256; the verifier names the shard whose .bin differs,
     given its directory, its summary or the prefix itself (with or without a vocabulary)."""
-    from megatron_fixedcode.files import file_sha256
+    from megatron_fixedcode.utils.files import file_sha256
 
     out, summary = indexed
     train = output_prefix_for(str(out / "shard"), "train", "text")
@@ -164,7 +164,7 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
     the hash was recorded verifies with a note, not an error."""
     from megatron_fixedcode.data import shards
     from megatron_fixedcode.data.preprocess import merge_datasets
-    from megatron_fixedcode.files import file_sha256
+    from megatron_fixedcode.utils.files import file_sha256
 
     _write_shards(tmp_path / "in", n=2)
     shards.run_task(_plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2), 0)
@@ -489,7 +489,7 @@ def test_shard_benchmark_reports_both_paths_on_the_same_tokens(tmp_path):
 
 def test_shard_locked_by_another_task_is_left_to_it_not_failed(tmp_path, small_tokenizer):
     from megatron_fixedcode.data import shards
-    from megatron_fixedcode.locks import lock_output_prefix
+    from megatron_fixedcode.utils.locks import lock_output_prefix
 
     _write_shards(tmp_path / "in", n=2)
     plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=2)

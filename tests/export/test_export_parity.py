@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 import torch
 
-from megatron_fixedcode.export import convert_checkpoint_to_hf, load_megatron_checkpoint, megatron_logits
+from megatron_fixedcode.checkpoint import load_megatron_checkpoint, megatron_logits
+from megatron_fixedcode.export import convert_checkpoint_to_hf
 from tests.helpers.export import hf_greedy, hf_logits, megatron_greedy
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
 

@@ -5,15 +5,11 @@ import json
 import pytest
 import torch
 
-from megatron_fixedcode.export import (
-    convert_checkpoint_to_hf,
-    convert_hf_to_megatron,
-    load_megatron_checkpoint,
-    megatron_logits,
-)
-from tests.helpers.export import hf_logits, random_checkpoint
+from megatron_fixedcode.checkpoint import load_megatron_checkpoint, megatron_logits
+from megatron_fixedcode.export import convert_checkpoint_to_hf, convert_hf_to_megatron
 from tests.helpers import SMOLLM2_TOKENIZER
 from tests.helpers.errors import one_line_error
+from tests.helpers.export import hf_logits, random_checkpoint
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")

@@ -17,8 +17,8 @@ TINY_MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidde
 def random_checkpoint(root: Path, tokenizer_model: str | None = None, seed: int = 0, **fields) -> Path:
     """A checkpoint of a randomly initialized model (std 0.2, so logits are far from uniform),
     written the way the trainer writes one; returns the checkpoint root."""
+    from megatron_fixedcode.checkpoint.single_process import build_single_rank_model, save_megatron_checkpoint
     from megatron_fixedcode.export.from_hf import trainer_state_for
-    from megatron_fixedcode.export.megatron_io import build_single_rank_model, save_megatron_checkpoint
     from megatron_fixedcode.models import ModelConfig
 
     cfg = ModelConfig(**{**TINY_MODEL, "init_method_std": 0.2, **fields})
@@ -42,7 +42,7 @@ def hf_logits(model_dir: Path, ids_BS: torch.Tensor, trust_remote_code: bool = F
 
 
 def megatron_greedy(model, ids_1S: torch.Tensor, vocab_size: int, num_new: int) -> list[int]:
-    from megatron_fixedcode.export import megatron_logits
+    from megatron_fixedcode.checkpoint import megatron_logits
 
     ids = ids_1S.clone()
     for _ in range(num_new):

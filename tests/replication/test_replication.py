@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from megatron_fixedcode.replication.report import gap_percent, ppl_table, read_curve, variant_table
+from megatron_fixedcode.replication.page import gap_percent, ppl_table, read_curve, variant_table
 from megatron_fixedcode.replication.store import ResultStore
 from megatron_fixedcode.replication.study import PLANS, VARIANTS, Run, StudyPlan
 from tests.helpers import REPO

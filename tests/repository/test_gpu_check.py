@@ -150,7 +150,7 @@ def test_plan_reads_packaging_from_the_wheels_when_python_has_none(tmp_path):
 def test_model_flops_leave_out_the_input_table_and_mfu_uses_the_gpu_peak():
     from bench import summarize
 
-    from megatron_fixedcode.models.report import model_flops_per_token as flops_per_token
+    from megatron_fixedcode.models.cost import model_flops_per_token as flops_per_token
 
     learned = {"input_embedding": "learned", "trainable_params": 1_000 + 300, "input_interface_params": 300}
     binary = {"input_embedding": "binary", "trainable_params": 1_000, "input_interface_params": 0}

@@ -1,12 +1,15 @@
 """A crash while saving leaves the previous complete checkpoint as the one that loads."""
+from pathlib import Path
+
 import pytest
 import torch
+from megatron.core import dist_checkpointing
 from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
+from megatron_fixedcode import checkpoint
 from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.models import ModelConfig, build_transformer_config
-from megatron_fixedcode.training import checkpointing
 from megatron_fixedcode.training.forward_backward import forward_backward
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 
@@ -34,28 +37,28 @@ def weights(chunks):
 def test_crash_during_save_keeps_previous_checkpoint(single_rank, tmp_path, monkeypatch):
     chunks, opt, sched = make(single_rank)
     state = {"step": 1, "tokens": 8, "layout": {"world_size": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1}}
-    checkpointing.save_checkpoint(str(tmp_path), 1, chunks, opt, sched, state, keep_last=2)
+    checkpoint.save_checkpoint(str(tmp_path), 1, chunks, opt, sched, state, keep_last=2)
     saved = weights(chunks)
     for p in chunks[0].module.parameters():
         p.data.add_(1.0)  # training moved on
 
-    real_save = checkpointing.dist_checkpointing.save
+    real_save = dist_checkpointing.save
 
     def dies_half_way(state_dict, directory, *args, **kwargs):
-        (checkpointing.Path(directory) / "__0_0.distcp").write_bytes(b"partial")
+        (Path(directory) / "__0_0.distcp").write_bytes(b"partial")
         raise KeyboardInterrupt("killed while writing")
 
-    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", dies_half_way)
+    monkeypatch.setattr(dist_checkpointing, "save", dies_half_way)
     with pytest.raises(KeyboardInterrupt):
-        checkpointing.save_checkpoint(str(tmp_path), 2, chunks, opt, sched, dict(state, step=2), keep_last=2)
-    monkeypatch.setattr(checkpointing.dist_checkpointing, "save", real_save)
+        checkpoint.save_checkpoint(str(tmp_path), 2, chunks, opt, sched, dict(state, step=2), keep_last=2)
+    monkeypatch.setattr(dist_checkpointing, "save", real_save)
 
-    assert checkpointing.latest_step(tmp_path) == 1
+    assert checkpoint.latest_step(tmp_path) == 1
     assert (tmp_path / "iter_0000002").exists()  # the half-written directory is there, but not "latest"
     fresh, opt2, sched2 = make(single_rank)
-    loaded = checkpointing.load_checkpoint(str(tmp_path), fresh, opt2, sched2)
+    loaded = checkpoint.load_checkpoint(str(tmp_path), fresh, opt2, sched2)
     assert loaded["step"] == 1
     for key, value in weights(fresh).items():
         assert torch.equal(value, saved[key]), key
     with pytest.raises(ValueError, match="--ckpt-step 2: no complete checkpoint"):
-        checkpointing.load_checkpoint(str(tmp_path), fresh, opt2, sched2, step=2)
+        checkpoint.load_checkpoint(str(tmp_path), fresh, opt2, sched2, step=2)

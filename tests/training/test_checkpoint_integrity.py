@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.checkpointing import latest_step
+from megatron_fixedcode import checkpoint
+from megatron_fixedcode.checkpoint import latest_step
 from tests.helpers import REPO
 from tests.helpers.errors import refused
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
@@ -66,9 +66,9 @@ def test_load_that_holds_no_checkpoint_is_an_error(tmp_path, corpus):
 # --- checksums recorded at save, verified on every load; the way forward
 
 def test_checksums_cover_every_file_of_a_checkpoint(trained):
-    target = checkpointing.checkpoint_dir(trained["ckpt"], 2)
-    manifest = json.loads((target / checkpointing.CHECKSUMS).read_text())["files"]
-    on_disk = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file() and p.name != checkpointing.CHECKSUMS}
+    target = checkpoint.checkpoint_dir(trained["ckpt"], 2)
+    manifest = json.loads((target / checkpoint.CHECKSUMS).read_text())["files"]
+    on_disk = {str(p.relative_to(target)) for p in target.rglob("*") if p.is_file() and p.name != checkpoint.CHECKSUMS}
     assert set(manifest) == on_disk and any(n.endswith(".distcp") for n in manifest)
 
 
@@ -77,7 +77,7 @@ def corrupt(trained, tmp_path):
     """A copy of the trained checkpoint with bytes flipped inside the latest step's .distcp shard."""
     ckpt = tmp_path / "ckpt"
     shutil.copytree(trained["ckpt"], ckpt)
-    shard = sorted(checkpointing.checkpoint_dir(ckpt, 2).glob("*.distcp"))[0]
+    shard = sorted(checkpoint.checkpoint_dir(ckpt, 2).glob("*.distcp"))[0]
     data = bytearray(shard.read_bytes())
     for i in range(len(data) // 2, len(data) // 2 + 8):
         data[i] ^= 0xFF
@@ -89,15 +89,15 @@ def test_corrupt_latest_checkpoint_is_refused_naming_file_and_way_forward(corrup
     ckpt, shard = corrupt
     for extra in (["--train-iters", "3", "--save", str(ckpt)], ["--train-iters", "2", "--skip-train"]):
         proc = pretrain(*extra, "--load", str(ckpt), "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
-        refused(proc, str(shard), "--ckpt-step 1", str(checkpointing.checkpoint_dir(ckpt, 1)))
-    assert checkpointing.verified_step(ckpt, 1) == 1  # the way forward verifies
+        refused(proc, str(shard), "--ckpt-step 1", str(checkpoint.checkpoint_dir(ckpt, 1)))
+    assert checkpoint.verified_step(ckpt, 1) == 1  # the way forward verifies
 
 
 def test_corrupt_checkpoint_is_refused_by_converter_and_evaluate(corrupt, tmp_path, capsys):
     ckpt, shard = corrupt
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 
-    with pytest.raises(checkpointing.CorruptCheckpoint, match=shard.name):
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=shard.name):
         load_megatron_checkpoint(ckpt)
     import importlib.util
 
@@ -119,21 +119,21 @@ def test_corrupt_checkpoint_is_refused_by_converter_and_evaluate(corrupt, tmp_pa
 def _copy(trained, tmp_path):
     ckpt = tmp_path / "ckpt"
     shutil.copytree(trained["ckpt"], ckpt)
-    return ckpt, checkpointing.checkpoint_dir(ckpt, 2)
+    return ckpt, checkpoint.checkpoint_dir(ckpt, 2)
 
 
 def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, corpus, tmp_path):
     """Deleting checksums.json no longer loads changed bytes under the false
     reason 'saved before checksums were recorded' — the checkpoint's metadata says it had them."""
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 
     ckpt, target = _copy(trained, tmp_path)
-    (target / checkpointing.CHECKSUMS).unlink()
-    with pytest.raises(checkpointing.CorruptCheckpoint, match="saved with checksums.*--no-verify-checkpoint"):
+    (target / checkpoint.CHECKSUMS).unlink()
+    with pytest.raises(checkpoint.CorruptCheckpoint, match="saved with checksums.*--no-verify-checkpoint"):
         load_megatron_checkpoint(ckpt)
     proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--tokenizer-model", trained["tok"],
                     *_common(corpus), check=False)
-    refused(proc, str(target / checkpointing.CHECKSUMS), "--ckpt-step 1")
+    refused(proc, str(target / checkpoint.CHECKSUMS), "--ckpt-step 1")
     # the explicit way past it, with a warning
     proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--no-verify-checkpoint",
                     "--tokenizer-model", trained["tok"], *_common(corpus))
@@ -143,14 +143,14 @@ def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, co
 
 def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
     ckpt, target = _copy(trained, tmp_path)
-    record_path = target / checkpointing.CHECKSUMS
+    record_path = target / checkpoint.CHECKSUMS
     record = json.loads(record_path.read_text())
     dropped = sorted(n for n in record["files"] if n.endswith(".distcp"))[0]
     del record["files"][dropped]
     record_path.write_text(json.dumps(record))
-    with pytest.raises(checkpointing.CorruptCheckpoint, match=f"{dropped}: not covered by {checkpointing.CHECKSUMS}"):
-        checkpointing.verified_step(ckpt, 2)
-    assert checkpointing.verified_step(ckpt, 2, verify=False) == 2
+    with pytest.raises(checkpoint.CorruptCheckpoint, match=f"{dropped}: not covered by {checkpoint.CHECKSUMS}"):
+        checkpoint.verified_step(ckpt, 2)
+    assert checkpoint.verified_step(ckpt, 2, verify=False) == 2
 
 
 # --- resume refusals name the field; the tokenizer joins the resume identity
@@ -228,7 +228,7 @@ def test_parse_time_validation(capsys):
 # --- one job at a time writes a --save directory
 
 def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
-    from megatron_fixedcode.locks import lock_save_dir
+    from megatron_fixedcode.utils.locks import lock_save_dir
 
     ckpt = tmp_path / "ckpt"
     with lock_save_dir(ckpt):  # stands for a first job still training into it
@@ -288,7 +288,7 @@ def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, 
 def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpus, tmp_path):
     """The marker is read as bytes; non-ASCII is one line naming the file."""
     ckpt, _ = _copy(trained, tmp_path)
-    marker = ckpt / checkpointing.LATEST_MARKER
+    marker = ckpt / checkpoint.LATEST_MARKER
     marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
     proc = pretrain("--train-iters", "3", "--load", str(ckpt), "--save", str(ckpt), "--tokenizer-model", trained["tok"],
                     *_common(corpus), check=False)
@@ -350,4 +350,4 @@ def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monk
     assert "export of step 2 failed (killed by signal 9" in errors[1] and f"{step2}.log" in errors[1]
     assert f"--load {ckpt} --ckpt-step 2 --output {step2}" in errors[1]
     assert sorted(p.name for p in (ckpt / "hf").iterdir()) == ["iter_0000001.log", "iter_0000002.log"]
-    assert latest_step(ckpt) == 2 and checkpointing.verified_step(ckpt, 2) == 2
+    assert latest_step(ckpt) == 2 and checkpoint.verified_step(ckpt, 2) == 2

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.training import save_checks
+from megatron_fixedcode.checkpoint import save_checks
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 # Big enough that the tensors dominate the files (2.36M parameters), small enough for one CPU step.

@@ -138,7 +138,7 @@ def test_collective_counter_records_the_device_of_every_tensor(single_rank):
 def test_trainer_collectives_use_the_trainer_device(monkeypatch):
     """global_sum/any_rank build their tensors on the device they are given, never by default on
     the CPU (NCCL refuses CPU tensors). The collective is intercepted; ``meta`` stands in for a GPU."""
-    from megatron_fixedcode.training import rank_agreement
+    from megatron_fixedcode.utils import rank_agreement
 
     devices = []
     monkeypatch.setattr(rank_agreement.dist, "all_reduce", lambda t, **kw: devices.append(t.device))

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.training.checkpointing import CHECKSUMS, checkpoint_dir, latest_step
+from megatron_fixedcode.checkpoint import CHECKSUMS, checkpoint_dir, latest_step
 from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
 pytestmark = pytest.mark.slow

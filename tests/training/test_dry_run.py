@@ -11,8 +11,8 @@ import sys
 import pytest
 
 from megatron_fixedcode.training.arguments import parse_pretrain_args
-from megatron_fixedcode.te_install import TE_INSTALL_HINT
 from megatron_fixedcode.training.dry_run import GB, plan
+from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 from tests.helpers import REPO
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
@@ -97,7 +97,7 @@ def test_gpt2_block_counts_the_tied_table_once_and_the_position_table():
 ], ids=["gpt2", "untied-qknorm", "llama-gqa-binary", "rmsnorm-swiglu-qkvbias", "squared-relu-binary"])
 def test_dry_run_parameter_count_equals_the_built_model(single_rank, flags):
     """The dry run's parameter count is the model's: every bias, norm and table megatron-core builds."""
-    from megatron_fixedcode.export.megatron_io import build_single_rank_model
+    from megatron_fixedcode.checkpoint.single_process import build_single_rank_model
 
     parsed = parse_pretrain_args(["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
                                   "--ffn-hidden-size", "320", "--seq-length", "64", "--max-position-embeddings", "96",

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from megatron_fixedcode import locks
-from megatron_fixedcode.locks import LockHeld, lock_save_dir
+from megatron_fixedcode.utils import locks
+from megatron_fixedcode.utils.locks import LockHeld, lock_save_dir
 
 
 @pytest.fixture

@@ -219,7 +219,7 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus
     # the checkpoint holds Megatron-LM's GPT-2 block: learned positions, linear biases, the head tied to the table
     from tokenizers import Tokenizer
 
-    from megatron_fixedcode.export import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint import load_megatron_checkpoint
     from megatron_fixedcode.export.hf_io import write_tokenizer
     from megatron_fixedcode.export.to_hf import hf_tensors_and_config
     from megatron_fixedcode.tokenizers import build_tokenizer
@@ -364,7 +364,7 @@ def test_qk_layernorm_qkv_bias_squared_relu_and_rope_scaling_train(corpus, tmp_p
     model that trains, as megatron-core builds them; a SwiGLU block refuses --squared-relu in one line."""
     import torch
 
-    from megatron_fixedcode.export.megatron_io import build_single_rank_model, load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import build_single_rank_model, load_megatron_checkpoint
     from megatron_fixedcode.models import build_transformer_config
 
     argv = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
@@ -399,7 +399,7 @@ def test_qk_layernorm_qkv_bias_squared_relu_and_rope_scaling_train(corpus, tmp_p
 
 
 def test_checkpoint_retention(tmp_path):
-    from megatron_fixedcode.training.checkpointing import _prune
+    from megatron_fixedcode.checkpoint.save import _prune
 
     def run(keep_last, retain):
         root = tmp_path / f"{keep_last}-{retain}"
@@ -455,11 +455,12 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
 
 
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
-    from megatron_fixedcode.training import checkpointing, metrics, trainer
+    from megatron_fixedcode import checkpoint
+    from megatron_fixedcode.training import metrics, trainer
     from megatron_fixedcode.training.config import LoggingConfig
 
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
-    monkeypatch.setattr(checkpointing, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})
+    monkeypatch.setattr(checkpoint, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})
     assert trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=3)) == "run42"
     fresh = trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=None))
     assert fresh and fresh != "run42"
@@ -492,8 +493,8 @@ def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
 def test_the_loop_hands_the_start_up_signals_back():
     """Start-up exits at once on SIGTERM/SIGUSR1; once the loop runs only --exit-signal is caught,
     and a signal it does not name has its earlier handler again (not a silent exit 0)."""
-    from megatron_fixedcode.exit_signals import exit_at_once_until_training
     from megatron_fixedcode.training.loop import ExitRequest
+    from megatron_fixedcode.utils.exit_signals import exit_at_once_until_training
 
     saved = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     try:
@@ -605,7 +606,7 @@ def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_p
     table and output layer (here the output layer: the code has no table), on the same warmup and decay with its
     own peak and floor; a stop and resume continues both exactly; a resume that adds or drops the group is refused
     in one line; at --decoupled-lr 0 the output layer keeps its initial weights while the blocks train."""
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from tests.helpers.pretrain import assert_same_steps
 
     mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "4"]  # warmup 2, cosine to step 4
@@ -634,7 +635,7 @@ def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_p
 def test_padded_vocab_size_sets_the_output_rows(tmp_path, capsys):
     """--padded-vocab-size (Megatron-LM's; its modelopt Qwen lists give it): the output layer has exactly that many
     rows; a resume without it is refused in one line; too few rows, or rows TP ranks cannot share, at parse time."""
-    from megatron_fixedcode.export.megatron_io import saved_padded_vocab
+    from megatron_fixedcode.checkpoint.single_process import saved_padded_vocab
 
     mock = ["--mock-data", "--tokenizer-type", "NullTokenizer", "--train-iters", "2"]
     ckpt = tmp_path / "ckpt"

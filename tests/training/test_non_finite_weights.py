@@ -17,7 +17,7 @@ POISONED = "decoder.layers.1.mlp.linear_fc1.weight"
 
 def _checkpoint_with(root: Path, value: float, **fields) -> Path:
     """A checkpoint (written as the trainer writes one) whose ``POISONED`` tensor holds ``value``."""
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint, save_megatron_checkpoint
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint, save_megatron_checkpoint
 
     ckpt = load_megatron_checkpoint(random_checkpoint(root.with_name(root.name + "_src"), **fields))
     with torch.no_grad():

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from megatron_fixedcode.training.checkpointing import latest_step
+from megatron_fixedcode.checkpoint import latest_step
 from tests.helpers import REPO
 from tests.helpers.pretrain import TINY, assert_same_steps, data_args, pretrain, read_metrics, write_corpus
 

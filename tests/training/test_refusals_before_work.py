@@ -123,7 +123,7 @@ def _alias_bomb(levels: int = 9) -> str:
 
 
 def test_a_recipe_alias_bomb_is_refused_without_expanding_it(tmp_path, capsys):
-    from megatron_fixedcode.yaml_files import load_yaml
+    from megatron_fixedcode.utils.yaml_files import load_yaml
 
     recipe = tmp_path / "bomb.yaml"
     recipe.write_text(_alias_bomb())
@@ -139,7 +139,7 @@ def test_a_recipe_alias_bomb_is_refused_without_expanding_it(tmp_path, capsys):
 
 def test_recipes_with_shared_values_still_load(tmp_path):
     """An alias used as intended (a value reused) is fine."""
-    from megatron_fixedcode.yaml_files import load_yaml
+    from megatron_fixedcode.utils.yaml_files import load_yaml
 
     recipe = tmp_path / "ok.yaml"
     recipe.write_text("lr: &peak 1.5e-4\nmin_lr: 1.0e-5\nextra: *peak\n")

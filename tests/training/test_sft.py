@@ -162,9 +162,9 @@ def test_bad_record_stops_the_trainer_with_one_line_and_exit_2(tmp_path):
 # --- evaluation ----------------------------------------------------------------------------------
 
 def test_gold_answer_and_response_perplexity_equal_a_direct_forward_pass(tmp_path):
+    from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint, megatron_logits
     from megatron_fixedcode.eval.gold_answer import squad_prompt
     from megatron_fixedcode.eval.run import checkpoint_target_perplexity
-    from megatron_fixedcode.export.megatron_io import load_megatron_checkpoint, megatron_logits
     from megatron_fixedcode.tokenizers import build_tokenizer
 
     src = random_checkpoint(tmp_path / "ckpt", input_embedding="binary", vocab_size=49152, seq_length=64,

@@ -1,6 +1,6 @@
 """Corpus indexing: JSONL/Parquet -> megatron-core ``.bin/.idx`` with a document-level split."""
 
-from megatron_fixedcode._lazy import lazy_exports
+from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
     "PreprocessConfig": "config",

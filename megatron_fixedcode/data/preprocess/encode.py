@@ -14,8 +14,8 @@ from typing import Optional
 import numpy as np
 
 from megatron_fixedcode.compat.process import die_with_parent
+from megatron_fixedcode.data.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
-from megatron_fixedcode.data.preprocess.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.inputs import Chunk
 from megatron_fixedcode.tokenizers import Tokenizer, build_tokenizer
 
@@ -31,7 +31,7 @@ _WORKER: dict = {}
 
 def sentence_splitter():
     """nltk punkt if its data is installed; never downloads (falls back to untrained punkt)."""
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("nltk", "data", "--split-sentences")
     from nltk.tokenize.punkt import PunktSentenceTokenizer

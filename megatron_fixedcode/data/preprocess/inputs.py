@@ -74,7 +74,7 @@ def _jsonl_chunks(path: Path, cfg: PreprocessConfig, bytes_before: int) -> Itera
 
 
 def _parquet_chunks(path: Path, cfg: PreprocessConfig, bytes_before: int) -> Iterator[Chunk]:
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     pyarrow = require("pyarrow", "data", f"reading parquet ({path})")
     import pyarrow.parquet as pq

@@ -20,9 +20,9 @@ from typing import Sequence
 
 import numpy as np
 
-from megatron_fixedcode.data.preprocess.indexed_format import IndexedWriter, IndexFile
-from megatron_fixedcode.files import file_sha256
-from megatron_fixedcode.locks import lock_output_prefix
+from megatron_fixedcode.data.indexed_format import IndexedWriter, IndexFile
+from megatron_fixedcode.utils.files import file_sha256
+from megatron_fixedcode.utils.locks import lock_output_prefix
 
 logger = logging.getLogger(__name__)
 

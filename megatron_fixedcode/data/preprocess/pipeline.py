@@ -18,13 +18,13 @@ from typing import Sequence
 
 import numpy as np
 
+from megatron_fixedcode.data.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_prefix_for
 from megatron_fixedcode.data.preprocess.encode import encode_chunk, init_worker, sentence_splitter
-from megatron_fixedcode.data.preprocess.indexed_format import optimal_dtype
 from megatron_fixedcode.data.preprocess.inputs import expand_inputs, iter_chunks
 from megatron_fixedcode.data.preprocess.outputs import AtomicIndexedOutputs
-from megatron_fixedcode.locks import lock_output_prefix
 from megatron_fixedcode.tokenizers import build_tokenizer
+from megatron_fixedcode.utils.locks import lock_output_prefix
 
 logger = logging.getLogger(__name__)
 

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import yaml
 
-from megatron_fixedcode.eval.report import seed_summary
+from megatron_fixedcode.eval.tables import seed_summary
 from megatron_fixedcode.replication.study import MAIN_VARIANTS, VARIANTS, Run, StudyPlan
 
 READING_FILE = "reading.md"  # hand-written, beside the records; included verbatim
@@ -55,7 +55,7 @@ def gap_percent(table: dict[str, dict], variant: str, reference: str = "learned"
 def plot_curves(records: dict[Run, dict], out: Path) -> Path:
     """Two panels side by side: the main variants (every seed) and the controls next to learned and
     binary at the first seed. Training loss as lines, held-out loss as dots."""
-    from megatron_fixedcode._lazy import require
+    from megatron_fixedcode.utils.lazy import require
 
     require("matplotlib", "plots", "the replication report's loss curves").use("Agg")
     import matplotlib.pyplot as plt

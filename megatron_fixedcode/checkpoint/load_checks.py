@@ -9,7 +9,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from megatron_fixedcode.training.checkpointing import CorruptCheckpoint, unwrap
+from megatron_fixedcode.checkpoint.paths import CorruptCheckpoint
+from megatron_fixedcode.checkpoint.state import unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -17,8 +18,8 @@ logger = logging.getLogger(__name__)
 def refuse_non_finite_weights(target: Path, chunks, action: str) -> None:
     """Every rank checks the weights it loaded; one with a NaN/Inf stops them all (exit 2, rank 0
     names the tensor): a checkpoint whose weights are not finite is not trained on."""
-    from megatron_fixedcode.finite import non_finite
-    from megatron_fixedcode.training.rank_agreement import raise_if_any_rank_failed
+    from megatron_fixedcode.utils.finite import non_finite
+    from megatron_fixedcode.utils.rank_agreement import raise_if_any_rank_failed
 
     bad = non_finite((n, p) for c in chunks for n, p in unwrap(c).named_parameters())
     error = None if bad is None else (f"{target}: tensor {bad} is not finite; refusing to {action} it "

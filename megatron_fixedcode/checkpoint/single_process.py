@@ -15,10 +15,12 @@ import torch
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
+from megatron_fixedcode.checkpoint.paths import LATEST_MARKER, _fsync_write, checkpoint_dir, read_trainer_state
+from megatron_fixedcode.checkpoint.save import _fork_results_queue
+from megatron_fixedcode.checkpoint.verify import verified_step, write_checksums
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
-from megatron_fixedcode.finite import refuse_non_finite
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
-from megatron_fixedcode.training import checkpointing
+from megatron_fixedcode.utils.finite import refuse_non_finite
 
 
 @dataclasses.dataclass
@@ -72,11 +74,11 @@ def load_megatron_checkpoint(root: str | Path, step: int | None = None, verify: 
         raise ValueError(f"--load {root}: no such directory")
     if root.name.startswith("iter_") and (root / "metadata.json").exists():
         root, step = root.parent, int(root.name[5:])
-    step = checkpointing.verified_step(str(root), step, verify=verify)  # refuses bytes changed since the save
+    step = verified_step(str(root), step, verify=verify)  # refuses bytes changed since the save
     if step is None:
-        raise ValueError(f"--load {root}: no complete checkpoint ({checkpointing.LATEST_MARKER} missing)")
-    path = checkpointing.checkpoint_dir(root, step)
-    trainer_state = checkpointing.read_trainer_state(str(root), step)
+        raise ValueError(f"--load {root}: no complete checkpoint ({LATEST_MARKER} missing)")
+    path = checkpoint_dir(root, step)
+    trainer_state = read_trainer_state(str(root), step)
     cfg = model_config_from_trainer_state(trainer_state)
     torch.manual_seed(0)
     model = build_single_rank_model(cfg, saved_padded_vocab(path))
@@ -92,14 +94,14 @@ def save_megatron_checkpoint(root: str | Path, model: torch.nn.Module, trainer_s
     """Write ``root/iter_STEP`` (model weights + trainer dict) and the ``latest`` marker, as the
     trainer does; it loads at any TP/PP with ``--load root --finetune``."""
     single_process()
-    target = checkpointing.checkpoint_dir(root, step)
+    target = checkpoint_dir(root, step)
     if target.exists():
         raise ValueError(f"--save {root}: {target} already exists")
     target.mkdir(parents=True)
-    checkpointing._fork_results_queue()
+    _fork_results_queue()
     dist_checkpointing.save({"model": model.sharded_state_dict(), "trainer": trainer_state}, str(target))
-    checkpointing.write_checksums(target)
-    checkpointing._fsync_write(Path(root) / checkpointing.LATEST_MARKER, str(step))
+    write_checksums(target)
+    _fsync_write(Path(root) / LATEST_MARKER, str(step))
     return target
 
 

@@ -1,0 +1,99 @@
+"""Load a checkpoint on every rank, resharded to this run's layout, keeping what
+:func:`~megatron_fixedcode.checkpoint.resume_scope.resume_scope` allows."""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+
+from megatron_fixedcode.checkpoint.load_checks import log_precision_change, refuse_non_finite_weights
+from megatron_fixedcode.checkpoint.paths import checkpoint_dir, read_trainer_state, resolve_step
+from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
+from megatron_fixedcode.checkpoint.state import (RNG_BY_MODEL_PARALLEL_RANK, _data_parallel_group,
+                                                 _model_parallel_rng_object, _optimizer_metadata, _ranks, _rng_object,
+                                                 model_sharded_state, optimizer_format, unwrap)
+
+logger = logging.getLogger(__name__)
+
+
+def _load_strategy(target: Path) -> dict:
+    """Each data-parallel rank reads a share of the replicated tensors and they exchange them."""
+    from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
+
+    return {"sharded_strategy": FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(target)),
+                                                                 _data_parallel_group())}
+
+
+def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
+                    weights_only: bool = False, load_optim: bool = True, load_rng: bool = True) -> dict | None:
+    """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
+    state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
+    without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
+    optimizer's main weights, so its first step updates them and not the initial ones.
+
+    Returns the trainer state, or None when ``root`` has no complete checkpoint."""
+    from megatron_fixedcode.compat.rng import restore_rng_state
+
+    step = resolve_step(root, step)
+    if step is None:
+        return None
+    target = checkpoint_dir(root, step)
+    trainer_state = read_trainer_state(root, step)
+    saved, now = trainer_state["layout"], _current_layout(trainer_state)
+    saved_format = trainer_state.get("optimizer_format", PER_PARAMETER)  # earlier versions: plain optimizers only
+    scope = resume_scope(saved, now, weights_only=weights_only,
+                         rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+                         saved_optimizer_format=saved_format,
+                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER) if load_optim else \
+        resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
+    if not load_optim or not load_rng:  # Megatron-LM's --no-load-optim (optimizer and scheduler) / --no-load-rng
+        scope = dataclasses.replace(scope, rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(
+            saved, now, trainer_state), note=f"{scope.note}; --no-load-optim/--no-load-rng")
+    model_state = model_sharded_state(chunks)
+    template: dict[str, Any] = dict(model_state)
+    if scope.optimizer:
+        template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
+                                                             metadata=_optimizer_metadata(saved_format))
+    if scope.rng == "per_rank":
+        template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
+    elif scope.rng == "per_model_parallel_rank":  # every DP rank reads the object DP rank 0 saved
+        template["rng_tp_pp"] = _model_parallel_rng_object(_ranks())
+    loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
+    for i, chunk in enumerate(chunks):
+        unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
+    refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
+    log_precision_change(trainer_state, chunks)
+    if scope.optimizer:
+        optimizer.load_state_dict(loaded["optimizer"])
+    elif optimizer is not None and scope.reload_main_weights:
+        optimizer.reload_model_params()
+    if scope.rng == "per_rank":
+        restore_rng_state(loaded["rng"])
+    elif scope.rng == "per_model_parallel_rank":
+        restore_rng_state(loaded["rng_tp_pp"])
+    if saved != now and not weights_only:
+        logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
+    if scope.scheduler:
+        scheduler.load_state_dict(loaded["opt_param_scheduler"])
+    logger.info("resumed from %s (step %d)", target, trainer_state["step"])
+    return trainer_state
+
+
+def _rng_scope(saved: dict, now: dict, trainer_state: dict) -> str:
+    """The RNG part of a full resume's scope (for --no-load-optim without --no-load-rng)."""
+    try:
+        return resume_scope(saved, now, weights_only=False,
+                            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+                            saved_optimizer_format=PER_PARAMETER, distributed_optimizer=False).rng
+    except ValueError:
+        return "none"
+
+
+def _current_layout(saved: dict) -> dict:
+    ranks = _ranks()
+    return {k: ranks[k] for k in saved["layout"]}

@@ -1,0 +1,86 @@
+"""Save a checkpoint on every rank (megatron's fully parallel strategy), record its checksums, then
+move the ``latest`` marker; prune the old ones as told."""
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import torch.distributed as dist
+from megatron.core import dist_checkpointing
+
+from megatron_fixedcode.checkpoint.paths import CHECKSUMS, LATEST_MARKER, _fsync_write, checkpoint_dir
+from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER
+from megatron_fixedcode.checkpoint.state import (RNG_BY_MODEL_PARALLEL_RANK, _data_parallel_group,
+                                                 _model_parallel_rng_object, _optimizer_metadata, _ranks, _rng_object,
+                                                 model_sharded_state)
+from megatron_fixedcode.checkpoint.verify import CHECKSUMS_CLAIM, record_checksums
+
+
+def _save_strategy():
+    """Megatron-LM's default: the fully parallel wrapper spreads the writes of replicated tensors
+    over the data-parallel ranks (without it DP rank 0 writes every one of them)."""
+    from megatron.core.dist_checkpointing.serialization import get_default_save_sharded_strategy
+    from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelSaveStrategyWrapper
+
+    return FullyParallelSaveStrategyWrapper(get_default_save_sharded_strategy(), _data_parallel_group())
+
+
+def _fork_results_queue() -> None:
+    """megatron's async writer collects results through a Manager started with *spawn*, which
+    re-imports ``__main__`` (seconds per process, and it needs a main guard); a forked Manager
+    serves the same queue without re-importing anything. Its server process dies with this rank,
+    even when the rank is SIGKILLed (``compat.process.helper_queue``), instead of living on with
+    the rank's files and log open."""
+    from megatron.core.dist_checkpointing.strategies import filesystem_async
+
+    from megatron_fixedcode.compat.process import helper_queue
+
+    if filesystem_async._results_queue is None:
+        filesystem_async._results_queue = helper_queue("fork")
+
+
+def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict,
+                    keep_last: int | None = None, retain_interval: int | None = None) -> Path:
+    """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
+    from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    target = checkpoint_dir(root, step)
+    if rank == 0:
+        shutil.rmtree(target, ignore_errors=True)  # a partial save of this step from a crashed run
+        target.mkdir(parents=True)
+    dist.barrier()
+    model_state = model_sharded_state(chunks)
+    state = {
+        **model_state,
+        "optimizer": optimizer.sharded_state_dict(
+            model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))),
+        "opt_param_scheduler": scheduler.state_dict(),
+        "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True,
+                    CHECKSUMS_CLAIM: {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"}},
+        "rng": _rng_object(world, rank, capture_rng_state()),
+        "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
+    }
+    _fork_results_queue()
+    dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
+    dist.barrier()
+    record_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
+    if rank == 0:
+        _fsync_write(Path(root) / LATEST_MARKER, str(step))
+        _prune(Path(root), keep_last, step, retain_interval)
+    dist.barrier()
+    return target
+
+
+def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None) -> None:
+    """Keep every checkpoint (Megatron-LM) unless told: --save-retain-interval N keeps the steps
+    that are multiples of N and the newest; --ckpt-keep-last K keeps the newest K."""
+    steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
+    older = [s for s in steps if s < newest]
+    drop = set()
+    if retain_interval:
+        drop |= {s for s in older if s % retain_interval}
+    if keep_last:
+        drop |= set([s for s in steps if s <= newest][:-keep_last])
+    for old in sorted(drop):
+        shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
