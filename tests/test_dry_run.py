@@ -10,9 +10,9 @@ import sys
 
 import pytest
 
-from megatron_fixedcode.training.arguments import parse_pretrain_args
+from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.te_install import TE_INSTALL_HINT
-from megatron_fixedcode.training.dry_run import GB, plan
+from megatron_fixedcode.arguments.memory_estimate import GB, plan
 from tests.helpers import REPO
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None

@@ -11,8 +11,8 @@ import json
 import pytest
 
 from megatron_fixedcode.pretrain import main
-from megatron_fixedcode.training.megatron_args import out_of_scope
-from megatron_fixedcode.training.megatron_inert import refused_value
+from megatron_fixedcode.arguments.out_of_scope import out_of_scope
+from megatron_fixedcode.arguments.inert_flags import refused_value
 from tests.helpers import REPO
 
 REFERENCE = json.loads((REPO / "tests" / "data" / "megatron_reference.json").read_text())
@@ -54,7 +54,7 @@ def test_reference_covers_the_lists_it_claims():
 def test_every_megatron_flag_is_accepted_or_refused_in_one_line(capsys):
     """No flag of Megatron-LM's parser is 'unrecognized' here: each is accepted (with its meaning, inert,
     or at Megatron's default only) or refused in one line as outside this project's scope."""
-    from megatron_fixedcode.training.arguments import build_parser
+    from megatron_fixedcode.arguments.core_flags import build_parser
 
     known = set(build_parser()._option_string_actions)
     assert [f for f in REFERENCE["megatron_flags"] if f not in known and not out_of_scope(f)] == []

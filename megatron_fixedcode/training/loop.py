@@ -17,13 +17,13 @@ import time
 
 import torch
 
-from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
+from megatron_fixedcode.arguments.user_errors import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.exit_signals import end_start_up
 from megatron_fixedcode.locks import lock_save_dir
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.report import model_flops_per_token
-from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.training.checkpointing import CorruptCheckpoint
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision

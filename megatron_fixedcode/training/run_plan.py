@@ -21,7 +21,7 @@ from pathlib import Path
 from megatron_fixedcode.files import indexed_dataset_fingerprint
 from megatron_fixedcode.tokenizers import tokenizer_from_args
 from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
+from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.training.runtime_checks import check_runtime
 

@@ -42,7 +42,7 @@ from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.tokenizers import tokenizer_record
 from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
+from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields

@@ -215,8 +215,8 @@ def _flag_values(argv: list[str]) -> list[list[str]]:
 
 def adapt(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(argv as run here, the [flag, values...] dropped as refused here, flags added) — the docstring's rules."""
-    from megatron_fixedcode.training.megatron_args import out_of_scope
-    from megatron_fixedcode.training.megatron_inert import refused_value
+    from megatron_fixedcode.arguments.out_of_scope import out_of_scope
+    from megatron_fixedcode.arguments.inert_flags import refused_value
 
     kept, refused, added = [], [], []
     for group in _flag_values(argv):
@@ -306,7 +306,7 @@ def main() -> None:
         print(" ".join(f for f in megatron_values(a.megatron, [{"argv": [], "world_size": 1, "dests": []}],
                                                    a.python)[0] if f not in older))
         return
-    from megatron_fixedcode.training.arguments import build_parser
+    from megatron_fixedcode.arguments.core_flags import build_parser
 
     ours = {action.dest for action in build_parser()._actions} | set(DERIVED)
     cases = []
