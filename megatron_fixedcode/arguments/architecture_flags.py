@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import signal
 
-from megatron_fixedcode.arguments.inert_flags import INERT
 from megatron_fixedcode.models.config import BLOCKS
 
 
@@ -22,7 +21,7 @@ def _signal(text: str) -> signal.Signals:
 
 def add_accepted_args(p: argparse.ArgumentParser) -> None:
     """Megatron flags besides the core ones: the architecture, LR-by-samples, logging and
-    checkpoint extras, and the inert ones (help says so)."""
+    checkpoint extras."""
     g = p.add_argument_group("architecture (Megatron-LM's flags; --block is a shorthand for them)")
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm", help="norm of each block")
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (gated SiLU); GELU MLP without it")
@@ -52,8 +51,6 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="factor of --use-rope-scaling")
     g.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on the attention probabilities")
     g.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on the block outputs (residual adds)")
-    g.add_argument("--attention-backend", choices=["flash", "fused", "unfused", "local", "auto"], default="auto",
-                   help="accepted; " + INERT["attention_backend"])
     g = p.add_argument_group("schedule by samples (Megatron-LM)")
     g.add_argument("--train-samples", type=int, default=None,
                    help="train for this many samples (steps = samples // global batch); excludes --train-iters")

@@ -12,6 +12,7 @@ import argparse
 
 from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAction, add_accepted_args
 from megatron_fixedcode.arguments.derivations import Default
+from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
 from megatron_fixedcode.arguments.inert_flags import add_inert_args
 from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
 from megatron_fixedcode.arguments.user_errors import ArgumentParser
@@ -269,5 +270,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_and_logging(p)
     add_accepted_args(p)
     add_inert_args(p)
+    add_default_only_args(p)
     return p
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
-from megatron_fixedcode.arguments.inert_flags import default_only_error
+from megatron_fixedcode.arguments.default_only_flags import default_only_error
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE
 from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS
 from megatron_fixedcode.models.config import (

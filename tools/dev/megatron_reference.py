@@ -17,7 +17,7 @@ FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
 ``tests/functional_tests/test_cases/gpt/*/model_config.yaml``; and :data:`FAMILIES`, which sets every
 flag family this trainer accepts away from its default. Each list is made runnable here the way a user
 would (``adapt``): the flags this trainer refuses as outside its scope, or at a value other than
-Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks that each is refused
+Megatron's default (``default_only_flags.AT_MEGATRON_DEFAULT_ONLY``), are dropped (the test checks that each is refused
 in one line); a list without a tokenizer (neither ``--tokenizer-type`` nor a GPT-2 BPE ``--vocab-file``)
 gets ``--tokenizer-type NullTokenizer --vocab-size 50257``; a list without ``--lr`` or a run length
 gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with
@@ -216,7 +216,7 @@ def _flag_values(argv: list[str]) -> list[list[str]]:
 def adapt(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(argv as run here, the [flag, values...] dropped as refused here, flags added) — the docstring's rules."""
     from megatron_fixedcode.arguments.out_of_scope import out_of_scope
-    from megatron_fixedcode.arguments.inert_flags import refused_value
+    from megatron_fixedcode.arguments.default_only_flags import refused_value
 
     kept, refused, added = [], [], []
     for group in _flag_values(argv):
