@@ -279,7 +279,7 @@ def test_megatron_defaults(capsys):
 def test_defaults_and_flag_spellings_match_megatron():
     """Every default shared with Megatron-LM's parser is its default (read from that parser by
     tools/dev/megatron_reference.py), but for test_megatron_reference.DIFFERENT."""
-    from tests.test_megatron_reference import DIFFERENT, REFERENCE
+    from tests.arguments.test_megatron_reference import DIFFERENT, REFERENCE
 
     p = build_parser()
     defaults = {}

@@ -1,5 +1,5 @@
 """What Megatron-LM's ``validate_args`` derives from the flags, so that the dry run prints what
-Megatron-LM's parser gives (tests/test_megatron_reference.py compares them dest by dest). Nothing here
+Megatron-LM's parser gives (tests/arguments/test_megatron_reference.py compares them dest by dest). Nothing here
 refuses: the refusals are ``refusals.py``, before and after these derivations."""
 from __future__ import annotations
 

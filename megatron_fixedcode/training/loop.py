@@ -158,7 +158,9 @@ def train(trainer: Trainer) -> int:
             gc.collect()
         if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
             torch.cuda.empty_cache()
-        if trainer.valid_ds is not None and a.eval_interval and a.eval_iters and (trainer.step % a.eval_interval == 0 or trainer.step == trainer.max_steps):
+        schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
+        if schedule and schedule.eval_interval and schedule.eval_iters and (
+                trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps):
             record.update(trainer.evaluate())
         sink.record(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins

@@ -2,7 +2,7 @@
 
 Writes ``tests/data/megatron_reference.json``: for many dense-GPT argument lists, the values that
 Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
-give the dests this trainer's ``--dry-run`` prints. ``tests/test_megatron_reference.py`` compares them
+give the dests this trainer's ``--dry-run`` prints. ``tests/arguments/test_megatron_reference.py`` compares them
 dest by dest; the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of
 Megatron-LM's code is copied: its parser runs in a subprocess and only the resulting values are stored.
 
