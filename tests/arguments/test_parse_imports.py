@@ -17,10 +17,11 @@ def test_parse_and_dry_run_of_a_paper_recipe_import_neither_torch_nor_tokenizers
         "import contextlib, io, json, sys\n"
         "from megatron_fixedcode.arguments.parse import parse_pretrain_args\n"
         "from megatron_fixedcode.pretrain import main\n"
-        "argv = ['--config', 'examples/recipes/paper2_1p7b_gf2.yaml']\n"
-        "parse_pretrain_args(argv)\n"
+        "argv = ['--config', 'examples/recipes/paper2_1p7b_gf2.yaml', '--dry-run']\n"
+        "with contextlib.redirect_stderr(io.StringIO()):\n"
+        "    parse_pretrain_args(argv)\n"
         "with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
-        "    code = main([*argv, '--dry-run'])\n"
+        "    code = main(argv)\n"
         f"print(json.dumps([code, [m for m in {HEAVY!r} if m in sys.modules]]))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}

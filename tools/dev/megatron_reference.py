@@ -8,7 +8,7 @@ Megatron-LM's code is copied: its parser runs in a subprocess and only the resul
 
     git -C MIRROR archive core_v0.16.1 megatron examples tests/functional_tests/test_cases/gpt | tar -x -C /tmp/mlm016
     python tools/dev/megatron_reference.py --megatron /tmp/mlm016 --tag core_v0.16.1   # py3.11 venv (mcore 0.16.1)
-    # the flags a later tree adds (megatron_019.py), with the interpreter that imports that tree (py3.12 venv):
+    # the flags a later tree adds (arguments/added_after_core_016.py), with the interpreter that imports that tree (py3.12 venv):
     python tools/dev/megatron_reference.py --megatron /tmp/mlm019 --added-since /tmp/mlm016 --python PY312
 
 The argument lists (``collect_cases``): the two of tests/test_megatron_cli.py (Megatron's Llama-3 8B
