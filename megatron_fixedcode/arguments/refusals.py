@@ -84,6 +84,7 @@ def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         if not 0 <= getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(a, name)}")
     _refuse_run(a, p)
+    _refuse_out_of_range(a, p)
     if a.code_matrix is not None and a.input_embedding != MATRIX_CODE:
         p.error(f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding {MATRIX_CODE}, "
                 f"not {a.input_embedding}")
@@ -191,3 +192,33 @@ def _refuse_te_and_overlap(a: argparse.Namespace, p: argparse.ArgumentParser) ->
     if a.tp_comm_overlap and not a.sequence_parallel:
         p.error("--tp-comm-overlap needs --tensor-model-parallel-size > 1 and --sequence-parallel")
 
+
+def _refuse_out_of_range(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """Values outside their range (the optimizer, batch and budget, checkpoint and logging flags)."""
+    for name in ("lr", "adam_eps"):
+        if getattr(a, name) <= 0:
+            p.error(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
+    if not (0 <= a.adam_beta1 < 1 and 0 <= a.adam_beta2 < 1):
+        p.error("--adam-beta1/--adam-beta2 must be in [0, 1)")
+    if a.micro_batch_size < 1:
+        p.error(f"--micro-batch-size must be >= 1, got {a.micro_batch_size}")
+    if a.global_batch_size is not None and a.global_batch_size < 1:
+        p.error(f"--global-batch-size must be >= 1, got {a.global_batch_size} "
+                "(leave it out for micro batch x data-parallel size)")
+    if a.global_batch_size is not None and a.global_batch_size % a.micro_batch_size:
+        p.error(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size "
+                f"{a.micro_batch_size}")
+    if a.train_iters is not None and a.train_iters < 1:
+        p.error(f"--train-iters must be >= 1, got {a.train_iters}")
+    if a.train_samples is not None and a.train_samples < 1:
+        p.error(f"--train-samples must be >= 1, got {a.train_samples}")
+    if a.train_tokens is not None and a.train_tokens < 1:
+        p.error(f"--train-tokens must be >= 1, got {a.train_tokens}")
+    if a.ckpt_keep_last is not None and a.ckpt_keep_last < 1:
+        p.error(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
+    if a.save_retain_interval is not None and a.save_retain_interval < 1:
+        p.error(f"--save-retain-interval must be >= 1, got {a.save_retain_interval}")
+    if a.exit_interval is not None and a.exit_interval < 1:
+        p.error(f"--exit-interval must be >= 1, got {a.exit_interval}")
+    if a.log_interval < 1:
+        p.error(f"--log-interval must be >= 1, got {a.log_interval}")
