@@ -20,13 +20,13 @@ if __name__ == "__main__" and "--exit-signal-handler" in sys.argv and "--dry-run
 # megatron-core warns at import time that TE/apex are absent; the CPU path is intended.
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
-from megatron_fixedcode.training.arguments import parse_pretrain_args
+from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
 
 def _print_plan(a) -> None:
     """On stderr (stdout is the config JSON that launchers read): TE warning, layout, memory per GPU
     for ``WORLD_SIZE`` GPUs (1 when unset; the Slurm launchers set it for their dry runs)."""
-    from megatron_fixedcode.training.dry_run import format_plan, plan, te_warning
+    from megatron_fixedcode.arguments.memory_estimate import format_plan, plan, te_warning
 
     warning = te_warning(a)
     if warning:

@@ -33,7 +33,7 @@ import threading
 from pathlib import Path
 from typing import Iterator, Sequence
 
-from megatron_fixedcode.cli.parser import ArgumentParser, report_error
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, report_error
 
 logger = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ CORE_SUBSET=(
     tests/compat/test_precision.py  # patches megatron-core internals (compat/autocast.py) that differ by version
     tests/training/test_distributed_optimizer.py  # megatron's distributed optimizer, BF16, resharding (compat/cpu.py,
                                                   # compat/torch_adam.py)
-    tests/training/test_megatron_reference.py  # the dry run against Megatron-LM's parser (3 s): the same on both lines
+    tests/arguments/test_megatron_reference.py  # the dry run against Megatron-LM's parser (3 s): the same on both lines
 )
 WORKERS=(-n "${MFC_TEST_WORKERS:-2}" --dist loadfile)
 T0=$SECONDS

@@ -2,7 +2,7 @@
 import json
 import sys
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.arguments.user_errors import ArgumentParser
 from megatron_fixedcode.codes import CODE_DTYPES, CODE_KINDS, PAPER_CODE_SEED, CodeSpec
 from megatron_fixedcode.codes.analysis import analyze_code, format_report
 

@@ -8,7 +8,7 @@ import json
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser
+from megatron_fixedcode.arguments.user_errors import ArgumentParser
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", category=UserWarning)
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 from megatron_fixedcode.eval import tables
 
 

@@ -10,7 +10,8 @@ from __future__ import annotations
 import argparse
 import json
 
-from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
+from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 from megatron_fixedcode.data.config import (
     DATASET_TYPES,
     PAPER2_SAMPLES_PER_SHARD_VISIT,

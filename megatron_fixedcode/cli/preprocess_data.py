@@ -11,7 +11,8 @@ import warnings
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 
-from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
+from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 from megatron_fixedcode.data.preprocess.config import PreprocessConfig
 
 

@@ -3,7 +3,7 @@
 import logging
 import sys
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 
 
 @user_errors

@@ -16,7 +16,8 @@ import json
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser, add_tokenizer_args, user_errors
+from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 

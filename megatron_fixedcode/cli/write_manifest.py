@@ -13,7 +13,7 @@ import argparse
 import sys
 import warnings
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 
 warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
 

@@ -16,7 +16,6 @@ from typing import Optional, Sequence
 
 import numpy
 
-from megatron_fixedcode.data import shards as shard_plan
 from megatron_fixedcode.data.config import check_blend_weights
 
 MANIFEST_FORMAT = "megatron-fixedcode-shard-manifest"
@@ -36,6 +35,10 @@ def _tokens(prefix: str) -> tuple[int, int]:
 
 def build_manifest(output_dir: str, skip_failed: bool = False) -> dict:
     """The manifest of a plan's outputs; ``ValueError`` naming shards that are not ready."""
+    # at use: the shard plan imports the preprocessing pipeline and its tokenizer libraries, which parsing
+    # the trainer's --data-manifest (resolve_data_sources) does not need
+    from megatron_fixedcode.data import shards as shard_plan
+
     plan = shard_plan.read_plan(output_dir)
     st = plan["settings"]
     tokenizer = shard_plan.plan_tokenizer(plan)

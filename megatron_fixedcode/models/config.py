@@ -20,10 +20,40 @@ BLOCKS = {
     "layernorm_swiglu": {"normalization": "LayerNorm", "gated_linear_unit": True, "activation": "silu"},
     "rmsnorm_gelu": {"normalization": "RMSNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
-POSITION_EMBEDDINGS = ("rope", "learned_absolute", "none")  # GPTModel's position_embedding_type
+POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")  # GPTModel's position_embedding_type, built here
+MATRIX_CODE = "gf2"  # the one code family whose matrix A a file may give (code_matrix, --code-matrix)
+# Why a fixed code cannot go with a choice (:func:`fixed_code_conflict`): it has no table.
+NO_TABLE_TO_TIE = "has no table to tie the output layer to"
+NO_TABLE_FOR_POSITIONS = "would add a trained table next to the fixed code"
 TRANSFORMER_IMPLS = ("auto", "local", "transformer_engine")
 FP8_FORMATS = ("e4m3", "hybrid")  # TransformerConfig.fp8
 FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # TransformerConfig.fp8_recipe
+
+
+def block_of(normalization: str, gated_linear_unit: bool) -> str:
+    """The :data:`BLOCKS` name of Megatron-LM's --normalization and --swiglu."""
+    return next(name for name, b in BLOCKS.items()
+                if (b["normalization"], b["gated_linear_unit"]) == (normalization, gated_linear_unit))
+
+
+def fixed_code_conflict(input_embedding: str, *, tied: bool, position_embedding_type: str) -> str | None:
+    """Why ``input_embedding`` cannot have a tied output layer or learned absolute positions (None: it can):
+    a fixed code has no table to tie, nor one beside which a trained position table belongs."""
+    if input_embedding == "learned":
+        return None
+    if tied:
+        return NO_TABLE_TO_TIE
+    return NO_TABLE_FOR_POSITIONS if position_embedding_type == "learned_absolute" else None
+
+
+def fp8_needs(fp8: str | None, *, bf16: bool, transformer_impl: str) -> str | None:
+    """What FP8 GEMMs lack (None: nothing): ``"transformer_engine"`` (they run in TE layers only) or
+    ``"bf16"`` (BF16 everywhere else)."""
+    if not fp8:
+        return None
+    if transformer_impl == "local":
+        return "transformer_engine"
+    return None if bf16 else "bf16"
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -111,11 +141,11 @@ class ModelConfig:
             raise ValueError(f"input_embedding must be one of {INPUT_EMBEDDINGS}, got {self.input_embedding!r}")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
             raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got {self.position_embedding_type!r}")
-        if self.input_embedding != "learned" and self.share_embeddings_and_output_weights:
-            raise ValueError(f"share_embeddings_and_output_weights: input_embedding {self.input_embedding!r} has no table to tie")
-        if self.input_embedding != "learned" and self.position_embedding_type == "learned_absolute":
-            raise ValueError(f"position_embedding_type learned_absolute adds a trained table: not with input_embedding "
-                             f"{self.input_embedding!r}")
+        why = fixed_code_conflict(self.input_embedding, tied=self.share_embeddings_and_output_weights,
+                                  position_embedding_type=self.position_embedding_type)
+        if why:
+            field = "share_embeddings_and_output_weights" if why == NO_TABLE_TO_TIE else "position_embedding_type"
+            raise ValueError(f"{field}: input_embedding {self.input_embedding!r} {why}")
         if self.squared_relu and BLOCKS[self.block]["gated_linear_unit"]:
             raise ValueError("squared_relu replaces the GELU MLP: not with a SwiGLU block")
         if self.code_kernel not in CODE_KERNELS:
@@ -134,7 +164,7 @@ class ModelConfig:
             raise ValueError(f"fp8_amax_history_len must be >= 1, got {self.fp8_amax_history_len}")
         if self.fp8_amax_compute_algo not in ("most_recent", "max"):
             raise ValueError(f"fp8_amax_compute_algo must be most_recent or max, got {self.fp8_amax_compute_algo!r}")
-        if self.fp8 and (not self.bf16 or self.transformer_impl == "local"):
+        if fp8_needs(self.fp8, bf16=self.bf16, transformer_impl=self.transformer_impl):
             raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
         if self.bf16 and self.autocast_bf16:
             raise ValueError("bf16 (BF16 weights) and autocast_bf16 (FP32 weights under BF16 autocast) exclude each other")
@@ -142,8 +172,8 @@ class ModelConfig:
             raise ValueError("fp8_param needs fp8")
         if self.code_matrix is not None:
             self.code_matrix = tuple(tuple(int(v) for v in row) for row in self.code_matrix)  # JSON gives lists
-            if self.input_embedding != "gf2":
-                raise ValueError(f"code_matrix is the GF(2) recoding matrix: it needs input_embedding gf2, "
+            if self.input_embedding != MATRIX_CODE:
+                raise ValueError(f"code_matrix is the GF(2) recoding matrix: it needs input_embedding {MATRIX_CODE}, "
                                  f"not {self.input_embedding!r}")
         self.code_spec()  # validates V vs K, d >= K, seeds
 

@@ -14,7 +14,7 @@ import threading
 import time
 from pathlib import Path
 
-from megatron_fixedcode.cli.parser import user_errors
+from megatron_fixedcode.arguments.user_errors import user_errors
 from megatron_fixedcode.replication.data import REPO_ROOT, prepare_study_data
 from megatron_fixedcode.replication.page import PPL, read_curve, write_report
 from megatron_fixedcode.replication.store import ResultStore

@@ -15,7 +15,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from megatron_fixedcode.cli.parser import ArgumentParser, user_errors
+from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 from megatron_fixedcode.study.graph import load_options
 from megatron_fixedcode.study.layout import StudyLayout
 from megatron_fixedcode.study.record import (build_record, eval_protocol, eval_result_problem, export_stage_state,

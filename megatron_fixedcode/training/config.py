@@ -1,4 +1,5 @@
-"""Small configs of the training components, built from parsed arguments."""
+"""Small configs of the training components, built from parsed arguments (refused, if at all, at parse
+time: ``arguments/refusals.py``)."""
 from __future__ import annotations
 
 import argparse
@@ -30,11 +31,6 @@ class OptimConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "OptimConfig":
-        for name in ("lr", "adam_eps"):
-            if getattr(a, name) <= 0:
-                raise ValueError(f"--{name.replace('_', '-')} must be positive, got {getattr(a, name)}")
-        if not (0 <= a.adam_beta1 < 1 and 0 <= a.adam_beta2 < 1):
-            raise ValueError("--adam-beta1/--adam-beta2 must be in [0, 1)")
         return cls(lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, adam_beta1=a.adam_beta1,
                    adam_beta2=a.adam_beta2, adam_eps=a.adam_eps, clip_grad=a.clip_grad,
                    use_distributed_optimizer=a.use_distributed_optimizer, lr_warmup_iters=a.lr_warmup_iters,
@@ -60,19 +56,6 @@ class ScheduleConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScheduleConfig":
-        if a.micro_batch_size < 1:
-            raise ValueError(f"--micro-batch-size must be >= 1, got {a.micro_batch_size}")
-        if a.global_batch_size is not None and a.global_batch_size < 1:
-            raise ValueError(f"--global-batch-size must be >= 1, got {a.global_batch_size} "
-                             "(leave it out for micro batch x data-parallel size)")
-        if a.global_batch_size is not None and a.global_batch_size % a.micro_batch_size:
-            raise ValueError(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size {a.micro_batch_size}")
-        if a.train_iters is not None and a.train_iters < 1:
-            raise ValueError(f"--train-iters must be >= 1, got {a.train_iters}")
-        if a.train_samples is not None and a.train_samples < 1:
-            raise ValueError(f"--train-samples must be >= 1, got {a.train_samples}")
-        if a.train_tokens is not None and a.train_tokens < 1:
-            raise ValueError(f"--train-tokens must be >= 1, got {a.train_tokens}")
         return cls(micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
                    seq_length=a.seq_length, train_iters=a.train_iters, train_tokens=a.train_tokens,
                    train_samples=a.train_samples,
@@ -119,12 +102,6 @@ class CheckpointConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
-        if a.ckpt_keep_last is not None and a.ckpt_keep_last < 1:
-            raise ValueError(f"--ckpt-keep-last must be >= 1, got {a.ckpt_keep_last}")
-        if a.save_retain_interval is not None and a.save_retain_interval < 1:
-            raise ValueError(f"--save-retain-interval must be >= 1, got {a.save_retain_interval}")
-        if a.exit_interval is not None and a.exit_interval < 1:
-            raise ValueError(f"--exit-interval must be >= 1, got {a.exit_interval}")
         return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
                    exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
                    exit_interval=a.exit_interval,
@@ -147,8 +124,6 @@ class LoggingConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
-        if a.log_interval < 1:
-            raise ValueError(f"--log-interval must be >= 1, got {a.log_interval}")
         return cls(log_interval=a.log_interval, tensorboard_dir=a.tensorboard_dir,
                    metrics_file=a.metrics_file, wandb_project=a.wandb_project,
                    tensorboard_log_interval=a.tensorboard_log_interval, wandb_exp_name=a.wandb_exp_name)

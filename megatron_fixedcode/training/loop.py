@@ -17,13 +17,13 @@ import time
 
 import torch
 
+from megatron_fixedcode.arguments.parse import PretrainConfig
+from megatron_fixedcode.arguments.user_errors import let_rank0_report, traceback_requested
 from megatron_fixedcode.checkpoint import CorruptCheckpoint
 from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
-from megatron_fixedcode.cli.parser import let_rank0_report, traceback_requested
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
-from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
@@ -158,7 +158,9 @@ def train(trainer: Trainer) -> int:
             gc.collect()
         if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
             torch.cuda.empty_cache()
-        if trainer.valid_ds is not None and a.eval_interval and a.eval_iters and (trainer.step % a.eval_interval == 0 or trainer.step == trainer.max_steps):
+        schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
+        if schedule and schedule.eval_interval and schedule.eval_iters and (
+                trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps):
             record.update(trainer.evaluate())
         sink.record(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins

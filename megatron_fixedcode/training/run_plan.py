@@ -19,9 +19,9 @@ import types
 from pathlib import Path
 
 from megatron_fixedcode import checkpoint
+from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.tokenizers import tokenizer_from_args
-from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.runtime_checks import check_runtime
 from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 

@@ -1,4 +1,5 @@
-"""Checks of the machine against the flags, before anything is built: what this runtime can run.
+"""Checks of the machine against the flags, before anything is built: what this runtime can run (what
+does not depend on the machine is refused at parse time: ``arguments/refusals.py``).
 
 Pure decisions on the parsed flags and what torch sees; a refusal is a ``ValueError`` (one line on
 rank 0, exit code 2)."""
@@ -9,7 +10,7 @@ import os
 import torch
 
 from megatron_fixedcode.models.builder import transformer_engine_available
-from megatron_fixedcode.training.arguments import PretrainConfig
+from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.training.gpu_features import check_gpu_features
 from megatron_fixedcode.training.metrics import require_logging_backends
 
@@ -17,8 +18,6 @@ REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
 NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
                          "(check the allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); "
                          "refusing to train on the CPU")
-CONTEXT_PARALLEL_UNPROVEN = ("--context-parallel-size > 1 is refused until its parity with CP 1 has been measured on a "
-                             "GPU (the batch split is in place and tested; TE attention under CP is not yet)")
 
 
 def check_runtime(cfg: PretrainConfig) -> None:
@@ -28,8 +27,6 @@ def check_runtime(cfg: PretrainConfig) -> None:
     if cfg.args.layernorm_zero_centered_gamma and not transformer_engine_available():
         raise ValueError("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
                          "support it), and this machine has no CUDA GPU with Transformer Engine: drop the flag here")
-    if cfg.layout.context_parallel_size > 1:
-        raise ValueError(CONTEXT_PARALLEL_UNPROVEN)
     if torch.cuda.is_available() and cfg.args.code_kernel == "fused":
         raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
     require_logging_backends(cfg.logging)

@@ -33,6 +33,7 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode import checkpoint
+from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
@@ -43,7 +44,6 @@ from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.tokenizers import tokenizer_record
-from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
@@ -156,8 +156,9 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
                        samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
                        mmap_bin_files=a.mmap_bin_files, mock=a.mock_data),
             tokenizer, num_train_samples=max_steps * global_batch,
-            num_valid_samples=(a.eval_iters * global_batch) if (a.eval_interval or a.skip_train) else 0,
-            seed=a.seed,
+            num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or a.skip_train)
+            else 0,
+            seed=cfg.schedule.seed,
         )
     except ValueError as e:
         raise DataError(str(e)) from None
@@ -207,7 +208,7 @@ class Trainer:
         a = cfg.args
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
-        self.pg = initialize_distributed(cfg.layout, seed=a.seed)
+        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed)
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
@@ -217,12 +218,12 @@ class Trainer:
         self.global_batch = plan.global_batch
         self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
         self.max_steps = plan.max_steps
-        seed_streams(a.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
+        seed_streams(cfg.schedule.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
         initialize_tp_comm_overlap(a)
         self.tf32 = configure_tf32(a)
         self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
         # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
-        seed_streams(a.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
+        seed_streams(cfg.schedule.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
         self.report = parameter_report(self.model_cfg, [checkpoint.unwrap(c) for c in self.chunks], self.pg)
         self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule)
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
@@ -306,7 +307,7 @@ class Trainer:
             chunk.eval()
         with params_synced(self.chunks):
             totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True)
-                      for k in range(self.cfg.args.eval_iters)]
+                      for k in range(self.cfg.schedule.eval_iters)]
         for chunk in self.chunks:
             chunk.train()
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)

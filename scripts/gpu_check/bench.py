@@ -147,7 +147,7 @@ def run(a: argparse.Namespace) -> dict:
     import torch
 
     from megatron_fixedcode import checkpoint
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.training.runtime_checks import check_runtime
     from megatron_fixedcode.training.trainer import Trainer
 
@@ -273,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
         print(make_data(Path(a.data_dir), *((100_000, STANDIN_VOCAB) if a.cpu_standin else ())))
         return 0
     if a.check:
-        from megatron_fixedcode.training.arguments import parse_pretrain_args
+        from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
         for variant in [a.variant] if a.variant else list(VARIANTS):
             argv = trainer_argv(variant, "/nonexistent/random_text_document", a.warmup + a.steps,

@@ -350,7 +350,7 @@ def _write_manifest_cli(*argv):
 
 
 def _trainer_args(*argv):
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
     return parse_pretrain_args(["--config", str(TINY), "--dry-run", *map(str, argv)]).args
 

@@ -10,7 +10,7 @@ import torch
 
 from megatron_fixedcode.compat import destroy_distributed
 from megatron_fixedcode.compat.collectives import count_collectives, tensor_devices
-from megatron_fixedcode.training.arguments import parse_pretrain_args
+from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.training.trainer import Trainer
 
 

@@ -44,8 +44,16 @@ def _imports(path: Path) -> set[str]:
 def test_run_plan_decides_without_a_process_group():
     """The run plan is pure decisions on flags and checkpoint metadata: it imports neither
     torch.distributed nor the trainer (the trainer imports it)."""
-    pkg = ROOT / "megatron_fixedcode" / "training"
-    for module in ("run_plan.py", "runtime_checks.py", "dry_run.py"):
+    pkg = ROOT / "megatron_fixedcode"
+    for module in ("training/run_plan.py", "training/runtime_checks.py", "arguments/memory_estimate.py"):
         imported = _imports(pkg / module)
         assert "torch.distributed" not in imported, module
         assert not {"megatron_fixedcode.training.trainer", "megatron_fixedcode.training.loop"} & imported, module
+
+
+def test_the_library_does_not_import_its_command_line_layer():
+    """megatron_fixedcode/cli/ holds the commands' entry points: only tools/ and the entry points import it."""
+    pkg = ROOT / "megatron_fixedcode"
+    importers = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "cli" not in p.relative_to(pkg).parts[:1]
+                 and any(m == "megatron_fixedcode.cli" or m.startswith("megatron_fixedcode.cli.") for m in _imports(p))]
+    assert importers == []

@@ -213,7 +213,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
 # --- parse-time validation
 
 def test_parse_time_validation(capsys):
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from tests.helpers.pretrain import TINY
 
     with pytest.raises(SystemExit) as e:

@@ -192,7 +192,7 @@ def test_context_parallel_split_matches_megatron_core(single_rank, cp_size, monk
 # --- launch refusals ---------------------------------------------------------------------------------
 
 def _run_pretraining(argv, caplog):
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.training.loop import run_pretraining
     from tests.helpers.pretrain import TINY
 
@@ -209,13 +209,6 @@ def test_no_gpu_under_the_slurm_launchers_is_refused(monkeypatch, caplog):
     assert NO_GPU_UNDER_LAUNCHER == (
         "MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node (check the "
         "allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); refusing to train on the CPU")
-
-
-def test_context_parallel_is_refused_until_proven_on_a_gpu(monkeypatch, caplog):
-    from megatron_fixedcode.training.runtime_checks import CONTEXT_PARALLEL_UNPROVEN
-
-    monkeypatch.delenv("MFC_REQUIRE_CUDA", raising=False)
-    assert _run_pretraining(["--context-parallel-size", "2"], caplog) == (2, [CONTEXT_PARALLEL_UNPROVEN])
 
 
 def test_transformer_engine_missing_on_a_gpu_is_an_exact_message(monkeypatch):
@@ -245,7 +238,7 @@ def test_auto_without_te_on_a_gpu_warns(monkeypatch, caplog):
 
 def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
     from megatron_fixedcode.training import gpu_features
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from tests.helpers.pretrain import TINY
 
     argv = [*TINY, "--data-path", "x", "--train-iters", "1"]

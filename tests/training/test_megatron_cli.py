@@ -15,7 +15,9 @@ import pytest
 import torch
 
 from megatron_fixedcode.pretrain import main
-from megatron_fixedcode.training.arguments import build_parser, parse_pretrain_args, train_paths, valid_paths
+from megatron_fixedcode.arguments.core_flags import build_parser
+from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
+from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from tests.helpers import REPO
 from tests.helpers.pretrain import TINY, pretrain, read_metrics, write_corpus
 
@@ -558,7 +560,7 @@ def test_the_startup_line_names_only_the_inert_flags_given():
 
 def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_line(capsys):
     from megatron_fixedcode.tokenizers.registry import TOKENIZER_TYPES
-    from megatron_fixedcode.training.arguments import TOKENIZER_NAMES
+    from megatron_fixedcode.arguments.tokenizer_flags import TOKENIZER_NAMES
 
     assert TOKENIZER_NAMES == tuple(TOKENIZER_TYPES)
     base = [*TINY, "--train-iters", "2"]

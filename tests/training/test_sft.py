@@ -261,7 +261,7 @@ def test_squad_json_on_a_checkpoint_equals_jsonl_on_its_export(tmp_path):
 
 
 def test_sft_needs_a_tokenizer(capsys):
-    from megatron_fixedcode.training.arguments import parse_pretrain_args
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
     with pytest.raises(SystemExit) as err:
         parse_pretrain_args([*TINY, "--train-iters", "1", "--dataset-type", "sft", "--data-path", "x.jsonl"])

@@ -2,13 +2,13 @@
 
 Writes ``tests/assets/megatron_reference.json``: for many dense-GPT argument lists, the values that
 Megatron-LM's ``parse_args`` + ``validate_args`` (``megatron/training/arguments.py`` of the tree given)
-give the dests this trainer's ``--dry-run`` prints. ``tests/training/test_megatron_reference.py`` compares them
+give the dests this trainer's ``--dry-run`` prints. ``tests/arguments/test_megatron_reference.py`` compares them
 dest by dest; the differences it allows are ``DIFFERENT`` there, each with its reason. Nothing of
 Megatron-LM's code is copied: its parser runs in a subprocess and only the resulting values are stored.
 
     git -C MIRROR archive core_v0.16.1 megatron examples tests/functional_tests/test_cases/gpt | tar -x -C /tmp/mlm016
     python tools/dev/megatron_reference.py --megatron /tmp/mlm016 --tag core_v0.16.1   # py3.11 venv (mcore 0.16.1)
-    # the flags a later tree adds (megatron_019.py), with the interpreter that imports that tree (py3.12 venv):
+    # the flags a later tree adds (arguments/added_after_core_016.py), with the interpreter that imports that tree (py3.12 venv):
     python tools/dev/megatron_reference.py --megatron /tmp/mlm019 --added-since /tmp/mlm016 --python PY312
 
 The argument lists (``collect_cases``): the two of tests/training/test_megatron_cli.py (Megatron's Llama-3 8B
@@ -17,7 +17,7 @@ FP8 and GPT-3 175B examples, shrunk); every dense model's ``MODEL_ARGS`` of
 ``tests/functional_tests/test_cases/gpt/*/model_config.yaml``; and :data:`FAMILIES`, which sets every
 flag family this trainer accepts away from its default. Each list is made runnable here the way a user
 would (``adapt``): the flags this trainer refuses as outside its scope, or at a value other than
-Megatron's default (``megatron_inert.DEFAULT_ONLY``), are dropped (the test checks that each is refused
+Megatron's default (``default_only_flags.AT_MEGATRON_DEFAULT_ONLY``), are dropped (the test checks that each is refused
 in one line); a list without a tokenizer (neither ``--tokenizer-type`` nor a GPT-2 BPE ``--vocab-file``)
 gets ``--tokenizer-type NullTokenizer --vocab-size 50257``; a list without ``--lr`` or a run length
 gets ``--lr 1e-4 --train-iters 100``. Megatron runs on exactly the list that results, with
@@ -217,8 +217,8 @@ def _flag_values(argv: list[str]) -> list[list[str]]:
 
 def adapt(argv: list[str]) -> tuple[list[str], list[str], list[str]]:
     """(argv as run here, the [flag, values...] dropped as refused here, flags added) — the docstring's rules."""
-    from megatron_fixedcode.training.megatron_args import out_of_scope
-    from megatron_fixedcode.training.megatron_inert import refused_value
+    from megatron_fixedcode.arguments.out_of_scope import out_of_scope
+    from megatron_fixedcode.arguments.default_only_flags import refused_value
 
     kept, refused, added = [], [], []
     for group in _flag_values(argv):
@@ -308,7 +308,7 @@ def main() -> None:
         print(" ".join(f for f in megatron_values(a.megatron, [{"argv": [], "world_size": 1, "dests": []}],
                                                    a.python)[0] if f not in older))
         return
-    from megatron_fixedcode.training.arguments import build_parser
+    from megatron_fixedcode.arguments.core_flags import build_parser
 
     ours = {action.dest for action in build_parser()._actions} | set(DERIVED)
     cases = []

@@ -1,51 +1,33 @@
-"""Megatron-LM style command line + YAML recipes → validated component configs.
+"""The flags that act in every run, grouped by concern: model and input interface, parallelism and
+precision, batch/optimizer/schedule, data, checkpoints and logging; and :func:`build_parser`, which adds
+the architecture extras (``architecture_flags``) and the accepted-but-inert ones (``inert_flags``).
+
+Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
+command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
+``${VAR}`` in strings is expanded from the environment); flags given on the command line override it.
+"""
+from __future__ import annotations
+
+import argparse
+
+from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAction, add_accepted_args
+from megatron_fixedcode.arguments.derivations import Default
+from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
+from megatron_fixedcode.arguments.inert_flags import add_inert_args
+from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
+from megatron_fixedcode.arguments.user_errors import ArgumentParser
+from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
+from megatron_fixedcode.models.config import CODE_KERNELS, FP8_FORMATS, FP8_RECIPES, INPUT_EMBEDDINGS, TRANSFORMER_IMPLS
+
+
+# `python -m megatron_fixedcode.pretrain -h` opens with this.
+DESCRIPTION = """Megatron-LM style command line + YAML recipes → validated component configs.
 
 Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
 command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
 ``${VAR}`` in strings is expanded from the environment); flags given on the command line override it.
 Every inconsistency is refused here, before any process group, model or data exists.
 """
-from __future__ import annotations
-
-import argparse
-import dataclasses
-import os
-import sys
-from pathlib import Path
-from typing import Any
-
-from megatron_fixedcode.cli.parser import ArgumentParser
-from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
-from megatron_fixedcode.compat.layout import ParallelLayout
-from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
-from megatron_fixedcode.models.config import (
-    CODE_KERNELS,
-    FP8_FORMATS,
-    FP8_RECIPES,
-    INPUT_EMBEDDINGS,
-    TRANSFORMER_IMPLS,
-    ModelConfig,
-)
-from megatron_fixedcode.training.argument_checks import (  # noqa: F401  (train_paths, valid_paths: re-exported)
-    Default,
-    _is_rank0,
-    megatron_semantics,
-    train_paths,
-    valid_paths,
-    validate,
-)
-from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
-from megatron_fixedcode.training.megatron_args import (
-    BLOCK_FLAGS,
-    SCOPE_NOTE,
-    OTHER_TOKENIZERS,
-    BlockAction,
-    add_accepted_args,
-    expand_block_key,
-    out_of_scope,
-)
-from megatron_fixedcode.training.megatron_inert import add_inert_args, inert_in_use
-from megatron_fixedcode.utils.yaml_files import load_yaml
 
 
 class _HelpFormatter(argparse.RawDescriptionHelpFormatter, argparse.ArgumentDefaultsHelpFormatter):
@@ -93,12 +75,8 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
 
 
+
 PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
-# tokenizers.registry.TOKENIZER_TYPES (not imported: the dry run needs no tokenizer library)
-TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
-                   "GPT2BPETokenizer")
-# recipe keys of Megatron-LM's precision flags -> --precision
-_PRECISION_ALIASES = {"bf16": "bf16"}
 
 
 def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
@@ -239,15 +217,12 @@ def _add_data(p: argparse.ArgumentParser) -> None:
     g.add_argument("--data-cache-path", default=None, help="where megatron's dataset index caches go")
     g.add_argument("--samples-per-shard-visit", type=int, default=16384,
                    help="document_windows: samples drawn from a shard before the sampler moves on")
-    g.add_argument("--tokenizer-type", choices=[*TOKENIZER_NAMES, "NullTokenizer", *OTHER_TOKENIZERS],
-                   default=Default("HuggingFaceTokenizer"), help="NullTokenizer: pre-tokenized data, give --vocab-size; "
+    add_tokenizer_args(g, type_default=Default("HuggingFaceTokenizer"), trainer=True, model_help="tokenizer file or directory",
+                       type_help="NullTokenizer: pre-tokenized data, give --vocab-size; "
                    "the three SentencePiece names read the .model with no extra special tokens (Megatron-LM's "
                    "GPTSentencePieceTokenizer; its SentencePieceTokenizer adds <CLS>, <SEP>, ...); GPT2BPETokenizer "
                    "reads --vocab-file and --merge-file (the default when they are given); Megatron-LM's other types "
                    "are refused in one line")
-    g.add_argument("--tokenizer-model", default=None, help="tokenizer file or directory")
-    g.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    g.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
 
 
 def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
@@ -282,7 +257,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=__doc__,
+    p = ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=DESCRIPTION,
                                 usage="%(prog)s [--config RECIPE.yaml] [--dry-run] [flags]  (see --help)",
                                 formatter_class=_HelpFormatter, allow_abbrev=False)
     p.add_argument("--config", default=None, help="YAML recipe keyed by Megatron-LM's argument dests; "
@@ -295,211 +270,6 @@ def build_parser() -> argparse.ArgumentParser:
     _add_checkpoint_and_logging(p)
     add_accepted_args(p)
     add_inert_args(p)
+    add_default_only_args(p)
     return p
 
-
-def _expand(value: Any) -> Any:
-    if isinstance(value, str):
-        return os.path.expandvars(value)
-    if isinstance(value, list):
-        return [_expand(v) for v in value]
-    return value
-
-
-def load_recipe(path: str, parser: argparse.ArgumentParser) -> dict[str, Any]:
-    """YAML recipe → parser defaults; unknown keys are refused naming the file and key."""
-    try:
-        data = load_yaml(path) or {}
-    except ValueError as e:  # names the file; not YAML, a recursive alias or an alias bomb
-        parser.error(f"--config {e}")
-    if not isinstance(data, dict):
-        parser.error(f"--config {path}: expected a mapping of flag names to values")
-    known = {a.dest for a in parser._actions}
-    for key in list(data):
-        what = None if str(key) in known else out_of_scope("--" + str(key).replace("_", "-"))
-        if what and data[key] not in (False, None):
-            parser.error(f"--config {path}: {key}: {what}: {SCOPE_NOTE}")
-        if what:
-            del data[key]
-    for alias, precision in _PRECISION_ALIASES.items():
-        if data.get(alias) is True:  # `bf16: true` in a recipe = `precision: bf16`
-            if data.get("precision", precision) != precision:
-                parser.error(f"--config {path}: both {alias}: true and precision: {data['precision']}; keep one")
-            del data[alias]
-            data["precision"] = precision
-        elif alias in data and data[alias] in (False, None):
-            del data[alias]
-    for key in data:
-        if key.replace("-", "_") not in known or key in ("config", "dry_run", "precision_alias"):
-            parser.error(f"--config {path}: unknown key {key!r}")
-    values = {k.replace("-", "_"): _expand(v) for k, v in data.items()}
-    try:
-        expand_block_key(values)
-    except ValueError as e:
-        parser.error(f"--config {path}: {e}")
-    for key in ("data_path", "train_data_path", "valid_data_path", "test_data_path"):
-        if values.get(key) is not None:
-            # A string (or an expanded ${VAR}) may hold several whitespace-separated entries.
-            items = values[key] if isinstance(values[key], list) else [values[key]]
-            values[key] = [word for item in items for word in str(item).split()]
-    return values
-
-
-@dataclasses.dataclass(kw_only=True)
-class PretrainConfig:
-    """Everything one training run needs, each part owned by its component."""
-
-    args: argparse.Namespace
-    layout: ParallelLayout
-    optim: OptimConfig
-    schedule: ScheduleConfig
-    checkpoint: CheckpointConfig
-    logging: LoggingConfig
-    code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
-    inert: list[str] = dataclasses.field(default_factory=list)  # Megatron flags set here that have no effect
-
-    def model_config(self, vocab_size: int) -> ModelConfig:
-        try:
-            return self._model_config(vocab_size)
-        except ValueError as e:
-            if self.code_matrix is not None and "code_matrix" in str(e):
-                raise ValueError(f"--code-matrix {self.code_matrix.path}: {e}") from None
-            raise
-
-    def _model_config(self, vocab_size: int) -> ModelConfig:
-        a = self.args
-        return ModelConfig(
-            num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
-            num_query_groups=a.num_query_groups if a.group_query_attention else None,
-            ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
-            vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.layernorm_epsilon,
-            hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
-            layernorm_zero_centered_gamma=a.layernorm_zero_centered_gamma,
-            # without full recompute Megatron-LM leaves them unused
-            recompute_method=a.recompute_method if a.recompute_granularity == "full" else None,
-            recompute_num_layers=a.recompute_num_layers if a.recompute_granularity == "full" else None,
-            rotary_base=a.rotary_base, init_method_std=a.init_method_std,
-            kv_channels=None if a.kv_channels == a.hidden_size // a.num_attention_heads else a.kv_channels,
-            rotary_percent=a.rotary_percent, rotary_interleaved=a.rotary_interleaved,
-            add_bias_linear=a.add_bias_linear, position_embedding_type=a.position_embedding_type,
-            max_position_embeddings=a.max_position_embeddings,
-            share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
-            add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm, squared_relu=a.squared_relu,
-            rope_scaling=a.use_rope_scaling, rope_scaling_factor=a.rope_scaling_factor,
-            make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, padded_vocab=a.padded_vocab_size,
-            input_embedding=a.input_embedding,
-            code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
-            code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
-            code_scale=a.code_scale,
-            code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
-            code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
-            # Megatron-LM's default left alone: TE where it can run, else local layers (logged at startup)
-            transformer_impl="auto" if a.transformer_impl == "transformer_engine" and not a.transformer_impl_given
-            else a.transformer_impl,
-            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8,
-            fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
-            fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
-        )
-
-    def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run", "transformer_impl_given")}
-
-
-def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
-    """Load --code-matrix once; its offset (if any) becomes --code-offset. Reported on rank 0."""
-    if a.code_matrix is None:
-        return None
-    if a.input_embedding != "gf2":
-        raise ValueError(f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding gf2, "
-                         f"not {a.input_embedding}")
-    loaded = load_code_matrix(a.code_matrix)
-    if loaded.offset is not None:
-        if a.code_offset not in (0, loaded.offset):
-            raise ValueError(f"--code-matrix {a.code_matrix} gives offset {loaded.offset}, --code-offset "
-                             f"{a.code_offset}: give one of them")
-        a.code_offset = loaded.offset
-    if int(os.environ.get("RANK", "0")) == 0:
-        print("\n".join(loaded.report()), file=sys.stderr)
-    return loaded
-
-
-def _check_inputs(a: argparse.Namespace) -> None:
-    """What the flags name and can be read cheaply, refused at parse time (the dry run included):
-    blend weights (megatron asserts them on every rank), damaged or empty shards (their index
-    only) and a damaged tokenizer file."""
-    from megatron_fixedcode.data.config import parse_blend
-
-    from megatron_fixedcode.data.validate import check_shards
-
-    source = f"--data-args-path {a.data_args_path}" if a.data_args_path else "--data-path"
-    train_flag = source if a.data_path or a.data_args_path else "--train-data-path"
-    train_field = "data_path" if a.data_path or a.data_args_path else "train_data_path"
-    for flag, field, paths in ((train_flag, train_field, train_paths(a)), ("--valid-data-path", "valid_data_path", valid_paths(a))):
-        if paths:
-            prefixes, _ = parse_blend(paths, flag)
-            if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
-                check_shards([p for p in prefixes if os.path.isfile(p + ".idx")], None, field)
-    from megatron_fixedcode.tokenizers.flags import tokenizer_files
-
-    if isinstance(a.tokenizer_type, Default) and (a.vocab_file or a.merge_file) and not a.tokenizer_model:
-        a.tokenizer_type = "GPT2BPETokenizer"  # Megatron-LM's GPT lists name the files, not the type
-        if _is_rank0():
-            print("note: --vocab-file/--merge-file without --tokenizer-type: GPT2BPETokenizer", file=sys.stderr)
-    a.tokenizer_type = str(a.tokenizer_type)
-    if a.tokenizer_type in OTHER_TOKENIZERS:
-        return  # refused by validate, naming what it is
-    files = [f for f in tokenizer_files(a) if f]
-    if files and (not a.dry_run or all(Path(f).exists() for f in files)):  # a login node may lack them
-        from megatron_fixedcode.tokenizers import tokenizer_from_args
-
-        tokenizer_from_args(a)
-
-
-def _refuse_out_of_scope(argv: list[str], parser: argparse.ArgumentParser) -> None:
-    known = set(parser._option_string_actions)
-    for token in argv:
-        flag = token.split("=", 1)[0]
-        if flag.startswith("--") and flag not in known and (what := out_of_scope(flag)):
-            parser.error(f"{flag}: {what}: {SCOPE_NOTE}")
-
-
-def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
-    parser = build_parser()
-    argv = list(sys.argv[1:] if argv is None else argv)
-    _refuse_out_of_scope(argv, parser)
-    pre, _ = parser.parse_known_args(argv)
-    if pre.config:
-        parser.set_defaults(**load_recipe(pre.config, parser))
-    a = parser.parse_args(argv)
-    inert = inert_in_use(a, parser)  # as given: the values validate_args derives below are not the user's
-    try:
-        from megatron_fixedcode.data.manifest import resolve_data_sources
-
-        recipe_data = {k: parser.get_default(k) for k in ("data_path", "train_data_path", "valid_data_path")}
-        resolve_data_sources(a, recipe_data)  # --data-args-path / --data-manifest -> data paths (docs/data.md)
-        _check_inputs(a)
-    except ValueError as e:
-        parser.error(str(e))
-    a.bf16 = a.precision == "bf16"  # what the rest of the trainer reads for megatron's BF16 mode
-    a.fp16 = False
-    megatron_semantics(a, parser)
-    validate(a, parser)
-    try:
-        layout = ParallelLayout(
-            tensor_model_parallel_size=a.tensor_model_parallel_size,
-            pipeline_model_parallel_size=a.pipeline_model_parallel_size,
-            virtual_pipeline_model_parallel_size=a.virtual_pipeline_model_parallel_size,
-            context_parallel_size=a.context_parallel_size,
-            sequence_parallel=a.sequence_parallel,
-        )
-        cfg = PretrainConfig(
-            args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
-            checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
-            code_matrix=_read_code_matrix(a),
-        )
-        if a.vocab_size or a.dry_run:
-            cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
-    except ValueError as e:
-        parser.error(str(e))
-    cfg.inert = inert
-    return cfg

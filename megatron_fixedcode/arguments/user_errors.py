@@ -72,14 +72,3 @@ def user_errors(main: Callable[..., int]) -> Callable[..., int]:
 
     return wrapped
 
-
-def add_tokenizer_args(p: argparse.ArgumentParser, *, type_default: str | None = None,
-                       model_help: str = "tokenizer.json (or its directory) or a SentencePiece .model") -> None:
-    """Megatron-LM's tokenizer flags, as the trainer reads them: --tokenizer-type and --tokenizer-model, or
-    for GPT2BPETokenizer --vocab-file and --merge-file (see ``tokenizers.flags.tokenizer_files``)."""
-    p.add_argument("--tokenizer-type", required=type_default is None, default=type_default,
-                   help="HuggingFaceTokenizer, SentencePieceTokenizer or GPT2BPETokenizer"
-                        + (f" (default {type_default})" if type_default else ""))
-    p.add_argument("--tokenizer-model", default=None, help=model_help)
-    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
-    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")

@@ -1,5 +1,5 @@
 """Flags Megatron-LM added after core_v0.16.1 (``tools/dev/megatron_reference.py --added-since``: its
-parser at core_v0.19.0 against core_v0.16.1's), but for those :data:`megatron_args.OUT_OF_SCOPE` names by family.
+parser at core_v0.19.0 against core_v0.16.1's), but for those :data:`out_of_scope.OUT_OF_SCOPE` names by family.
 This parser follows core_v0.16.1: each is refused in one line saying so. The training flags both
 versions share keep their names, dests and defaults (docs/training.md notes the few 0.19 differences).
 """

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from megatron_fixedcode.training.arguments import parse_pretrain_args
-from megatron_fixedcode.training.dry_run import GB, plan
+from megatron_fixedcode.arguments.memory_estimate import GB, plan
+from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 from tests.helpers import REPO
 

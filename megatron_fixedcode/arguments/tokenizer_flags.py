@@ -1,0 +1,52 @@
+"""Megatron-LM's tokenizer flags, shared by the trainer and every tool: their names, the types read
+here and which files they name (no tokenizer library imported: parsers use it)."""
+from __future__ import annotations
+
+import argparse
+from typing import Optional
+
+# Megatron-LM's --tokenizer-type values read here: tokenizers.registry.TOKENIZER_TYPES (a test checks they agree;
+# not imported: the dry run needs no tokenizer library)
+TOKENIZER_NAMES = ("HuggingFaceTokenizer", "SentencePieceTokenizer", "GPTSentencePieceTokenizer", "Llama2Tokenizer",
+                   "GPT2BPETokenizer")
+# Megatron-LM's --tokenizer-type values this project does not read -> what they are (refused in one line).
+OTHER_TOKENIZERS = {
+    "TikTokenizer": "TikToken vocabularies", "BertWordPieceLowerCase": "BERT / T5", "BertWordPieceCase": "BERT / T5",
+    "MultimodalTokenizer": "multimodal models", "NullMultimodalTokenizer": "multimodal models",
+    "SFTTokenizer": "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
+}
+NULL_TOKENIZER = "NullTokenizer"  # the trainer's: pre-tokenized data, no tokenizer file
+
+
+def add_tokenizer_args(p, *, type_default: str | None = None, trainer: bool = False,
+                       type_help: str | None = None,
+                       model_help: str = "tokenizer.json (or its directory) or a SentencePiece .model") -> None:
+    """Megatron-LM's tokenizer flags: --tokenizer-type (one of :data:`TOKENIZER_NAMES`; the trainer also takes
+    NullTokenizer and names Megatron-LM's other types to refuse them in one line) and --tokenizer-model, or for
+    GPT2BPETokenizer --vocab-file and --merge-file (see :func:`tokenizer_files`)."""
+    choices = [*TOKENIZER_NAMES, NULL_TOKENIZER, *OTHER_TOKENIZERS] if trainer else list(TOKENIZER_NAMES)
+    default_note = f" (default {type_default})" if type_default and not trainer else ""
+    p.add_argument("--tokenizer-type", choices=choices, required=type_default is None, default=type_default,
+                   help=(type_help or ", ".join(TOKENIZER_NAMES)) + default_note)
+    p.add_argument("--tokenizer-model", default=None, help=model_help)
+    p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
+    p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+
+
+def tokenizer_files(a) -> tuple[Optional[str], Optional[str]]:
+    """(tokenizer path, merge file) Megatron-LM's flags name (an argparse namespace): --vocab-file and
+    --merge-file for GPT2BPETokenizer, else --tokenizer-model. Combinations Megatron-LM would not read
+    are refused (ValueError, one line)."""
+    vocab, merges = getattr(a, "vocab_file", None), getattr(a, "merge_file", None)
+    if a.tokenizer_type != "GPT2BPETokenizer":
+        if vocab or merges:
+            flag = "--vocab-file" if vocab else "--merge-file"
+            raise ValueError(f"{flag}: read with --tokenizer-type GPT2BPETokenizer (GPT-2 BPE vocab.json + merges.txt) "
+                             f"only, not {a.tokenizer_type}")
+        return a.tokenizer_model, None
+    if a.tokenizer_model:
+        raise ValueError("--tokenizer-type GPT2BPETokenizer reads --vocab-file and --merge-file: drop --tokenizer-model")
+    if bool(vocab) != bool(merges):
+        raise ValueError(f"--tokenizer-type GPT2BPETokenizer needs both --vocab-file and --merge-file "
+                         f"(got only {'--vocab-file' if vocab else '--merge-file'})")
+    return vocab, merges
