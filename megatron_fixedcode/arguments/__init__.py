@@ -9,7 +9,8 @@ One module per concern (none imports torch; parsing reads no tokenizer library):
 * ``derivations`` -- what Megatron-LM's ``validate_args`` derives from the flags.
 * ``refusals`` -- every refusal that does not depend on the machine, applied at parse time (so
   ``--dry-run`` refuses what a run refuses).
-* ``recipe`` -- ``--config RECIPE.yaml``; ``parse`` -- all of it, into a ``PretrainConfig``.
+* ``recipe`` -- ``--config RECIPE.yaml``; ``parse`` -- all of it, into a ``PretrainConfig`` of typed parts
+  (``training_configs``, ``models.config``, ``data.config``).
 * ``memory_estimate`` -- the dry run's layout and memory per GPU; ``flag_table`` -- docs/flags.md.
 * ``user_errors`` / ``tokenizer_flags`` -- the one-line errors and tokenizer flags every command shares.
 """

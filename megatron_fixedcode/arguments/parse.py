@@ -20,12 +20,13 @@ from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
 from megatron_fixedcode.arguments.inert_flags import inert_in_use
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE, out_of_scope
 from megatron_fixedcode.arguments.recipe import load_recipe
-from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS, tokenizer_files
+from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS
+from megatron_fixedcode.arguments.training_configs import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
 from megatron_fixedcode.arguments.user_errors import is_rank0
 from megatron_fixedcode.compat.layout import ParallelLayout
 from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
 from megatron_fixedcode.models.config import ModelConfig
-from megatron_fixedcode.training.config import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
+from megatron_fixedcode.tokenizers.base import tokenizer_files
 
 
 @dataclasses.dataclass(kw_only=True)

@@ -1,9 +1,9 @@
-"""Megatron-LM's tokenizer flags, shared by the trainer and every tool: their names, the types read
-here and which files they name (no tokenizer library imported: parsers use it)."""
+"""Megatron-LM's tokenizer flags, shared by the trainer and every tool: their names and the types read
+here (no tokenizer library imported: parsers use it). Which files they name is
+:func:`megatron_fixedcode.tokenizers.base.tokenizer_files`."""
 from __future__ import annotations
 
 import argparse
-from typing import Optional
 
 # Megatron-LM's --tokenizer-type values read here: tokenizers.registry.TOKENIZER_TYPES (a test checks they agree;
 # not imported: the dry run needs no tokenizer library)
@@ -23,7 +23,7 @@ def add_tokenizer_args(p, *, type_default: str | None = None, trainer: bool = Fa
                        model_help: str = "tokenizer.json (or its directory) or a SentencePiece .model") -> None:
     """Megatron-LM's tokenizer flags: --tokenizer-type (one of :data:`TOKENIZER_NAMES`; the trainer also takes
     NullTokenizer and names Megatron-LM's other types to refuse them in one line) and --tokenizer-model, or for
-    GPT2BPETokenizer --vocab-file and --merge-file (see :func:`tokenizer_files`)."""
+    GPT2BPETokenizer --vocab-file and --merge-file (see ``tokenizers.base.tokenizer_files``)."""
     choices = [*TOKENIZER_NAMES, NULL_TOKENIZER, *OTHER_TOKENIZERS] if trainer else list(TOKENIZER_NAMES)
     default_note = f" (default {type_default})" if type_default and not trainer else ""
     p.add_argument("--tokenizer-type", choices=choices, required=type_default is None, default=type_default,
@@ -31,22 +31,3 @@ def add_tokenizer_args(p, *, type_default: str | None = None, trainer: bool = Fa
     p.add_argument("--tokenizer-model", default=None, help=model_help)
     p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
     p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
-
-
-def tokenizer_files(a) -> tuple[Optional[str], Optional[str]]:
-    """(tokenizer path, merge file) Megatron-LM's flags name (an argparse namespace): --vocab-file and
-    --merge-file for GPT2BPETokenizer, else --tokenizer-model. Combinations Megatron-LM would not read
-    are refused (ValueError, one line)."""
-    vocab, merges = getattr(a, "vocab_file", None), getattr(a, "merge_file", None)
-    if a.tokenizer_type != "GPT2BPETokenizer":
-        if vocab or merges:
-            flag = "--vocab-file" if vocab else "--merge-file"
-            raise ValueError(f"{flag}: read with --tokenizer-type GPT2BPETokenizer (GPT-2 BPE vocab.json + merges.txt) "
-                             f"only, not {a.tokenizer_type}")
-        return a.tokenizer_model, None
-    if a.tokenizer_model:
-        raise ValueError("--tokenizer-type GPT2BPETokenizer reads --vocab-file and --merge-file: drop --tokenizer-model")
-    if bool(vocab) != bool(merges):
-        raise ValueError(f"--tokenizer-type GPT2BPETokenizer needs both --vocab-file and --merge-file "
-                         f"(got only {'--vocab-file' if vocab else '--merge-file'})")
-    return vocab, merges

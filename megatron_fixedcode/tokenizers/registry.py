@@ -3,8 +3,7 @@
 from pathlib import Path
 from typing import Optional
 
-from megatron_fixedcode.tokenizers.base import Tokenizer
-from megatron_fixedcode.arguments.tokenizer_flags import tokenizer_files
+from megatron_fixedcode.tokenizers.base import Tokenizer, tokenizer_files
 from megatron_fixedcode.tokenizers.gpt2_bpe_tokenizer import GPT2BPETokenizer
 from megatron_fixedcode.tokenizers.huggingface_tokenizer import HuggingFaceTokenizer
 from megatron_fixedcode.tokenizers.sentencepiece_tokenizer import SentencePieceTokenizer

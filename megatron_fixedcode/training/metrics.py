@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import torch
 
-from megatron_fixedcode.training.config import LoggingConfig
+from megatron_fixedcode.arguments.training_configs import LoggingConfig
 
 logger = logging.getLogger(__name__)
 

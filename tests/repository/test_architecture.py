@@ -8,10 +8,7 @@ other. So there are two rules, both with zero exceptions: no circle among module
 among rooms (the subpackages and root modules of ``megatron_fixedcode``, e.g. ``export`` and
 ``training`` must not import each other, even lazily).
 
-The 400-line rule and the CLI rule have known offenders, which another change of the same redesign
-removes. They are listed explicitly rather than marking the test xfail: an xfail would also hide a
-new offender, while the list lets only these through, and the test fails when one of them is fixed
-and still listed, so the list can only shrink.
+The 400-line rule and the CLI rule have no exceptions either.
 """
 import ast
 from pathlib import Path
@@ -20,18 +17,6 @@ import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "megatron_fixedcode"
 MAX_LINES = 400
-
-# Files over MAX_LINES until the argument package is split out of them.
-KNOWN_LONG_FILES = {"training/arguments.py", "training/megatron_inert.py"}
-# Modules outside cli/ that import the command-line layer (cli.parser) until it moves out of them.
-KNOWN_CLI_IMPORTERS = {
-    "megatron_fixedcode.quickstart_pipeline",
-    "megatron_fixedcode.replication.__main__",
-    "megatron_fixedcode.study.__main__",
-    "megatron_fixedcode.study.stages",
-    "megatron_fixedcode.training.arguments",
-    "megatron_fixedcode.training.loop",
-}
 
 
 def _modules() -> dict[str, Path]:
@@ -138,19 +123,15 @@ def test_no_import_circle_among_rooms():
 
 def test_no_file_over_400_lines():
     lengths = {str(p.relative_to(PACKAGE)): len(p.read_text().splitlines()) for p in PACKAGE.rglob("*.py")}
-    over = {name for name, n in lengths.items() if n > MAX_LINES}
-    assert over <= KNOWN_LONG_FILES, f"over {MAX_LINES} lines: {sorted(over - KNOWN_LONG_FILES)}"
-    fixed = KNOWN_LONG_FILES - over
-    assert not fixed, f"{sorted(fixed)} no longer over {MAX_LINES} lines (or gone): remove from KNOWN_LONG_FILES"
+    assert sorted(name for name, n in lengths.items() if n > MAX_LINES) == []
 
 
 def test_library_does_not_import_its_cli():
+    """cli/ holds the commands' entry points: only tools/ and the entry points import it (lazy imports count)."""
     importers = {m for m, targets in _import_graph().items()
                  if not m.startswith("megatron_fixedcode.cli") and any(t.startswith("megatron_fixedcode.cli")
                                                                        for t in targets)}
-    assert importers <= KNOWN_CLI_IMPORTERS, f"import megatron_fixedcode.cli: {sorted(importers - KNOWN_CLI_IMPORTERS)}"
-    fixed = KNOWN_CLI_IMPORTERS - importers
-    assert not fixed, f"{sorted(fixed)} no longer import the CLI (or are gone): remove from KNOWN_CLI_IMPORTERS"
+    assert sorted(importers) == []
 
 
 @pytest.mark.parametrize("room", ["checkpoint", "export", "eval", "analysis", "replication"])

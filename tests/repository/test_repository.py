@@ -49,11 +49,3 @@ def test_run_plan_decides_without_a_process_group():
         imported = _imports(pkg / module)
         assert "torch.distributed" not in imported, module
         assert not {"megatron_fixedcode.training.trainer", "megatron_fixedcode.training.loop"} & imported, module
-
-
-def test_the_library_does_not_import_its_command_line_layer():
-    """megatron_fixedcode/cli/ holds the commands' entry points: only tools/ and the entry points import it."""
-    pkg = ROOT / "megatron_fixedcode"
-    importers = [str(p.relative_to(pkg)) for p in pkg.rglob("*.py") if "cli" not in p.relative_to(pkg).parts[:1]
-                 and any(m == "megatron_fixedcode.cli" or m.startswith("megatron_fixedcode.cli.") for m in _imports(p))]
-    assert importers == []

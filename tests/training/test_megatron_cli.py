@@ -428,7 +428,7 @@ class _Recorder:
 
 def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
     from megatron_fixedcode.training import metrics
-    from megatron_fixedcode.training.config import LoggingConfig
+    from megatron_fixedcode.arguments.training_configs import LoggingConfig
 
     cfg = LoggingConfig(log_interval=2, tensorboard_dir=None, metrics_file=None, wandb_project=None)
     sink = metrics.MetricsSink(cfg, enabled=True, max_steps=4, flops_per_token=6e6, num_gpus=1, run_config={},
@@ -459,7 +459,7 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
     from megatron_fixedcode import checkpoint
     from megatron_fixedcode.training import metrics, trainer
-    from megatron_fixedcode.training.config import LoggingConfig
+    from megatron_fixedcode.arguments.training_configs import LoggingConfig
 
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
     monkeypatch.setattr(checkpoint, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})

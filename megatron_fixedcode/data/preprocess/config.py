@@ -36,7 +36,7 @@ class PreprocessConfig:
     """Chunks bound memory and are the unit of work of a pool process: many per worker."""
 
     def __post_init__(self):
-        from megatron_fixedcode.arguments.tokenizer_flags import tokenizer_files
+        from megatron_fixedcode.tokenizers.base import tokenizer_files
 
         if self.tokenizer_type == "GPT2BPETokenizer" and self.tokenizer_model and self.tokenizer_model == self.vocab_file:
             self.tokenizer_model = None  # a config rebuilt from its own fields

@@ -1,5 +1,6 @@
-"""Small configs of the training components, built from parsed arguments (refused, if at all, at parse
-time: ``arguments/refusals.py``)."""
+"""Small typed configs of the training components (optimizer, schedule, checkpoints, logging), built from
+parsed arguments (refused, if at all, at parse time: ``refusals.py``). Here, not in ``training/``, so that
+parsing does not import the trainer's room (training reads them; arguments does not import training)."""
 from __future__ import annotations
 
 import argparse
