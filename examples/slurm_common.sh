@@ -148,15 +148,14 @@ mfc_finish() {
 
 # $1: a list variable's name. Sets MFC_ITEMS to its words (any whitespace, newlines included; no globbing).
 # Refuses a variable that is set but holds nothing, and a path holding a space (split in two here): two or more
-# neighbouring words that exist on disk only when joined by a space.
+# neighbouring words that name a path on disk when joined by a space, whether or not the first exists alone.
 mfc_list() {
     local name=$1 value=${!1} i j joined
     MFC_ITEMS=()
     read -r -d '' -a MFC_ITEMS <<<"$value" || true
     ((${#MFC_ITEMS[@]})) || mfc_die "$name is set but holds no path (an empty glob?): unset it or give at least one"
     for ((i = 0; i < ${#MFC_ITEMS[@]}; i++)); do
-        [[ -e ${MFC_ITEMS[i]} || -e ${MFC_ITEMS[i]}.idx ]] && continue
-        joined=${MFC_ITEMS[i]}
+        joined=${MFC_ITEMS[i]}   # also when this first half exists on its own
         for ((j = i + 1; j < ${#MFC_ITEMS[@]} && j < i + 8; j++)); do
             joined+=" ${MFC_ITEMS[j]}"
             if [[ -e $joined || -e $joined.idx ]]; then
@@ -298,8 +297,14 @@ mfc_launch() {
 
     # One torchrun per node (examples/slurm_node.sh: per-node log, then exec); the global batch
     # comes from the recipe whatever the node count, the trainer derives gradient accumulation from it.
+    # --cpu-bind=none where the cluster binds tasks (a task plugin with affinity or cgroup); elsewhere srun
+    # would print "cluster configuration lacks support for cpu binding" for every job
+    local -a bind=()
+    if command -v scontrol >/dev/null && scontrol show config 2>/dev/null | grep -qE '^TaskPlugin +=.*(affinity|cgroup)'; then
+        bind=(--cpu-bind=none)
+    fi
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"
-        --kill-on-bad-exit=1 --cpu-bind=none
+        --kill-on-bad-exit=1 "${bind[@]}"
         bash "$MFC_ROOT/examples/slurm_node.sh" torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
         --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id"
         -m megatron_fixedcode.pretrain "${trainer[@]}")
@@ -328,6 +333,9 @@ mfc_launch() {
 
     [[ -n ${SLURM_JOB_ID:-} ]] || mfc_die "not inside a Slurm job: use sbatch, or --dry-run"
     mfc_check_config "$config" $((num_nodes * gpus_per_node)) || exit 2
+    # what the trainer would refuse in its first seconds, refused here before any rank starts (one line, exit 2):
+    # every data prefix an index, the tokenizer covering the data, a checkpoint directory holding this model
+    WORLD_SIZE=$((num_nodes * gpus_per_node)) python -m megatron_fixedcode.training.preflight "${trainer[@]}" || exit 2
     mkdir -p "$ckpt_dir" "$log_dir"
     echo "$config" >"$log_dir/config-$job_id.json"
     mfc_log "job $job_id (restart ${SLURM_RESTART_COUNT:-0}): $num_nodes x $gpus_per_node GPUs, rendezvous" \

@@ -34,7 +34,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
-from megatron_fixedcode.data import DataConfig, build_datasets
+from megatron_fixedcode.data import build_datasets
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.models import build_transformer_config, parameter_report
@@ -42,7 +42,7 @@ from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.tokenizers import tokenizer_record
 from megatron_fixedcode.training import checkpointing
-from megatron_fixedcode.training.arguments import PretrainConfig, train_paths, valid_paths
+from megatron_fixedcode.training.arguments import PretrainConfig
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
@@ -57,7 +57,7 @@ from megatron_fixedcode.training.gpu_features import (
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.rank_agreement import global_sum, raise_if_any_rank_failed
-from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, sft_fields, stream_identity
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
 from megatron_fixedcode.training.save_checks import checkpoint_write_error, is_write_failure
 
 logger = logging.getLogger(__name__)
@@ -151,11 +151,7 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     a = cfg.args
     try:
         return build_datasets(
-            DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
-                       samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
-                       mmap_bin_files=a.mmap_bin_files, mock=a.mock_data),
-            tokenizer, num_train_samples=max_steps * global_batch,
+            run_data_config(cfg), tokenizer, num_train_samples=max_steps * global_batch,
             num_valid_samples=(a.eval_iters * global_batch) if (a.eval_interval or a.skip_train) else 0,
             seed=a.seed,
         )
