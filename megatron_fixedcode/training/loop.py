@@ -127,6 +127,10 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
         if trainer.plan.stream_change:
             logger.warning("%s", trainer.plan.stream_change)
+        if trainer.step >= trainer.max_steps and not a.skip_train:
+            logger.warning("nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
+                           "further give a larger --train-iters, --train-samples or --train-tokens", trainer.step,
+                           trainer.max_steps)
         logger.info("layers: %s%s; optimizer: %s; overlap: %s", impl,
                     f", FP8 {a.fp8}/{a.fp8_recipe}" if a.fp8 else "", trainer.optimizer_kind,
                     ", ".join(overlap) or "none")
@@ -170,7 +174,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
             torch.cuda.empty_cache()
         if trainer.valid_ds is not None and a.eval_interval and a.eval_iters and (trainer.step % a.eval_interval == 0 or trainer.step == trainer.max_steps):
-            record.update(trainer.evaluate())
+            record.update(trainer.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)

@@ -275,7 +275,9 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         if key == "num_train_samples" and before is not None and before != now:
             # A longer (or shorter) run: megatron's GPT shuffle is sized by the total, so from the
             # resumed step on the samples come from the shuffle of the new total (Megatron-LM does the same).
-            plan.stream_change = (f"the run now has {now} train samples (the checkpoint's run had {before}): from step "
+            ended = (f"the checkpoint at step {plan.load_step} is where its run ended; this run continues it past that "
+                     f"end, to step {plan.max_steps}: " if plan.load_step * plan.global_batch >= before else "")
+            plan.stream_change = (f"{ended}the run now has {now} train samples (the checkpoint's run had {before}): from step "
                                   f"{plan.load_step + 1} on, samples are drawn from megatron's GPT shuffle of {now} "
                                   "samples, not the checkpoint's; steps up to the checkpoint are unchanged")
             continue

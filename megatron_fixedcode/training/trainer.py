@@ -296,15 +296,25 @@ class Trainer:
                 "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same)."""
+    def evaluate(self, stop=None) -> dict:
+        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same).
+        ``stop`` (asked before each batch, alike on every rank) abandons it: a signal's checkpoint must not
+        wait for a long evaluation inside the time limit's warning; nothing is recorded then."""
         for chunk in self.chunks:
             chunk.eval()
+        totals = []
         with params_synced(self.chunks):
-            totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True)
-                      for k in range(self.cfg.args.eval_iters)]
+            for k in range(self.cfg.args.eval_iters):
+                if stop is not None and stop():
+                    break
+                totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
         for chunk in self.chunks:
             chunk.train()
+        if len(totals) < self.cfg.args.eval_iters:
+            if self.ranks["rank"] == 0:
+                logger.warning("evaluation at step %d stopped by a signal after %d of %d batches: not recorded",
+                               self.step, len(totals), self.cfg.args.eval_iters)
+            return {}
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
 
