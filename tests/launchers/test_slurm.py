@@ -226,6 +226,18 @@ def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeu
     assert not (small_disk / "ckpt" / "latest_checkpointed_iteration.txt").exists()
 
 
+def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2(slurm, shards, tmp_path):
+    """A node without a GPU (MFC_REQUIRE_CUDA=1 on these CPU nodes): the batch shell cannot know, every rank
+    refuses; the job ends FAILED 2:0 (torchrun alone would say 1) with the trainer's line last."""
+    job = sbatch(tmp_path, _env(shards, tmp_path, MFC_REQUIRE_CUDA="1"), *SHRINK, "--exit-interval", "3")
+    info = wait_done(job, tmp_path, 200)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), out[-3000:]
+    assert out.splitlines()[-1].startswith("error: MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees "
+                                           "no CUDA GPU"), out[-3000:]
+    assert json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())["code"] == 2
+
+
 def _vocab512_tokenizer(path: Path) -> Path:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
