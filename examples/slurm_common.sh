@@ -36,7 +36,11 @@
 #   MFC_REQUIRE_CUDA  exported to the trainer, default 1: a rank that sees no CUDA GPU refuses to start
 #                     (exit before any model or data is built) instead of training on CPU. Set it to 0
 #                     only for CPU runs (tests/launchers/test_slurm.py does).
-#   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often
+#   MAX_REQUEUES      default 20: the job requeues itself after a time-limit checkpoint at most so often.
+#                     Only the launcher's own requeues count (kept in $LOG_DIR/requeues-<job id>), not
+#                     Slurm's (preemption, `scontrol requeue`, node failure). When the limit is reached
+#                     before the end of training the job ends FAILED with exit code 3 and a last line
+#                     "unfinished: ...", so that `--dependency=afterok` jobs (export, evaluation) do not run.
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
 #
@@ -50,9 +54,14 @@
 #     TERM because the trainer's --exit-signal-handler catches Megatron-LM's --exit-signal, SIGTERM);
 #     the trainer finishes the step, checkpoints and exits 0, torchrun and srun
 #     exit 0, and this shell requeues the job ("#SBATCH --requeue", at most MAX_REQUEUES times); the next
-#     run resumes from CKPT_DIR. Past MAX_REQUEUES the job ends COMPLETED.
+#     run resumes from CKPT_DIR. A checkpoint that fails (disk full, ...) does not requeue: the job ends
+#     FAILED with the trainer's line last, and the last complete checkpoint stays the one that loads.
 #   - scancel (SIGTERM to every process) cancels: the trainer checkpoints within KillWait and exits, and
-#     nothing requeues. Preemption and `scontrol requeue` requeue through Slurm itself, not this shell.
+#     nothing requeues, also when the cancel comes while a time-limit checkpoint is being written.
+#     Preemption and `scontrol requeue` requeue through Slurm itself, not this shell.
+#   - the trainer's last word: rank 0 writes $LOG_DIR/exit-<job id>.json (its exit code, its one-line
+#     error, the step reached and the last step); torchrun exits 1 whatever its ranks returned, so this
+#     shell prints that error last and exits with the trainer's code (2 for a user error).
 #   - examples/slurm_node.sh makes torchrun and the node-log tee ignore TERM and USR1 (torchrun would
 #     exit 1 on TERM, a tee killed by it loses every later line); the trainer ranks handle them.
 #   - a signal during start-up (before the first step: data, model, kernel build) ends the rank at once
@@ -64,27 +73,89 @@ mfc_log() { printf '[%(%F %T)T] %s\n' -1 "$*" >&2; }
 mfc_die() { echo "error: $*" >&2; exit 2; }
 
 mfc_on_usr1() {
+    if ((MFC_CANCELLED)); then
+        mfc_log "USR1 after a cancel: ignored (the job is cancelled, not requeued)"
+        return
+    fi
     MFC_REQUEUE=1
-    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (TERM to the job steps); then requeueing"
+    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (TERM to the job steps); then requeueing once that checkpoint is complete"
     scancel --signal=TERM "$SLURM_JOB_ID" || mfc_log "scancel failed"
 }
 
 mfc_on_term() {
     ((MFC_REQUEUED)) && return   # the TERM of our own `scontrol requeue`
+    # A cancel wins over a requeue asked for by an earlier USR1 (its checkpoint may still be being written).
+    MFC_CANCELLED=1 MFC_REQUEUE=0
     mfc_log "SIGTERM: cancelled or preempted: the trainer checkpoints and exits; not requeueing (Slurm requeues a preempted job itself)"
+}
+
+# $1: the trainer's exit record (JSON). Sets MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_ERROR,
+# empty when the record is absent (a rank killed, a crash before the loop).
+mfc_read_exit_record() {
+    MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_ERROR=''
+    [[ -s $1 ]] || return 0
+    local fields
+    fields=$(python -c 'import json, sys
+r = json.load(open(sys.argv[1]))
+print(*("" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps")), sep="\t")
+print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
+    IFS=$'\t' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST <<<"${fields%%$'\n'*}"
+    [[ $fields == *$'\n'* ]] && MFC_EXIT_ERROR=${fields#*$'\n'}
+    return 0
+}
+
+# After srun: requeue only after a time-limit checkpoint that completed, within MAX_REQUEUES of the
+# launcher's own requeues; a cancel wins. $1 srun's exit code, $2 job id, $3 checkpoint dir, $4 log dir.
+mfc_finish() {
+    local rc=$1 job_id=$2 ckpt_dir=$3 log_dir=$4
+    local counter=$log_dir/requeues-$job_id max=${MAX_REQUEUES:-20} used
+    mfc_read_exit_record "$log_dir/exit-$job_id.json"
+    [[ -n $MFC_EXIT_CODE && $MFC_EXIT_CODE != 0 ]] && rc=$MFC_EXIT_CODE   # torchrun says 1 whatever the ranks returned
+    if ((MFC_CANCELLED)); then
+        mfc_log "training exited with code $rc (cancelled: not requeued)"
+        exit "$rc"
+    fi
+    if ((MFC_REQUEUE)); then
+        if ((rc != 0)); then
+            mfc_log "the time-limit checkpoint did not complete (training exited with code $rc): not requeueing; the last complete checkpoint in $ckpt_dir stays the one that loads"
+            [[ -n $MFC_EXIT_ERROR ]] && echo "error: $MFC_EXIT_ERROR" >&2
+            exit "$rc"
+        fi
+        if [[ -n $MFC_EXIT_STEP && -n $MFC_EXIT_LAST ]] && ((MFC_EXIT_STEP >= MFC_EXIT_LAST)); then
+            mfc_log "training exited with code 0: finished at step $MFC_EXIT_STEP of $MFC_EXIT_LAST, nothing to requeue"
+            exit 0
+        fi
+        used=$(cat "$counter" 2>/dev/null || echo 0)
+        [[ $used =~ ^[0-9]+$ ]] || used=0
+        if ((used < max)); then
+            echo $((used + 1)) >"$counter.tmp" && mv -f "$counter.tmp" "$counter"
+            mfc_log "requeueing job $job_id (the launcher's requeue $((used + 1)) of MAX_REQUEUES=$max); the next run resumes from $ckpt_dir"
+            MFC_REQUEUED=1
+            scontrol requeue "$job_id"
+            mfc_log "training exited with code 0"
+            exit 0
+        fi
+        mfc_log "training exited with code 0"
+        echo "unfinished: the job stopped at step ${MFC_EXIT_STEP:-?} of ${MFC_EXIT_LAST:-?} after MAX_REQUEUES=$max requeues of its own; the checkpoint in $ckpt_dir is complete: continue the run by submitting the same command again (it resumes there), with a larger MAX_REQUEUES to let it requeue more" >&2
+        exit 3
+    fi
+    mfc_log "training exited with code $rc"
+    if ((rc != 0)) && [[ -n $MFC_EXIT_ERROR ]]; then
+        echo "error: $MFC_EXIT_ERROR" >&2   # the trainer's one line, last, after torchrun's traceback
+    fi
+    exit "$rc"
 }
 
 # $1: a list variable's name. Sets MFC_ITEMS to its words (any whitespace, newlines included; no globbing).
 # Refuses a variable that is set but holds nothing, and a path holding a space (split in two here): two or more
-# neighbouring words that exist on disk only when joined by a space.
+# neighbouring words that name a path on disk when joined by a space, whether or not the first exists alone.
 mfc_list() {
     local name=$1 value=${!1} i j joined
     MFC_ITEMS=()
     read -r -d '' -a MFC_ITEMS <<<"$value" || true
     ((${#MFC_ITEMS[@]})) || mfc_die "$name is set but holds no path (an empty glob?): unset it or give at least one"
     for ((i = 0; i < ${#MFC_ITEMS[@]}; i++)); do
-        [[ -e ${MFC_ITEMS[i]} || -e ${MFC_ITEMS[i]}.idx ]] && continue
-        joined=${MFC_ITEMS[i]}
+        joined=${MFC_ITEMS[i]}   # also when this first half exists on its own
         for ((j = i + 1; j < ${#MFC_ITEMS[@]} && j < i + 8; j++)); do
             joined+=" ${MFC_ITEMS[j]}"
             if [[ -e $joined || -e $joined.idx ]]; then
@@ -226,8 +297,14 @@ mfc_launch() {
 
     # One torchrun per node (examples/slurm_node.sh: per-node log, then exec); the global batch
     # comes from the recipe whatever the node count, the trainer derives gradient accumulation from it.
+    # --cpu-bind=none where the cluster binds tasks (a task plugin with affinity or cgroup); elsewhere srun
+    # would print "cluster configuration lacks support for cpu binding" for every job
+    local -a bind=()
+    if command -v scontrol >/dev/null && scontrol show config 2>/dev/null | grep -qE '^TaskPlugin +=.*(affinity|cgroup)'; then
+        bind=(--cpu-bind=none)
+    fi
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"
-        --kill-on-bad-exit=1 --cpu-bind=none
+        --kill-on-bad-exit=1 "${bind[@]}"
         bash "$MFC_ROOT/examples/slurm_node.sh" torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
         --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id"
         -m megatron_fixedcode.pretrain "${trainer[@]}")
@@ -256,13 +333,18 @@ mfc_launch() {
 
     [[ -n ${SLURM_JOB_ID:-} ]] || mfc_die "not inside a Slurm job: use sbatch, or --dry-run"
     mfc_check_config "$config" $((num_nodes * gpus_per_node)) || exit 2
+    # what the trainer would refuse in its first seconds, refused here before any rank starts (one line, exit 2):
+    # every data prefix an index, the tokenizer covering the data, a checkpoint directory holding this model
+    WORLD_SIZE=$((num_nodes * gpus_per_node)) python -m megatron_fixedcode.training.preflight "${trainer[@]}" || exit 2
     mkdir -p "$ckpt_dir" "$log_dir"
     echo "$config" >"$log_dir/config-$job_id.json"
     mfc_log "job $job_id (restart ${SLURM_RESTART_COUNT:-0}): $num_nodes x $gpus_per_node GPUs, rendezvous" \
         "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir, paths passed: ${counts[*]:-none, from the recipe}"
 
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
-    MFC_REQUEUE=0 MFC_REQUEUED=0
+    MFC_REQUEUE=0 MFC_REQUEUED=0 MFC_CANCELLED=0
+    export MFC_EXIT_RECORD=$log_dir/exit-$job_id.json   # the trainer's last word (rank 0), read by mfc_finish
+    rm -f "$MFC_EXIT_RECORD"
     trap mfc_on_usr1 USR1
     trap mfc_on_term TERM
     "${launch[@]}" &
@@ -273,11 +355,5 @@ mfc_launch() {
         ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
         break
     done
-    if ((MFC_REQUEUE)) && ((${SLURM_RESTART_COUNT:-0} < ${MAX_REQUEUES:-20})); then
-        mfc_log "requeueing job $job_id; the next run resumes from $ckpt_dir"
-        MFC_REQUEUED=1
-        scontrol requeue "$job_id"
-    fi
-    mfc_log "training exited with code $rc"
-    exit "$rc"
+    mfc_finish "$rc" "$job_id" "$ckpt_dir" "$log_dir"
 }

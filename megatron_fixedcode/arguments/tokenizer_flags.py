@@ -3,7 +3,6 @@ here (no tokenizer library imported: parsers use it). Which files they name is
 :func:`megatron_fixedcode.tokenizers.base.tokenizer_files`."""
 from __future__ import annotations
 
-import argparse
 
 # Megatron-LM's --tokenizer-type values read here: tokenizers.registry.TOKENIZER_TYPES (a test checks they agree;
 # not imported: the dry run needs no tokenizer library)

@@ -45,7 +45,13 @@ def main(argv=None) -> int:
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     from megatron_fixedcode.data.preprocess.pipeline import preprocess
 
-    summary = preprocess(cfg)
+    from megatron_fixedcode.utils.files import DiskFull
+
+    try:
+        summary = preprocess(cfg)
+    except DiskFull as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
     docs, tokens = summary["documents"], summary["tokens"]
     for split in docs:
         print(f"{split}: {docs[split]} documents, {tokens[split]} tokens")

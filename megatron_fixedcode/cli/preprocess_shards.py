@@ -59,6 +59,7 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     from megatron_fixedcode.data import shards
+    from megatron_fixedcode.utils.files import DiskFull
 
     if args.command == "plan":
         settings = {k: v for k, v in vars(args).items()
@@ -81,7 +82,11 @@ def main(argv=None) -> int:
         task_id = args.task_id if args.task_id is not None else os.environ.get("SLURM_ARRAY_TASK_ID")
         if task_id is None:
             p.error("give --task-id (or run as a Slurm array task)")
-        report = shards.run_task(plan, int(task_id))
+        try:
+            report = shards.run_task(plan, int(task_id))
+        except DiskFull as e:
+            print(f"error: task {task_id}: {e}", file=sys.stderr)
+            return 2
         print(f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
               f"{len(report['failed'])} failed" + (f", {len(report['busy'])} busy in another task" if report["busy"] else ""))
         for name, error in report["failed"].items():

@@ -10,7 +10,6 @@ Trainer flags for every variant (they override the recipe) go after `--`. See do
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import shlex
 import subprocess

@@ -10,7 +10,6 @@ Each refuses to overwrite a finished output.
 from __future__ import annotations
 
 import argparse
-import os
 import shutil
 import sys
 from pathlib import Path

@@ -25,6 +25,7 @@ from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
 from megatron_fixedcode.training.trainer import Trainer
@@ -51,7 +52,15 @@ class ExitRequest:
 
 
 def run_pretraining(cfg: PretrainConfig) -> int:
+    """Train; the exit code (and, for a launcher, the exit record) says how it ended."""
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    with ExitRecord() as last_word:  # after basicConfig, which does nothing once the root logger has a handler
+        code = _run_pretraining(cfg, last_word)
+        last_word.write(code)
+        return code
+
+
+def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
     logging.getLogger("megatron").setLevel(logging.WARNING)  # its INFO lines drown ours
     if int(os.environ.get("RANK", "0")) == 0:
         logger.info("%s", describe_runtime())
@@ -71,20 +80,21 @@ def run_pretraining(cfg: PretrainConfig) -> int:
         else:
             let_rank0_report()
         return 2
+    last_word.max_steps = plan.max_steps
     try:
-        return _train(cfg, plan)
+        return _train(cfg, plan, last_word)
     finally:
         if save_lock is not None:
             save_lock.release()
 
 
-def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
+def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
         trainer = Trainer(cfg, plan)
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
-        return train(trainer)
+        return train(trainer, last_word)
     except (DataError, SaveFailed, CorruptCheckpoint) as e:  # every rank raises them alike (see where they are raised)
         if rank0:
             logger.error("%s", e, exc_info=traceback_requested())
@@ -100,7 +110,7 @@ def _train(cfg: PretrainConfig, plan: RunPlan) -> int:
         destroy_distributed()
 
 
-def train(trainer: Trainer) -> int:
+def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
     ``--exit-interval``; evaluate and save on their intervals and always at the end."""
     cfg, a, ck = trainer.cfg, trainer.cfg.args, trainer.cfg.checkpoint
@@ -117,6 +127,10 @@ def train(trainer: Trainer) -> int:
             logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
         if trainer.plan.stream_change:
             logger.warning("%s", trainer.plan.stream_change)
+        if trainer.step >= trainer.max_steps and not a.skip_train:
+            logger.warning("nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
+                           "further give a larger --train-iters, --train-samples or --train-tokens", trainer.step,
+                           trainer.max_steps)
         logger.info("layers: %s%s; optimizer: %s; overlap: %s", impl,
                     f", FP8 {a.fp8}/{a.fp8_recipe}" if a.fp8 else "", trainer.optimizer_kind,
                     ", ".join(overlap) or "none")
@@ -137,7 +151,8 @@ def train(trainer: Trainer) -> int:
                        num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
                        run_config=cfg.as_dict(), global_batch=trainer.global_batch,
                        matmul=matmul_precision(a.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
-                       log_throughput=a.log_throughput, wandb_run_id=trainer.wandb_run_id)
+                       log_throughput=a.log_throughput, wandb_run_id=trainer.wandb_run_id,
+                       start_step=None if a.skip_train else trainer.step)
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
@@ -161,7 +176,7 @@ def train(trainer: Trainer) -> int:
         schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
         if schedule and schedule.eval_interval and schedule.eval_iters and (
                 trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps):
-            record.update(trainer.evaluate())
+            record.update(trainer.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
@@ -173,7 +188,9 @@ def train(trainer: Trainer) -> int:
             stop = stop or any_rank(exit_request.flag, trainer.device)
         if stop:
             if rank0:
-                logger.info("exiting at step %d (%s)", trainer.step, "signal/duration" if not ck.exit_interval else "exit interval")
+                reason = ("signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out
+                          else "--exit-interval")
+                logger.info("exiting at step %d (%s)", trainer.step, reason)
             break
     if ck.save and saved_at != trainer.step:
         trainer.save(final=True)
@@ -181,6 +198,8 @@ def train(trainer: Trainer) -> int:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
     finally:
         sink.close()
+    if last_word is not None:
+        last_word.step, last_word.max_steps = trainer.step, trainer.max_steps
     if rank0:
         logger.info("done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, a.train_tokens)
     return 0

@@ -13,6 +13,7 @@ import psutil
 import torch
 
 from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.training.metrics_history import drop_jsonl_after, drop_tensorboard_after
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +71,8 @@ class MetricsSink:
 
     def __init__(self, cfg: LoggingConfig, *, enabled: bool, max_steps: int, flops_per_token: float,
                  num_gpus: int, run_config: dict[str, Any], global_batch: int = 1, matmul: str = "bf16",
-                 code: str = "", log_throughput: bool = False, wandb_run_id: str | None = None):
+                 code: str = "", log_throughput: bool = False, wandb_run_id: str | None = None,
+                 start_step: int | None = None):
         self.cfg, self.enabled, self.max_steps = cfg, enabled, max_steps
         self.flops_per_token, self.num_gpus = flops_per_token, num_gpus
         self.global_batch, self.matmul, self.code, self.log_throughput = global_batch, matmul, code, log_throughput
@@ -80,6 +82,8 @@ class MetricsSink:
         self._nan_iterations = 0
         if not enabled:
             return
+        if start_step is not None:
+            self._drop_after(start_step)
         if cfg.metrics_file:
             Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
             self.metrics_file = open(cfg.metrics_file, "a")
@@ -93,6 +97,16 @@ class MetricsSink:
             # The id is kept with the checkpoint: a requeued job continues the same W&B run.
             self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_exp_name, id=wandb_run_id,
                                     config=run_config, resume="allow")
+
+    def _drop_after(self, step: int) -> None:
+        """One record per step: a run starting at ``step`` (0 when fresh) drops what an earlier attempt of
+        it recorded after that step (metrics_history), and says so in one line when it resumes."""
+        lines = drop_jsonl_after(self.cfg.metrics_file, step) if self.cfg.metrics_file else 0
+        events = (drop_tensorboard_after(self.cfg.tensorboard_dir, step, step * self.global_batch)
+                  if self.cfg.tensorboard_dir else 0)
+        if step or lines or events:
+            logger.info("%s at step %d: dropped %d metrics lines and %d TensorBoard events that an earlier "
+                        "attempt recorded after it", "resumed" if step else "started", step, lines, events)
 
     def _scalars(self, values: dict[str, float], step: int) -> None:
         samples = step * self.global_batch

@@ -138,9 +138,22 @@ def sft_fields(a):
     return SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key, messages=a.sft_messages_key)
 
 
-def plan_run(cfg: PretrainConfig) -> RunPlan:
+def run_data_config(cfg: PretrainConfig):
+    """The data the run reads, as the dataset builders take it."""
+    from megatron_fixedcode.data.config import DataConfig
+
+    a = cfg.args
+    return DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
+                      seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
+                      samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
+                      mmap_bin_files=a.mmap_bin_files, mock=a.mock_data)
+
+
+def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
+    """``check_machine=False``: skip what depends on the machine (CUDA, TE), for a launcher's batch shell."""
     a, ck = cfg.args, cfg.checkpoint
-    check_runtime(cfg)
+    if check_machine:
+        check_runtime(cfg)
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
     tokenizer = (tokenizer_from_args(a) if a.tokenizer_model or a.vocab_file
@@ -262,7 +275,9 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         if key == "num_train_samples" and before is not None and before != now:
             # A longer (or shorter) run: megatron's GPT shuffle is sized by the total, so from the
             # resumed step on the samples come from the shuffle of the new total (Megatron-LM does the same).
-            plan.stream_change = (f"the run now has {now} train samples (the checkpoint's run had {before}): from step "
+            ended = (f"the checkpoint at step {plan.load_step} is where its run ended; this run continues it past that "
+                     f"end, to step {plan.max_steps}: " if plan.load_step * plan.global_batch >= before else "")
+            plan.stream_change = (f"{ended}the run now has {now} train samples (the checkpoint's run had {before}): from step "
                                   f"{plan.load_step + 1} on, samples are drawn from megatron's GPT shuffle of {now} "
                                   "samples, not the checkpoint's; steps up to the checkpoint are unchanged")
             continue

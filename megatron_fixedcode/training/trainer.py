@@ -33,11 +33,11 @@ from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get
 from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode import checkpoint
-from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
+from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
-from megatron_fixedcode.data import DataConfig, build_datasets
+from megatron_fixedcode.data import build_datasets
 from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.models import build_transformer_config, parameter_report
@@ -57,7 +57,7 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
-from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, sft_fields, stream_identity
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
 
 logger = logging.getLogger(__name__)
@@ -151,11 +151,7 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     a = cfg.args
     try:
         return build_datasets(
-            DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
-                       seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
-                       samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
-                       mmap_bin_files=a.mmap_bin_files, mock=a.mock_data),
-            tokenizer, num_train_samples=max_steps * global_batch,
+            run_data_config(cfg), tokenizer, num_train_samples=max_steps * global_batch,
             num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or a.skip_train)
             else 0,
             seed=cfg.schedule.seed,
@@ -301,15 +297,25 @@ class Trainer:
                 "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
 
     @torch.no_grad()
-    def evaluate(self) -> dict:
-        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same)."""
+    def evaluate(self, stop=None) -> dict:
+        """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same).
+        ``stop`` (asked before each batch, alike on every rank) abandons it: a signal's checkpoint must not
+        wait for a long evaluation inside the time limit's warning; nothing is recorded then."""
         for chunk in self.chunks:
             chunk.eval()
+        totals = []
         with params_synced(self.chunks):
-            totals = [self._run(self._microbatches(self.valid_ds, k), forward_only=True)
-                      for k in range(self.cfg.schedule.eval_iters)]
+            for k in range(self.cfg.schedule.eval_iters):
+                if stop is not None and stop():
+                    break
+                totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
         for chunk in self.chunks:
             chunk.train()
+        if len(totals) < self.cfg.schedule.eval_iters:
+            if self.ranks["rank"] == 0:
+                logger.warning("evaluation at step %d stopped by a signal after %d of %d batches: not recorded",
+                               self.step, len(totals), self.cfg.schedule.eval_iters)
+            return {}
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
 

@@ -31,3 +31,20 @@ def indexed_dataset_fingerprint(prefixes: list[str]) -> str:
         h.update(f"{size} {bin_.stat().st_size}\n".encode())
         h.update(hashlib.sha256(head + tail).digest())
     return h.hexdigest()[:16]
+
+
+class DiskFull(Exception):
+    """No space left (or over quota) while writing ``what``: one line naming it and the free space
+    of its filesystem, exit code 2, for the indexing tools (the trainer has its own, SaveFailed)."""
+
+    def __init__(self, what: str | Path, error: OSError):
+        import shutil
+
+        directory = Path(what).parent
+        try:
+            free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free there"
+        except OSError:
+            free = "free space unknown"
+        super().__init__(f"no space left on device writing {what} ({free}; {error.strerror}): its partial "
+                         "outputs stay as .tmp files and nothing complete was changed; free space, then run the "
+                         "same command again")

@@ -109,7 +109,22 @@ def _read_holder(path: str) -> dict:
         return {}
 
 
-def describe_holder(holder: dict, held: bool = True) -> str:
+def _processes_holding(lock_file: str) -> list[tuple[int, str]]:
+    """(pid, command line) of every process on this host with ``lock_file`` open: a forked child keeps
+    its parent's descriptor, and with it the flock, after the parent is gone."""
+    target = os.path.realpath(lock_file)
+    found = []
+    for proc in Path("/proc").glob("[0-9]*"):
+        try:
+            if any(os.readlink(fd) == target for fd in (proc / "fd").iterdir()):
+                cmd = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+                found.append((int(proc.name), cmd or "?"))
+        except OSError:
+            continue  # gone meanwhile, or not ours to read
+    return [(pid, cmd) for pid, cmd in sorted(found) if pid != os.getpid()]
+
+
+def describe_holder(holder: dict, held: bool = True, lock_file: str | None = None) -> str:
     """``pid 123 on host h (user u), started T, command: ...`` or ``an unknown process``."""
     if not holder.get("pid"):
         return "an unknown process (it has not recorded itself yet)"
@@ -119,7 +134,11 @@ def describe_holder(holder: dict, held: bool = True) -> str:
     if holder.get("started"):
         text += f", started {holder['started']}"
     if held and holder.get("host") == socket.gethostname() and not _pid_alive(int(holder["pid"])):
-        text += " [that pid has exited; a child process it started still holds the lock]"
+        children = _processes_holding(lock_file) if lock_file else []
+        named = "; ".join(f"pid {pid} on host {holder['host']}, command: {cmd}" for pid, cmd in children)
+        text += (f" [that pid has exited; a process it started still holds the lock: {named}; end it "
+                 f"(kill {' '.join(str(pid) for pid, _ in children)}) and run again]" if children else
+                 " [that pid has exited; a child process it started still holds the lock]")
     if holder.get("command"):
         text += f", command: {holder['command']}"
     return text
@@ -177,7 +196,7 @@ class PathLock:
         return self
 
     def _refusal(self, holder: dict) -> LockHeld:
-        return LockHeld(f"{self.what} is in use by another run: {describe_holder(holder)} "
+        return LockHeld(f"{self.what} is in use by another run: {describe_holder(holder, lock_file=self.lock_file)} "
                         f"(lock {self.lock_file}; wait for it to finish or stop it)", holder, self.lock_file)
 
     def _acquire_flock(self) -> int:

@@ -85,7 +85,7 @@ def markdown(r: dict) -> str:
              "- Not measurable by this check: Transformer Engine cannot travel (its wheels are far over the 64 MiB "
              "carry), so TE layers, FP8 and context parallelism are measured only where the machine has TE."]
     if "missing" in env:
-        lines.append(f"- env.json is missing: the env stage's reason is in the stages table (env.log)")
+        lines.append("- env.json is missing: the env stage's reason is in the stages table (env.log)")
     if env.get("fp8_support"):
         lines.append("- FP8 recipes on this GPU: " + ", ".join(f"{k} {v}" for k, v in env["fp8_support"].items()))
     lines += ["", "## Stages", "", "| stage | status | seconds | budget s | detail |", "|---|---|---|---|---|"]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from megatron_fixedcode.utils.locks import LockHeld, PathLock, lock_output_prefix, lock_save_dir
+from megatron_fixedcode.utils.locks import LockHeld, lock_output_prefix, lock_save_dir
 from tests.helpers.errors import refused
 
 REPO = Path(__file__).resolve().parents[2]

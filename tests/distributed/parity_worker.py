@@ -8,7 +8,6 @@ largest relative difference per variant. Megatron's resharding does the gatherin
 """
 import argparse
 import json
-import os
 from pathlib import Path
 
 import torch

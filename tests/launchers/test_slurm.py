@@ -57,8 +57,8 @@ def _env(shards: Path, run: Path, **extra) -> dict:
     env.update(DATA_PATH=data_path, VALID_DATA_PATH=str(shards / "00000_valid_text_document"),
                TOKENIZER=str(TOKENIZER), CKPT_DIR=str(run / "ckpt"), LOG_DIR=str(run / "logs"), TENSORBOARD_DIR="",
                SAVE_INTERVAL="100000", MFC_REQUIRE_CUDA="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONPATH=str(ROOT), VIRTUAL_ENV=sys.prefix, PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-               **extra)
+               PYTHONPATH=str(ROOT), VIRTUAL_ENV=sys.prefix, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    env.update(extra)
     return env
 
 
@@ -150,14 +150,132 @@ def test_preemption_requeue_resumes_from_the_checkpoint_taken_on_sigterm(slurm, 
     assert "requeueing job" not in (tmp_path / f"slurm-{job}.out").read_text()
 
 
-def test_max_requeues_after_a_clean_checkpoint_ends_completed(slurm, shards, tmp_path):
+def test_max_requeues_reached_ends_the_job_failed_as_unfinished(slurm, shards, tmp_path):
+    """Past MAX_REQUEUES a time-limit checkpoint ends the job FAILED (exit 3: `afterok` dependents do not
+    run on an unfinished model) with a last line that says so and how to continue."""
     job = sbatch(tmp_path, _env(shards, tmp_path, MAX_REQUEUES="0"), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     info = wait_done(job, tmp_path, 200)
-    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("COMPLETED", "0:0", "0")
-    assert sacct(job) == ("COMPLETED", "0:0")
-    assert any((tmp_path / "ckpt").glob("iter_*"))
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "3:0", "0")
+    assert sacct(job) == ("FAILED", "3:0")
+    saved = max(int(p.name[5:]) for p in (tmp_path / "ckpt").glob("iter_*"))
+    last = (tmp_path / f"slurm-{job}.out").read_text().splitlines()[-1]
+    assert last.startswith(f"unfinished: the job stopped at step {saved} of 1000 after MAX_REQUEUES=0"), last
+    assert "submitting the same command again" in last
+
+
+def test_slurms_own_requeue_does_not_count_against_max_requeues(slurm, shards, tmp_path):
+    """MAX_REQUEUES=1 and one `scontrol requeue` (preemption's path): the time limit that follows still
+    requeues, since the launcher counts only its own requeues."""
+    job = sbatch(tmp_path, _env(shards, tmp_path, MAX_REQUEUES="1"), *SHRINK, "--exit-interval", "100000")
+    wait_for_step(tmp_path, 2, job)
+    subprocess.run(["scontrol", "requeue", job], check=True)
+    node_log = tmp_path / "logs" / "node0.log"
+    wait_until(lambda: "iteration" in node_log.read_text().partition(f"job {job}, restart 1:")[2], 400,
+               "the second run's steps", tmp_path)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    wait_until(lambda: job_info(job).get("Restarts") == "2", 400, "the launcher's requeue", tmp_path)
+    subprocess.run(["scancel", job], check=True)
+    wait_done(job, tmp_path, 200)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert "requeueing job %s (the launcher's requeue 1 of MAX_REQUEUES=1)" % job in out, out[-3000:]
+    assert (tmp_path / "logs" / f"requeues-{job}").read_text().strip() == "1"
+
+
+def test_a_cancel_during_the_time_limit_checkpoint_wins_over_the_requeue(slurm, shards, tmp_path):
+    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "100000")
+    wait_for_step(tmp_path, 2, job)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    time.sleep(0.3)
+    subprocess.run(["scancel", job], check=True)
+    wait_done(job, tmp_path, 200)
+    time.sleep(3)  # a requeue would show as PENDING (or RUNNING again) within this
+    info = job_info(job)
+    assert (info["JobState"], info["Restarts"]) == ("CANCELLED", "0"), info
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert "not requeueing" in out and "requeueing job" not in out, out[-3000:]
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    """A 6 MiB tmpfs: room for the run's start-up checks, not for the tiny model's checkpoint (~40 MB)."""
+    if os.geteuid() != 0:
+        pytest.skip("filling a disk needs a tmpfs mount (root)")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeue(slurm, shards, tmp_path, small_disk):
+    job = sbatch(tmp_path, _env(shards, tmp_path, CKPT_DIR=str(small_disk / "ckpt")), *SHRINK, "--exit-interval",
+                 "100000")
+    wait_for_step(tmp_path, 2, job)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
+    info = wait_done(job, tmp_path, 200)
+    time.sleep(2)
+    info = job_info(job)
+    assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "2:0", "0"), info
+    out = (tmp_path / f"slurm-{job}.out").read_text().splitlines()
+    assert not any("requeueing job" in line for line in out)
+    assert any("the time-limit checkpoint did not complete (training exited with code 2): not requeueing" in line
+               for line in out)
+    assert out[-1].startswith("error: cannot write checkpoint") and "no space left on device" in out[-1], out[-5:]
+    assert not (small_disk / "ckpt" / "latest_checkpointed_iteration.txt").exists()
+
+
+def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2(slurm, shards, tmp_path):
+    """A node without a GPU (MFC_REQUIRE_CUDA=1 on these CPU nodes): the batch shell cannot know, every rank
+    refuses; the job ends FAILED 2:0 (torchrun alone would say 1) with the trainer's line last."""
+    job = sbatch(tmp_path, _env(shards, tmp_path, MFC_REQUIRE_CUDA="1"), *SHRINK, "--exit-interval", "3")
+    info = wait_done(job, tmp_path, 200)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), out[-3000:]
+    assert out.splitlines()[-1].startswith("error: MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees "
+                                           "no CUDA GPU"), out[-3000:]
+    assert json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())["code"] == 2
+
+
+def _vocab512_tokenizer(path: Path) -> Path:
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, **{f"w{i}": i for i in range(1, 512)}}, unk_token="w1"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    tok.save(str(path))
+    return path
+
+
+def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, shards, tmp_path):
+    """A missing training prefix, a tokenizer whose vocabulary does not cover the data, a checkpoint
+    directory of another model: FAILED 2:0 with one line and no rank started (no torchrun traceback)."""
+    other = tmp_path / "other-model"
+    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(ROOT / "examples/recipes/paper2_1p7b_binary.yaml"),
+           "--train-data-path", str(shards / "00000_train_text_document"), "--valid-data-path",
+           str(shards / "00000_valid_text_document"), "--tokenizer-model", str(TOKENIZER), *SHRINK, "--hidden-size",
+           "128", "--train-iters", "1", "--save", str(other), "--eval-iters", "0"]
+    assert subprocess.run(cmd, env=_env(shards, tmp_path), cwd=ROOT, capture_output=True).returncode == 0
+    cases = {
+        "missing": ({"DATA_PATH": f"{shards}/00000_train_text_document\n{shards}/00009_train_text_document"},
+                    f"error: data_path {shards}/00009_train_text_document: {shards}/00009_train_text_document.idx not found"),
+        "vocab": ({"TOKENIZER": str(_vocab512_tokenizer(tmp_path / "vocab512.json"))},
+                  "is outside the vocabulary [0, 512)"),
+        "model": ({"CKPT_DIR": str(other)}, "checkpoint has hidden_size=128, this run hidden_size=64"),
+    }
+    jobs = {}
+    for name, (extra, _) in cases.items():
+        run = tmp_path / name
+        env = _env(shards, run, **extra)
+        jobs[name] = sbatch(run, env, *SHRINK, "--exit-interval", "3")
+    for name, (_, want) in cases.items():
+        run = tmp_path / name
+        info = wait_done(jobs[name], run, 200)
+        out = (run / f"slurm-{jobs[name]}.out").read_text()
+        assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), (name, out[-3000:])
+        lines = out.splitlines()
+        assert want in lines[-1] and lines[-1].startswith("error: "), (name, lines[-5:])
+        assert "torchrun" not in out and "Traceback" not in out and not (run / "logs" / "node0.log").exists(), name
 
 
 def test_two_nodes_train_with_a_log_each(slurm, shards, tmp_path):

@@ -2,7 +2,6 @@
 rtol 1e-5), for learned, binary and gf2 inputs and Megatron-LM's GPT-2 block (tied table, learned
 positions, biases); the fixed-code input layer issues no collective."""
 import json
-from pathlib import Path
 
 import pytest
 

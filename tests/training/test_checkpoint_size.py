@@ -1,7 +1,6 @@
 """The start-up free-space estimate from the real bytes per parameter of each
 optimizer and precision (it assumed 12 for all: 25% low with the distributed optimizer, so it never
 warned), checked against real saves; and a resume in another precision says so in one line."""
-import logging
 import math
 import shutil
 from pathlib import Path

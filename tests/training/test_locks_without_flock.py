@@ -159,3 +159,38 @@ def test_without_flock_a_lock_recorded_without_a_start_time_is_judged_by_its_tim
     finally:
         sleeper.kill()
         sleeper.wait()
+
+
+def test_a_lock_kept_by_the_child_of_a_dead_run_names_that_child(tmp_path):
+    """A run that forked a worker and died: its worker keeps the flock. The refusal names the worker's pid
+    and command, so the user can end it."""
+    import os
+    import signal
+    import time
+
+    script = (
+        "import os, time\n"
+        "from megatron_fixedcode.utils.locks import lock_save_dir\n"
+        f"lock = lock_save_dir({str(tmp_path)!r})\n"
+        "if os.fork() == 0:\n"
+        "    time.sleep(120)\n"
+        "os._exit(0)\n")
+    parent = subprocess.run([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            timeout=60)
+    assert parent.returncode == 0
+    child = None
+    try:
+        deadline = time.monotonic() + 20
+        while child is None and time.monotonic() < deadline:
+            out = subprocess.run(["pgrep", "-f", "from megatron_fixedcode.utils.locks import lock_save_dir"],
+                                 capture_output=True, text=True).stdout.split()
+            child = int(out[0]) if out else None
+        assert child is not None
+        with pytest.raises(LockHeld) as e:
+            lock_save_dir(tmp_path)
+        message = str(e.value)
+        assert f"a process it started still holds the lock: pid {child} on host" in message, message
+        assert f"(kill {child})" in message and "from megatron_fixedcode.utils.locks import lock_save_dir" in message
+    finally:
+        if child:
+            os.kill(child, signal.SIGKILL)

@@ -121,6 +121,27 @@ def test_sigterm_saves_a_complete_checkpoint_that_resumes(tmp_path, corpus):
     assert [m["step"] for m in read_metrics(tmp_path / "after.jsonl")] == [step + 1]
 
 
+def test_a_signal_during_evaluation_checkpoints_without_waiting_for_it(tmp_path, corpus):
+    """SIGTERM while step 3's (long) evaluation runs: the evaluation stops at its next batch, nothing is
+    recorded for it, the checkpoint is taken at step 3 and the run exits 0 with the signal as its reason."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY, "--train-iters", "100", "--save", str(ckpt),
+           "--exit-signal-handler", "--metrics-file", str(metrics), *data_args(corpus, "document_windows"),
+           "--eval-interval", "3", "--eval-iters", "100000"]
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 2):
+        time.sleep(0.2)
+    time.sleep(2)  # step 3 trains in a fraction of this; its evaluation (100000 batches) would take an hour
+    proc.send_signal(signal.SIGTERM)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 0, out[-3000:]
+    assert "evaluation at step 3 stopped by a signal after" in out and "exiting at step 3 (signal)" in out, out[-3000:]
+    assert latest_step(ckpt) == 3
+    assert [("val_loss" in m, m["step"]) for m in read_metrics(metrics)] == [(False, 1), (False, 2), (False, 3)]
+
+
 def test_resume_with_another_input_interface_is_refused(tmp_path, corpus):
     ckpt = str(tmp_path / "ckpt")
     pretrain("--input-embedding", "binary", "--train-iters", "1", "--save", ckpt, *data_args(corpus, "document_windows"))

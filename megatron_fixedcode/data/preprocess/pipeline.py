@@ -6,6 +6,7 @@ goes through the tokenizer's native batch path, which is where the speed comes f
 """
 
 import collections
+import errno
 import json
 import logging
 import math
@@ -23,6 +24,7 @@ from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_p
 from megatron_fixedcode.data.preprocess.encode import encode_chunk, init_worker, sentence_splitter
 from megatron_fixedcode.data.preprocess.inputs import expand_inputs, iter_chunks
 from megatron_fixedcode.data.preprocess.outputs import AtomicIndexedOutputs
+from megatron_fixedcode.utils.files import DiskFull
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.utils.locks import lock_output_prefix
 
@@ -96,8 +98,18 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     """Index ``cfg.input`` into ``.bin/.idx`` per split and key; returns the summary dict.
 
     Holds the exclusive lock ``{output_prefix}.lock`` for the whole run: a second run on the
-    same prefix is refused at once (``LockHeld``, a ``ValueError`` naming the holder).
+    same prefix is refused at once (``LockHeld``, a ``ValueError`` naming the holder). A full disk
+    is :class:`DiskFull` naming the outputs and the free space (the partial outputs stay ``.tmp``).
     """
+    try:
+        return _preprocess(cfg)
+    except OSError as e:
+        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+            raise DiskFull(f"{cfg.output_prefix}_*", e) from None
+        raise
+
+
+def _preprocess(cfg: PreprocessConfig) -> dict:
     with lock_output_prefix(cfg.output_prefix):
         return _preprocess(cfg)
 

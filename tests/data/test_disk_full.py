@@ -1,0 +1,67 @@
+"""A full disk while indexing: one line naming the outputs and the free space, exit code 2, no
+traceback; what was complete before stays, the partial outputs are .tmp files only."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from tests.helpers import ASSETS, REPO, SMOLLM2
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 160 KiB tmpfs: room for a plan, not for the tokens of two Gutenberg books."""
+    if os.geteuid() != 0:
+        pytest.skip("filling a disk needs a tmpfs mount (root)")
+    mount = tmp_path / "small-disk"
+    mount.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)], check=True)
+    yield mount
+    subprocess.run(["umount", "-l", str(mount)])
+
+
+def _corpus(directory):
+    directory.mkdir()
+    path = directory / "books.jsonl"
+    with open(path, "w") as f:
+        for i, book in enumerate(sorted((ASSETS / "corpus" / "gutenberg").glob("*.txt"))):
+            f.write(json.dumps({"id": f"b{i}", "text": book.read_text(encoding="utf-8", errors="replace")}) + "\n")
+    return path
+
+
+def _run(*args):
+    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+
+
+def _one_line(proc) -> str:
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    return errors[0]
+
+
+def test_preprocess_data_on_a_full_disk(tmp_path, full_disk):
+    corpus = _corpus(tmp_path / "in")
+    proc = _run(str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus), "--output-prefix",
+                str(full_disk / "books"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SMOLLM2),
+                "--append-eod")
+    line = _one_line(proc)
+    assert line.startswith(f"error: no space left on device writing {full_disk / 'books'}_* (") and "MiB free there" in line
+    assert not [p for p in full_disk.iterdir() if p.name.endswith((".bin", ".idx", "_summary.json"))]
+
+
+def test_shard_indexing_task_on_a_full_disk(tmp_path, full_disk):
+    _corpus(tmp_path / "in")
+    out = full_disk / "idx"
+    tool = ["-m", "megatron_fixedcode.cli.preprocess_shards"]
+    plan = _run(*tool, "plan", "--input", str(tmp_path / "in"), "--output-dir", str(out), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
+                str(SMOLLM2), "--append-eod", "--id-key", "id")
+    assert plan.returncode == 0, plan.stderr[-3000:]
+    line = _one_line(_run(*tool, "task", "--output-dir", str(out), "--task-id", "0"))
+    assert line.startswith(f"error: task 0: no space left on device writing {out / 'books'}_* ("), line
+    assert not (out / "books_summary.json").exists() and not (out / "books_failed.json").exists()
