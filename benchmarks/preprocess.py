@@ -12,7 +12,7 @@ from the command line, start-up included (``--whole-process``): ``tools/preproce
 against the baseline run as its own ``python`` process (which imports megatron-core, as
 Megatron-LM's tool does), with start-up (``-h``, and ``python -c pass``) reported separately.
 
-Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the checkout).
+Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the checkout, else tests/assets).
 """
 
 import argparse
@@ -38,7 +38,9 @@ from tokenizers import Tokenizer as HFTokenizer  # noqa: E402
 from megatron_fixedcode.data.preprocess import PreprocessConfig, output_prefix_for, preprocess  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SHARED = REPO.parent / "shared" / "data"
+SHARED = REPO.parent / "shared" / "data"  # the full corpus beside the checkout; a clone alone has the sample in tests/assets
+if not (SHARED / "corpus").is_dir():
+    SHARED = REPO / "tests" / "assets"
 
 
 def build_documents(corpus_dir: Path, doc_bytes: int) -> list[str]:

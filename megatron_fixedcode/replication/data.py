@@ -15,8 +15,11 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 def shared_data_dir() -> Path:
-    """``$MFC_SHARED_DATA`` or ``../shared/data`` beside the checkout."""
-    path = Path(os.environ.get("MFC_SHARED_DATA", REPO_ROOT.parent / "shared" / "data"))
+    """``$MFC_SHARED_DATA``, else ``../shared/data`` beside the checkout (the full corpus), else the
+    sample a clone carries (``tests/assets``, see its SOURCES.md): a clone alone runs the study."""
+    beside = REPO_ROOT.parent / "shared" / "data"
+    default = beside if (beside / "tokenizers" / "smollm2" / "tokenizer.json").is_file() else REPO_ROOT / "tests" / "assets"
+    path = Path(os.environ.get("MFC_SHARED_DATA", default))
     if not (path / "tokenizers" / "smollm2" / "tokenizer.json").is_file():
         raise ValueError(f"shared data not found at {path} (set MFC_SHARED_DATA)")
     return path
