@@ -240,7 +240,7 @@ def warm_in_parallel(a: argparse.Namespace) -> int:
 
 
 def _last_line(path: Path) -> str:
-    lines = [l for l in path.read_text(errors="replace").splitlines() if l.strip()] if path.exists() else []
+    lines = [ln for ln in path.read_text(errors="replace").splitlines() if ln.strip()] if path.exists() else []
     return lines[-1][:300] if lines else "(no output)"
 
 

@@ -50,7 +50,7 @@ def read_junit(path: Path) -> dict:
 
 
 def collect(out: Path) -> dict:
-    stages = [json.loads(l) for l in (out / "stages.jsonl").read_text().splitlines()] if (out / "stages.jsonl").exists() else []
+    stages = [json.loads(ln) for ln in (out / "stages.jsonl").read_text().splitlines()] if (out / "stages.jsonl").exists() else []
     env = json.loads((out / "env.json").read_text()) if (out / "env.json").exists() else {"missing": "env.json"}
     order = ["binary", "gf2", "learned", "binary_bf16", "te", "te_autocast", "te_fp8"]
     bench = sorted((json.loads(p.read_text()) for p in out.glob("bench-*.json")),

@@ -122,7 +122,7 @@ def test_quick_run_trains_both_variants(tmp_path):
                           "--work-dir", str(work)], cwd=ROOT, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for variant in ("binary", "learned"):
-        records = [json.loads(l) for l in (work / "logs" / variant / "metrics.jsonl").read_text().splitlines() if l]
+        records = [json.loads(ln) for ln in (work / "logs" / variant / "metrics.jsonl").read_text().splitlines() if ln]
         assert records and any("val_ppl" in r for r in records), variant
         assert (work / "checkpoints" / variant).is_dir()
     table = out.stdout[out.stdout.rindex("val ppl"):]

@@ -326,7 +326,7 @@ def test_shard_tasks_match_one_process_per_shard_and_resume(tmp_path, small_toke
 def test_bad_shard_is_recorded_by_name_and_the_task_goes_on(tmp_path, small_tokenizer):
     from megatron_fixedcode.data import shards
 
-    inputs = _write_shards(tmp_path / "in", n=3)
+    _write_shards(tmp_path / "in", n=3)
     bad = tmp_path / "in" / "part-001.jsonl.gz"
     bad.write_bytes(bad.read_bytes()[:-20])  # truncated gzip
     plan = _plan(tmp_path, [tmp_path / "in"], small_tokenizer, shards_per_task=3)

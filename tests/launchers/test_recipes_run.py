@@ -51,7 +51,7 @@ def test_paper_recipe_trains_as_written(name, data_env, tmp_path):
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     losses = [r["loss"] for r in read_metrics(metrics)]
-    assert len(losses) == 2 and all(abs(l - math.log(recipe["vocab_size"])) < 1.0 for l in losses), losses
+    assert len(losses) == 2 and all(abs(ln - math.log(recipe["vocab_size"])) < 1.0 for ln in losses), losses
     wants = ("megatron DistributedOptimizer" if recipe.get("use_distributed_optimizer") else "torch AdamW")
     assert f"optimizer: {wants}" in log
     if name.startswith("paper2_"):  # the paper-2 recipes run megatron's overlap (turned off with --no-overlap-*)

@@ -101,7 +101,7 @@ def test_plan_limits_fail_the_dry_run_when_exceeded(tmp_path, monkeypatch, capsy
     over = plan.TOTAL_LIMIT_S - plan.total_budget() + 1
     monkeypatch.setattr(plan, "STAGES", [*plan.STAGES, ("extra", over, "always", "x")])
     assert plan.main(["show", "--wheels", str(tmp_path / "none")]) == 1
-    line = next(l for l in capsys.readouterr().out.splitlines() if l.startswith("time budget total:"))
+    line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("time budget total:"))
     assert line.startswith("time budget total: 481 s of at most 480 s (8 min, install included") and "OVER THE LIMIT" in line
 
 

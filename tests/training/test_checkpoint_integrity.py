@@ -192,7 +192,7 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
     log = proc.stdout + proc.stderr
     assert "LR schedule in force (from command line (--override-opt-param-scheduler)): lr 0.006" in log, log[-3000:]
     assert "decay over 3 steps" in log
-    assert [json.loads(l)["step"] for l in (tmp_path / "m.jsonl").read_text().splitlines()] == [3]
+    assert [json.loads(ln)["step"] for ln in (tmp_path / "m.jsonl").read_text().splitlines()] == [3]
     assert latest_step(ckpt) == 3
 
 
@@ -204,7 +204,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
                     "--lr-warmup-iters", "0", "--clip-grad", "0", "--vocab-size", "1024", *_common(corpus), check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    line = next(l for l in out.splitlines() if " ERROR " in l)
+    line = next(ln for ln in out.splitlines() if " ERROR " in ln)
     failed_step = int(line.split("step ")[1].split(":")[0])
     assert "--no-check-for-nan-in-loss-and-grad" in line
     assert (latest_step(ckpt) or 0) < failed_step, (latest_step(ckpt), failed_step)

@@ -178,7 +178,7 @@ def _one_error_line(proc) -> str:
     """The one ERROR line of a refused run: a rank exited with code 2 and none with a traceback
     of its own (torchrun then stops the others, SIGTERM, exits 1 and prints its summary)."""
     out = proc.stdout + proc.stderr
-    errors = [l for l in out.splitlines() if " ERROR " in l]
+    errors = [ln for ln in out.splitlines() if " ERROR " in ln]
     exit_codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
     assert proc.returncode == 2 or (proc.returncode == 1 and "2" in exit_codes and set(exit_codes) <= {"2", "-15"}), out[-3000:]
     assert len(errors) == 1 and "[rank" not in out, out[-3000:]
@@ -222,6 +222,6 @@ def test_pipeline_stages_free_their_sent_outputs_and_ddp_checks_each_ranks_gradi
                     *data_args(corpus, "document_windows"), check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    line = next(l for l in out.splitlines() if " ERROR " in l)
+    line = next(ln for ln in out.splitlines() if " ERROR " in ln)
     assert re.search(r"step \d+: rank 0: .*found (NaN|Inf) in local grad norm", line), line
     assert "--no-check-for-nan-in-loss-and-grad" in line

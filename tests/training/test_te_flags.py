@@ -276,7 +276,7 @@ def test_one_fp8_training_step_with_the_real_trainer(tmp_path, recipe):
              "--fp8-format", "hybrid", "--fp8-recipe", recipe, "--fp8-amax-history-len", "16",
              "--metrics-file", str(tmp_path / "m.jsonl"))
     losses = [r["loss"] for r in read_metrics(tmp_path / "m.jsonl")]
-    assert len(losses) == 2 and all(abs(l - 6.93) < 1.5 for l in losses), losses  # ln(1024) = 6.93 at init
+    assert len(losses) == 2 and all(abs(ln - 6.93) < 1.5 for ln in losses), losses  # ln(1024) = 6.93 at init
 
 
 @pytest.mark.gpu

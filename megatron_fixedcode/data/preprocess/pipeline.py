@@ -129,12 +129,12 @@ def _preprocess(cfg: PreprocessConfig) -> dict:
             # Two threads: the native batch encode of one chunk (GIL released, all cores)
             # overlaps JSON parsing of the next and writing of the previous one.
             with ThreadPoolExecutor(2) as threads:
-                submit = lambda chunk: threads.submit(encode_chunk, chunk).result
+                submit = lambda chunk: threads.submit(encode_chunk, chunk).result  # noqa: E731 (a one-line closure)
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 3), progress, outputs)
         else:
             threads = max(1, (os.cpu_count() or 1) // cfg.workers)
             with multiprocessing.get_context("fork").Pool(cfg.workers, init_worker, (cfg, threads, None, os.getpid())) as pool:
-                submit = lambda chunk: pool.apply_async(encode_chunk, (chunk,)).get
+                submit = lambda chunk: pool.apply_async(encode_chunk, (chunk,)).get  # noqa: E731 (a one-line closure)
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 2 * cfg.workers), progress, outputs)
         progress.log(force=True)
         outputs.publish()
