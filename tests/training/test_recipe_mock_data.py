@@ -20,7 +20,8 @@ def test_recipe_data_keys_give_way_to_mock_data_in_one_line(capsys):
     resolved = json.loads(out.splitlines()[0])
     assert resolved["mock_data"] is True and resolved["dataset_type"] == "gpt"
     assert all(resolved[k] is None for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path"))
-    assert [line for line in err.splitlines() if line.startswith("note: --mock-data")] == [f"{NOTE} (--config {RECIPE})"]
+    notes = [line for line in err.splitlines() if line.startswith("note: --mock-data")]
+    assert notes == [f"{NOTE} (--config {RECIPE})"]
     with pytest.raises(SystemExit) as e:  # given on the command line: refused as before
         main(["--config", RECIPE, "--mock-data", "--valid-data-path", "x", "--dry-run"])
     assert e.value.code == 2

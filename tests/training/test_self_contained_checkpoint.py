@@ -89,7 +89,8 @@ def test_export_evaluate_and_analysis_from_load_alone(run, tmp_path, capsys):
     assert hf_ids == run["reference"].tokenize(TEXT)
     text = tmp_path / "doc.txt"
     text.write_text(TEXT)
-    assert evaluate.main(["--load", str(run["ckpt"]), "--text-files", str(text), "--output", str(tmp_path / "e.json")]) == 0
+    argv = ["--load", str(run["ckpt"]), "--text-files", str(text), "--output", str(tmp_path / "e.json")]
+    assert evaluate.main(argv) == 0
     result = json.loads((tmp_path / "e.json").read_text())
     assert result["tokenizer"]["model"].startswith(str(run["ckpt"] / "tokenizer"))
     assert result["tokenizer"]["fingerprint"] == run["reference"].fingerprint
@@ -102,7 +103,8 @@ def test_export_evaluate_and_analysis_from_load_alone(run, tmp_path, capsys):
 def _other_tokenizer(root: Path) -> str:
     from tokenizers import Tokenizer, models, pre_tokenizers
 
-    tok = Tokenizer(models.WordLevel({"<|endoftext|>": 0, **{f"w{i}": i + 1 for i in range(99)}}, unk_token="<|endoftext|>"))
+    vocab = {"<|endoftext|>": 0, **{f"w{i}": i + 1 for i in range(99)}}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="<|endoftext|>"))
     tok.pre_tokenizer = pre_tokenizers.Whitespace()
     root.mkdir()
     tok.save(str(root / "tokenizer.json"))
@@ -134,7 +136,8 @@ def test_finetune_from_load_alone_uses_and_carries_the_checkpoints_tokenizer(run
                     *data_args(run["corpus"], "gpt"), base=TINY_TOKENIZER_VOCAB)
     assert "tokenizer: the checkpoint's own" in proc.stdout + proc.stderr
     record = checkpoint.read_trainer_state(str(tmp_path / "ft"), 1)["tokenizer"]
-    assert record["copy"]["dir"] == _record(run)["copy"]["dir"] and (tmp_path / "ft" / record["copy"]["model"]).is_file()
+    assert record["copy"]["dir"] == _record(run)["copy"]["dir"]
+    assert (tmp_path / "ft" / record["copy"]["model"]).is_file()
     assert record["fingerprint"] == run["reference"].fingerprint
 
 
@@ -154,4 +157,5 @@ def test_a_checkpoint_without_a_carried_copy_reads_the_recorded_path(tmp_path):
     gone = {**record, "model": str(tmp_path / "gone")}
     with pytest.raises(ValueError, match="gone recorded in the checkpoint is missing; pass --tokenizer-model"):
         checkpoint_tokenizer_files(gone, tmp_path, "--load X")
-    assert checkpoint_tokenizer_files({"type": "HuggingFaceTokenizer", "model": None}, tmp_path, "--load X") == (None, None)
+    none = {"type": "HuggingFaceTokenizer", "model": None}
+    assert checkpoint_tokenizer_files(none, tmp_path, "--load X") == (None, None)
