@@ -124,8 +124,10 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
 
 def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int | None = None,
                              dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
-                             tokenizer_model: str | None = None, overwrite: bool = False, verify: bool = True) -> Path:
-    """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory."""
+                             tokenizer_model: str | None = None, overwrite: bool = False, verify: bool = True,
+                             parity: bool = False) -> Path:
+    """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory;
+    ``parity``: then check it against the checkpoint (``parity.json``; raises ``ParityFailed``)."""
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok = ckpt.trainer_state.get("tokenizer") or {}
     tokenizer_model = tokenizer_model or tok.get("model")
@@ -137,6 +139,12 @@ def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int 
                   "identity": ckpt.trainer_state.get("identity"), "layout": ckpt.trainer_state.get("layout"),
                   "block": ckpt.model_cfg.block}
     state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
-    return write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
-                          merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
-                          provenance=provenance, overwrite=overwrite)
+    out = write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
+                         merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
+                         provenance=provenance, overwrite=overwrite)
+    if parity:
+        from megatron_fixedcode.export.parity import checkpoint_tokenizer, verify_export
+
+        del state
+        verify_export(ckpt, out, checkpoint_tokenizer(ckpt.trainer_state, tokenizer_model))
+    return out
