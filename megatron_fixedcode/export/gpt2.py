@@ -143,12 +143,14 @@ def gpt2_tensor_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
     return shapes
 
 
-def canonical_gpt2_names(tensors: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def canonical_gpt2_names(tensors: dict[str, Any]) -> dict[str, Any]:
     """OpenAI-style files name the body without ``transformer.`` and keep the causal-mask buffers
-    ``attn.bias`` / ``attn.masked_bias``: prefix the one, drop the others."""
+    ``attn.bias`` (4-D) / ``attn.masked_bias``: prefix the one, drop the others. Values are tensors
+    or shapes (lists)."""
     out = {}
     for key, value in tensors.items():
-        if key.endswith((".attn.masked_bias",)) or (key.endswith(".attn.bias") and value.dim() == 4):
+        ndim = len(value) if isinstance(value, list) else value.dim()
+        if key.endswith(".attn.masked_bias") or (key.endswith(".attn.bias") and ndim == 4):
             continue
         out[key if key.startswith(("transformer.", "lm_head.")) else "transformer." + key] = value
     return out
