@@ -9,8 +9,8 @@ compute what the checkpoint computes (thresholds in docs/export.md), 0 when it d
 import argparse
 import json
 import sys
-from pathlib import Path
 import warnings
+from pathlib import Path
 
 from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 
@@ -20,7 +20,8 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", categ
 @user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--load", required=True, help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir")
+    p.add_argument("--load", required=True,
+                   help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir")
     p.add_argument("--hf-dir", required=True, help="the Hugging Face export to check")
     p.add_argument("--ckpt-step", type=int, default=None, help="iteration exported (default: the latest)")
     p.add_argument("--tokenizer-model", default=None, help="override the tokenizer path recorded in the checkpoint")

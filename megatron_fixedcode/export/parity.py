@@ -69,7 +69,7 @@ def _split_start(split: str | None, num_docs: int) -> int:
         return 0
     if len(weights) < 2 or sum(weights) <= 0:
         return 0
-    return int(round(weights[0] / sum(weights) * num_docs))
+    return round(weights[0] / sum(weights) * num_docs)
 
 
 def validation_ids(trainer_state: dict[str, Any], num_tokens: int, vocab_size: int) -> tuple[np.ndarray, str] | None:
@@ -113,7 +113,8 @@ def builtin_text_ids(tokenizer: Any, num_tokens: int, vocab_size: int) -> tuple[
         return None
     while len(ids) < num_tokens:
         ids = ids + ids
-    return np.asarray(ids[:num_tokens], dtype=np.int64), "the built-in English text, tokenized by the checkpoint's tokenizer"
+    source = "the built-in English text, tokenized by the checkpoint's tokenizer"
+    return np.asarray(ids[:num_tokens], dtype=np.int64), source
 
 
 def parity_tokens(trainer_state: dict[str, Any], tokenizer: Any, vocab_size: int,

@@ -140,8 +140,8 @@ def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int 
                   "block": ckpt.model_cfg.block}
     state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
     out = write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
-                         merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
-                         provenance=provenance, overwrite=overwrite)
+                         merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free,
+                         max_shard_size=max_shard_size, provenance=provenance, overwrite=overwrite)
     if parity:
         from megatron_fixedcode.export.parity import checkpoint_tokenizer, verify_export
 

@@ -76,7 +76,8 @@ def test_token_sources(tmp_path):
     ids, source = parity.parity_tokens({"valid_data_path": [prefix]}, None, 1000, 32)
     assert source.startswith("the validation data") and torch.equal(ids.reshape(-1), torch.arange(1, 65))
     # --data-path with --split 80,20,0: the validation part starts at document 8
-    ids, source = parity.parity_tokens({"data_path": ["1.0", prefix], "run_config": {"split": "80,20,0"}}, None, 1000, 32)
+    state = {"data_path": ["1.0", prefix], "run_config": {"split": "80,20,0"}}
+    ids, source = parity.parity_tokens(state, None, 1000, 32)
     assert "document 8" in source and ids[0, 0].item() == 9
     tok = build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2_TOKENIZER))
     ids, source = parity.parity_tokens({"data_path": [str(tmp_path / "gone")]}, tok, tok.vocab_size, 300)
