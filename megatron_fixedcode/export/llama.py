@@ -187,6 +187,20 @@ def fixed_code_entry(cfg: ModelConfig) -> dict[str, Any]:
                            "note": "the input table holds scale*R*code(t), frozen; it is not a learned embedding"}}
 
 
+def code_fields_from(config: dict[str, Any]) -> dict[str, Any]:
+    """ModelConfig's input-interface fields for a config.json (``fixed_code`` or the learned table)."""
+    fixed = config.get("fixed_code")
+    if fixed is None:
+        return {"input_embedding": "learned"}
+    fields = {"input_embedding": fixed["kind"], "code_seed": fixed["seed"] if fixed["seed"] is not None else 0,
+              "code_offset": sum(b << j for j, b in enumerate(fixed["offset"])),
+              "code_impl": fixed.get("implementation", "table_free"), "code_scale": fixed["scale"],
+              "code_bits": fixed["num_bits"], "code_min_weight": fixed["min_weight"]}
+    if fixed["kind"] == "gf2" and fixed["seed"] is None:  # a matrix given as data (--code-matrix)
+        fields["code_matrix"] = fixed["matrix"]
+    return fields
+
+
 def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = None,
                             make_vocab_size_divisible_by: int = 128) -> ModelConfig:
     """A ModelConfig for a Llama config.json; refuses what our llama block cannot express (the
@@ -213,15 +227,7 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
     theta = rope.get("rope_theta", config.get("rope_theta", 10000.0))
     if float(theta) != int(theta):
         raise ValueError(f"rope_theta={theta} is not an integer (megatron's rotary_base is)")
-    fixed = config.get("fixed_code")
-    code_fields: dict[str, Any] = {"input_embedding": "learned"}
-    if fixed is not None:
-        code_fields = {"input_embedding": fixed["kind"], "code_seed": fixed["seed"] if fixed["seed"] is not None else 0,
-                       "code_offset": sum(b << j for j, b in enumerate(fixed["offset"])),
-                       "code_impl": fixed.get("implementation", "table_free"), "code_scale": fixed["scale"],
-                       "code_bits": fixed["num_bits"], "code_min_weight": fixed["min_weight"]}
-        if fixed["kind"] == "gf2" and fixed["seed"] is None:  # a matrix given as data (--code-matrix)
-            code_fields["code_matrix"] = fixed["matrix"]
+    code_fields = code_fields_from(config)
     return ModelConfig(
         num_layers=config["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
         num_query_groups=groups, ffn_hidden_size=config["intermediate_size"],

@@ -1,7 +1,7 @@
 """A megatron checkpoint (any TP/PP) → a Hugging Face directory that plain ``transformers`` loads.
 
 * ``llama`` block → ``LlamaForCausalLM``; ``gpt_gelu`` block → ``GPTNeoXForCausalLM`` (see
-  ``gpt_neox.py`` for why that is exact).
+  ``gpt_neox.py`` for why that is exact); Megatron-LM's GPT-2 block → ``GPT2LMHeadModel`` (``gpt2.py``).
 * A fixed code is exported as a frozen input table holding exactly ``scale·R·c~(t)``;
   ``config.json["fixed_code"]`` records the CodeSpec and its fingerprint.
 * ``table_free=True`` stores no table and ships ``modeling_fixedcode.py`` (remote code).
@@ -17,6 +17,7 @@ import torch
 
 from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
 from megatron_fixedcode.export import hf_io
+from megatron_fixedcode.export.gpt2 import gpt2_config, is_gpt2_block, megatron_to_gpt2
 from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
 from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
 from megatron_fixedcode.models.config import ModelConfig
@@ -26,13 +27,8 @@ logger = logging.getLogger(__name__)
 REMOTE_CODE = Path(__file__).with_name("modeling_fixedcode.py")
 
 
-def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, bos_token_id: int | None,
-                          eos_token_id: int | None, dtype: str = "float32",
-                          table_free: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
-    """The exported tensors (cast to ``dtype``) and config.json for one TP=1 state dict."""
-    if dtype not in hf_io.DTYPES:
-        raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(hf_io.DTYPES)}")
-    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "dtype": dtype}
+def refuse_unmapped(cfg: ModelConfig) -> None:
+    """What the Llama and GPT-NeoX exports cannot hold (the GPT-2 block has its own checks)."""
     if cfg.kv_channels not in (None, cfg.hidden_size // cfg.num_attention_heads) or cfg.rotary_percent != 1.0 \
             or cfg.rotary_interleaved:
         raise ValueError(f"kv_channels={cfg.kv_channels}, rotary_percent={cfg.rotary_percent}, rotary_interleaved="
@@ -44,12 +40,25 @@ def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, b
         unmapped["position_embedding_type"] = cfg.position_embedding_type
     if unmapped:
         raise ValueError(f"{', '.join(f'{k}={v}' for k, v in unmapped.items())}: the Hugging Face exports here map "
-                         "bias-free RoPE blocks with an untied output layer only (Megatron-LM's GPT-2 block trains, "
-                         "but does not export)")
-    if cfg.block == "llama":
-        tensors, config = megatron_to_llama(state, cfg), llama_config(cfg, **ids)
+                         "bias-free RoPE blocks with an untied output layer (Llama, GPT-NeoX) and Megatron-LM's GPT-2 "
+                         "block (gpt_gelu with linear biases and learned or no positions: GPT2LMHeadModel) only")
+
+
+def hf_tensors_and_config(state: dict[str, torch.Tensor], cfg: ModelConfig, *, bos_token_id: int | None,
+                          eos_token_id: int | None, dtype: str = "float32",
+                          table_free: bool = False) -> tuple[dict[str, torch.Tensor], dict[str, Any]]:
+    """The exported tensors (cast to ``dtype``) and config.json for one TP=1 state dict."""
+    if dtype not in hf_io.DTYPES:
+        raise ValueError(f"--dtype {dtype!r}: choose one of {sorted(hf_io.DTYPES)}")
+    ids = {"bos_token_id": bos_token_id, "eos_token_id": eos_token_id, "dtype": dtype}
+    if is_gpt2_block(cfg):
+        tensors, config = megatron_to_gpt2(state, cfg), gpt2_config(cfg, **ids)
     else:
-        tensors, config = megatron_to_neox(state, cfg), neox_config(cfg, **ids)
+        refuse_unmapped(cfg)
+        if cfg.block == "llama":
+            tensors, config = megatron_to_llama(state, cfg), llama_config(cfg, **ids)
+        else:
+            tensors, config = megatron_to_neox(state, cfg), neox_config(cfg, **ids)
     if table_free:
         if cfg.input_embedding == "learned":
             raise ValueError("--table-free: the learned baseline has a real input table; export it without --table-free")
@@ -115,8 +124,10 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
 
 def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int | None = None,
                              dtype: str = "float32", table_free: bool = False, max_shard_size: str | int = "5GB",
-                             tokenizer_model: str | None = None, overwrite: bool = False, verify: bool = True) -> Path:
-    """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory."""
+                             tokenizer_model: str | None = None, overwrite: bool = False, verify: bool = True,
+                             parity: bool = False) -> Path:
+    """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory;
+    ``parity``: then check it against the checkpoint (``parity.json``; raises ``ParityFailed``)."""
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok = ckpt.trainer_state.get("tokenizer") or {}
     from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files
@@ -129,6 +140,12 @@ def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int 
                   "identity": ckpt.trainer_state.get("identity"), "layout": ckpt.trainer_state.get("layout"),
                   "block": ckpt.model_cfg.block}
     state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
-    return write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
-                          merge_file=merge_file, dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
-                          provenance=provenance, overwrite=overwrite)
+    out = write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
+                         merge_file=merge_file, dtype=dtype, table_free=table_free,
+                         max_shard_size=max_shard_size, provenance=provenance, overwrite=overwrite)
+    if parity:
+        from megatron_fixedcode.export.parity import checkpoint_tokenizer, verify_export
+
+        del state
+        verify_export(ckpt, out, checkpoint_tokenizer(ckpt, tokenizer_model))
+    return out

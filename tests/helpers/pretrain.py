@@ -20,6 +20,10 @@ TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4"
         "--block", "llama", "--input-embedding", "binary", "--hidden-dropout", "0", "--attention-dropout", "0", "--adam-beta2", "0.95",
         "--lr-decay-style", "cosine", "--eval-iters", "10", "--ckpt-keep-last", "2", "--split", "99,1,0"]
 
+# TINY without --block llama: Megatron-LM's default GPT-2 block (LayerNorm, GELU, linear biases, learned
+# positions, the output layer tied to the learned table)
+TINY_MEGATRON_BLOCK = [*TINY[:TINY.index("--block")], *TINY[TINY.index("--block") + 2:], "--input-embedding", "learned"]
+
 
 def write_corpus(root: Path, num_active: int = 128) -> tuple[str, str]:
     """Learnable documents, split into train and valid shards: ids 1..num_active where the next
@@ -52,7 +56,8 @@ TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in T
 
 def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300,
              base: list[str] = TINY) -> subprocess.CompletedProcess:
-    """One training run (``base`` flags, then ``args``); a single rank runs without torchrun (world size 1 on gloo)."""
+    """One training run; a single rank runs without torchrun (world size 1 on gloo). ``base``: the
+    flags before ``args`` (:data:`TINY_MEGATRON_BLOCK` for Megatron-LM's GPT-2 block)."""
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
     cmd = [sys.executable, *launcher, "-m", "megatron_fixedcode.pretrain", *base, *args]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}

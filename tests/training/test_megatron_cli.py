@@ -233,8 +233,11 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus
     assert loaded.model.embedding.position_embeddings.weight.shape == (32, 64)
     assert loaded.model.output_layer.weight is None and loaded.model.shared_embedding_or_output_weight() is \
         loaded.model.embedding.word_embeddings.weight
-    with pytest.raises(ValueError, match="Megatron-LM's GPT-2 block trains, but does not export"):
-        hf_tensors_and_config(loaded.model.state_dict(), loaded.model_cfg, bos_token_id=None, eos_token_id=None)
+    # ... and exports to GPT2LMHeadModel, the head tied (tests/export/test_export_gpt2.py checks the logits)
+    tensors, config = hf_tensors_and_config(loaded.model.state_dict(), loaded.model_cfg, bos_token_id=None,
+                                            eos_token_id=None)
+    assert config["architectures"] == ["GPT2LMHeadModel"] and config["tie_word_embeddings"]
+    assert tensors["transformer.wpe.weight"].shape == (32, 64) and "lm_head.weight" not in tensors
     # the tokenizer it records, and the tokenizer.json an export writes from it, give our ids
     record = {"type": "GPT2BPETokenizer", "model": gpt2_corpus["VOCAB"], "merge_file": gpt2_corpus["MERGES"]}
     saved = loaded.trainer_state["tokenizer"]
