@@ -102,16 +102,12 @@ def preprocess(cfg: PreprocessConfig) -> dict:
     is :class:`DiskFull` naming the outputs and the free space (the partial outputs stay ``.tmp``).
     """
     try:
-        return _preprocess(cfg)
+        with lock_output_prefix(cfg.output_prefix):
+            return _preprocess(cfg)
     except OSError as e:
         if e.errno in (errno.ENOSPC, errno.EDQUOT):
             raise DiskFull(f"{cfg.output_prefix}_*", e) from None
         raise
-
-
-def _preprocess(cfg: PreprocessConfig) -> dict:
-    with lock_output_prefix(cfg.output_prefix):
-        return _preprocess(cfg)
 
 
 def _preprocess(cfg: PreprocessConfig) -> dict:
