@@ -13,8 +13,20 @@
 # workers, one test file per worker at a time (--dist loadfile: a module's fixtures are built once): most
 # tests wait on subprocesses with OMP_NUM_THREADS=1, so one worker leaves a core idle; MFC_TEST_WORKERS=0
 # runs serially (xdist's -n 0).
+# `bash scripts/test.sh --fast` is the fast lane (README, Tests): leg 1 only, the tests not marked slow
+# (no process launches, no training beyond a few in-process steps), no Slurm; every room of the package has some.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+if [ "${1:-}" = "--fast" ]; then
+    shift
+    t=$SECONDS
+    bash scripts/setup_env.sh
+    rc=0
+    (. .venv/bin/activate && MFC_SLURM=0 python -m pytest -q -n "${MFC_TEST_WORKERS:-2}" -m "not slow and not gpu" \
+        --durations=10 "$@") || rc=$?
+    echo "test.sh: fast lane (Python 3.11, megatron-core 0.16.1, not slow): exit $rc in $((SECONDS - t)) s"
+    exit "$rc"
+fi
 CORE_SUBSET=(
     tests/models/test_fixed_code_embedding.py tests/models/test_parallel_parity.py tests/training/test_pretrain.py
     tests/export/test_export_parity.py tests/compat/test_compat_cpu.py tests/cli/test_quickstart_pipeline.py

@@ -40,6 +40,7 @@ def ids(num=4, seq=24, seed=0):
     return torch.randint(1, VOCAB, (num, seq), generator=torch.Generator().manual_seed(seed))
 
 
+@pytest.mark.slow
 def test_ablating_an_identity_block_changes_nothing(single_rank):
     m = model(single_rank, identity_block=1)
     report = layer_ablation(m, ids(), VOCAB)
@@ -51,6 +52,7 @@ def test_ablating_an_identity_block_changes_nothing(single_rank):
     assert next_token_nll(m, ids(), VOCAB) == report["loss"]  # the hook is gone afterwards
 
 
+@pytest.mark.slow
 def test_patching_a_context_with_itself_changes_nothing(single_rank):
     m = model(single_rank)
     x = ids(1)[0]
@@ -60,6 +62,7 @@ def test_patching_a_context_with_itself_changes_nothing(single_rank):
     assert len(report["delta"]) == 4 and len(report["delta"][0]) == 24  # sites x positions
 
 
+@pytest.mark.slow
 def test_patching_the_changed_position_at_the_input_restores_everything(single_rank):
     m = model(single_rank)
     clean = ids(1)[0]
@@ -97,6 +100,7 @@ def test_activation_stats_token_variance_is_one_at_the_input(single_rank):
         assert report["sites"][-1]["token_variance_fraction"] < 1.0
 
 
+@pytest.mark.slow
 def test_run_analysis_on_a_saved_checkpoint_writes_json_and_plots(single_rank, tmp_path):
     import dataclasses
     import json

@@ -34,6 +34,7 @@ def test_stdlib_corpus_is_sorted_prose_without_tests():
     assert docs == list(stdlib_documents(max_bytes=200_000))
 
 
+@pytest.mark.slow
 def test_data_stage_is_deterministic_and_megatron_readable(tmp_path):
     a, b = tmp_path / "a", tmp_path / "b"
     assert main([*DATA_ARGS, "--work-dir", str(a)]) == 0

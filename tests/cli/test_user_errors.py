@@ -6,6 +6,7 @@ import subprocess
 import sys
 
 import numpy as np
+import pytest
 
 from megatron_fixedcode.data.verify import Progress
 from tests.helpers.data import write_indexed_dataset
@@ -31,6 +32,7 @@ def test_user_error_is_one_line_and_mfc_traceback_shows_it(tmp_path):
     assert "resolve_tokenizer_json" in full.stderr and lines[-1] == plain.stderr.strip()
 
 
+@pytest.mark.slow
 def test_trainer_error_traceback_on_request(tmp_path):
     args = ("-m", "megatron_fixedcode.pretrain", "--config", "examples/recipes/tiny_cpu.yaml", "--vocab-size", "256",
             "--data-path", str(tmp_path / "missing_text_document"), "--train-iters", "1")

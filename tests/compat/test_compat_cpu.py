@@ -28,6 +28,7 @@ def _faults(mode: str) -> dict:
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc mallopt")
 def test_freed_activation_memory_is_reused_without_page_faults():
     # Fewest faults of 6 cycles: the kernel may reclaim idle free memory now and then (DAMON).
@@ -83,6 +84,7 @@ def test_grad_buffer_stream_is_a_no_op_on_cpu(single_rank):
     assert param_and_grad_buffer.torch.zeros(1, device="cuda").device.type == "cpu"
 
 
+@pytest.mark.slow
 def test_kernel_load_survives_a_lock_left_by_a_killed_process(tmp_path):
     """torch's extension loader waits forever on a build-directory ``lock`` file that a process
     killed mid-load left behind; our loader takes that lock over (it would hang on old code)."""

@@ -323,6 +323,7 @@ def _helper_after_parent_sigkill(tmp_path, make_queue: str) -> bool:
     return alive
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
     """The forked Manager that serves megatron's async-writer results queue
@@ -340,6 +341,7 @@ def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
     """).replace("\n", "\n        "))
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
     """The trainer's own path (checkpoint/save.py's _fork_results_queue)."""
@@ -503,6 +505,7 @@ def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokeni
     assert summary["skipped"]["count"] == 1
 
 
+@pytest.mark.slow
 def test_a_prefix_reindexed_with_another_corpus_gets_a_new_sample_index_and_refuses_resume(tmp_path):
     """Megatron's GPT index cache (beside the data) was keyed by path, seed,
     length and tokenizer only: a prefix re-indexed with a larger corpus trained on the old sample

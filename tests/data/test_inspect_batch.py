@@ -71,6 +71,7 @@ def _check(records, dataset, tokenizer):
         assert r["text"] == tokenizer.detokenize(window)
 
 
+@pytest.mark.slow
 def test_tool_document_windows(smollm2):
     records = _run_tool(
         smollm2, "--dataset-type", "document_windows", "--samples-per-shard-visit", "8"
@@ -85,6 +86,7 @@ def test_tool_document_windows(smollm2):
         assert r["documents"] == [train_ds.locate(r["index"]).document]
 
 
+@pytest.mark.slow
 def test_tool_gpt_dataset(smollm2):
     cache = str(smollm2["root"] / "cache")
     split = "80,20,0"

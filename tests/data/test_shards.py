@@ -203,6 +203,7 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
     assert rc == 0 and "note: 4 of 4 shards verified without a recorded .bin sha256" in stderr and "error" not in stderr, stderr
 
 
+@pytest.mark.slow
 def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
     """Once a run trained on a prefix, megatron's GPT index cache makes PREFIX/
     a directory (PREFIX/cache/GPTDataset_indices); verify_dataset took it for a shard directory

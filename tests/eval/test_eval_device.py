@@ -84,6 +84,7 @@ def _evaluate(*args, code=0):
     return proc
 
 
+@pytest.mark.slow
 def test_evaluate_device_dtype_and_batch_size(export):
     ckpt, hf = export
     text = str(ASSETS / "corpus" / "state_union" / "1945-Truman.txt")
@@ -100,6 +101,7 @@ def test_evaluate_device_dtype_and_batch_size(export):
         refused.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
 def test_harness_gets_device_dtype_and_batch_size(export, monkeypatch):
     """run_harness hands lm-eval the user's device (default CUDA when seen), dtype and batch size."""
     pytest.importorskip("lm_eval")
@@ -130,6 +132,7 @@ def test_harness_gets_device_dtype_and_batch_size(export, monkeypatch):
         run_harness(export[1], "local", dtype="float64")
 
 
+@pytest.mark.slow
 def test_eval_memory_benchmark_runs():
     """benchmarks/eval_memory.py --smoke: both reductions, the same sum, the chunked one smaller."""
     proc = subprocess.run([sys.executable, "benchmarks/eval_memory.py", "--smoke", "--json"], cwd=REPO,

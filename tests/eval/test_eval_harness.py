@@ -22,6 +22,7 @@ def export(tmp_path_factory):
     return convert_checkpoint_to_hf(src, root / "hf")
 
 
+@pytest.mark.slow
 def test_local_tasks_score_an_export(tmp_path, export, monkeypatch):
     from megatron_fixedcode.eval.harness import run_harness
 
@@ -55,6 +56,7 @@ def test_local_data_reads_original_formats():
     assert len(pages) == 11 and pages[0]["page"].startswith(" = ")
 
 
+@pytest.mark.slow
 def test_two_checkpoints_see_identical_request_sets_and_report_truncation(tmp_path, monkeypatch):
     """Paper 2's audit: equal request hashes per task for two variants, and requests cut to a
     64-token context counted (LAMBADA passages are longer than 64 tokens)."""

@@ -37,6 +37,7 @@ def _evaluate(*args):
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_checkpoint_and_export_report_the_same_loss(tmp_path):
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 

@@ -122,6 +122,7 @@ def _edit_config(hf_dir, **changes):
     (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
      ["model.safetensors", "truncated"]),
 ], ids=["fewer-layers", "missing-tensor", "wrong-shape", "missing-key", "bad-groups", "bad-json", "truncated"])
+@pytest.mark.slow
 def test_import_refuses_weights_that_do_not_fit_the_config_in_one_line(tmp_path, capsys, damage, needles):
     """Every tensor in the safetensors is used and every tensor the model needs is
     there with its shape, or the import is refused naming them (exit 2, nothing written)."""
@@ -148,6 +149,7 @@ sys.exit(main(sys.argv[1:]))
 """
 
 
+@pytest.mark.slow
 def test_a_killed_export_leaves_nothing_that_looks_complete_and_is_refused(tmp_path, capsys):
     """A converter killed midway left OUT with only model.safetensors (or a 0-byte
     config.json), unmarked, and evaluate.py --hf-model on it died with a traceback. The export is

@@ -30,6 +30,7 @@ print("built" if kernel is not None else "not built", "signalled" if got else "n
 """
 
 
+@pytest.mark.slow
 def test_a_sigterm_to_the_trainers_process_group_does_not_stop_the_kernel_build(tmp_path):
     import shutil
 

@@ -130,6 +130,7 @@ def test_dry_run_cpus_per_task_and_cuda_requirement(tmp_path):
     assert "MFC_REQUIRE_CUDA" in text.split("mfc_log()")[0]  # documented in the header
 
 
+@pytest.mark.slow
 def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_batch(tmp_path):
     env = launcher_env(tmp_path, SLURM_NNODES="1", SEED="7")
     command, config, stderr = run_dry("pretrain_1p7b_learned.sh", ["--log-interval", "1"], env)

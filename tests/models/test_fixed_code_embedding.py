@@ -61,6 +61,7 @@ def test_table_free_equals_lookup_bit_for_bit(single_rank, kind):
 @pytest.mark.parametrize("vocab,code_bits,word", [(200, None, torch.uint8), (1000, None, torch.int16),
                                                   (VOCAB, None, torch.int16), (VOCAB, 20, torch.int32),
                                                   (3000, 40, torch.int64)])
+@pytest.mark.slow
 @pytest.mark.parametrize("centered,scale,bf16", [(False, 1.0, False), (True, 0.37, True), (False, 3.0, True)])
 def test_fast_forward_equals_the_per_bit_reference(single_rank, kernel, impl, vocab, code_bits, word, centered, scale,
                                                     bf16):

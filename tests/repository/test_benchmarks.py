@@ -22,6 +22,7 @@ def run_benchmark(script: str, *args: str, timeout: int = 300) -> dict:
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
+@pytest.mark.slow
 def test_embedding_benchmark():
     r = run_benchmark("embedding.py")
     v = r["variants"]
@@ -42,6 +43,7 @@ def test_embedding_benchmark():
     assert r["machine"]["load_average"] and r["output_dtype"] == "torch.float32"
 
 
+@pytest.mark.slow
 def test_train_step_benchmark():
     r = run_benchmark("train_step.py")
     (tiny,) = r["recipes"]
@@ -59,6 +61,7 @@ def test_train_step_benchmark():
     assert tiny["megatron_binary_peak_saving_bytes"] >= 4 * table
 
 
+@pytest.mark.slow
 def test_comm_benchmark():
     r = run_benchmark("comm.py", timeout=600)
     tp = r["tp2_sp"]
@@ -73,6 +76,7 @@ def test_comm_benchmark():
     assert dp["learned"]["grad_buffer_bytes"] - dp["binary"]["grad_buffer_bytes"] == dp["table_grad_bytes"]
 
 
+@pytest.mark.slow
 def test_dataloader_benchmark():
     result = run_benchmark("dataloader.py")
     assert result["consumption_samples_per_s"] == 8.0  # 128 samples / 8 s / 2 ranks
@@ -134,6 +138,7 @@ def test_ratio_plot_scores_targets_both_ways(tmp_path):
         main([str(tmp_path / "empty.json")])
 
 
+@pytest.mark.slow
 def test_checkpoint_io_benchmark():
     r = run_benchmark("checkpoint_io.py")
     one, two = r["phases"]
@@ -145,6 +150,7 @@ def test_checkpoint_io_benchmark():
     assert all(p["save_s"] > 0 and p["verify_s"] > 0 and p["load_s"] > 0 for p in r["phases"])
 
 
+@pytest.mark.slow
 def test_checkpoint_format_benchmark():
     """--formats: one save per distributed-optimizer format on 2 ranks, host memory per rank."""
     r = run_benchmark("checkpoint_io.py", "--formats")

@@ -122,6 +122,7 @@ def _run(block: Block, workdir: Path) -> None:
     _done.add(block.id)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("block", ALL_BLOCKS, ids=[b.id for b in ALL_BLOCKS])
 def test_doc_block(block, workdir):
     kind, detail = parse_marker(block)

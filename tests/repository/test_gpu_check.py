@@ -51,6 +51,7 @@ def _plan_numbers(stdout: str) -> tuple[dict[str, int], int, float]:
     return budgets, total, mib
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_plan_and_checks_the_wiring(tmp_path):
     # no wheels folder (as in CI): the plan still lists them, sized from the committed manifest
     out = run(str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--wheels", str(tmp_path / "no-wheels"))
@@ -221,6 +222,7 @@ def test_env_report_says_whether_torch_compile_can_build(monkeypatch, tmp_path):
                  "reason": f"no C compiler (CC, cc, gcc, clang); no {tmp_path / 'Python.h'}"}
 
 
+@pytest.mark.slow
 def test_cpu_standin_runs_every_stage_command(tmp_path):
     """Every stage's command as gpu_check.sh builds it, at toy size on CPU with gloo: the env report,
     the install (no wheels folder: what this python has), the compile warm-up of both precisions at

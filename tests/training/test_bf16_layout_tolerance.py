@@ -23,6 +23,7 @@ def _rel(a: float, b: float) -> float:
     return abs(a - b) / abs(b)
 
 
+@pytest.mark.slow
 def test_bf16_distributed_optimizer_resume_on_another_layout_within_the_measured_tolerance(tmp_path):
     (tmp_path / "data").mkdir()
     common = ["--train-iters", "6", "--lr-warmup-iters", "1", "--num-layers", "4", "--bf16",

@@ -41,6 +41,7 @@ def _num_parameters(target: Path) -> int:
     return sum(math.prod(v.global_shape) for k, v in meta.items() if not k.startswith("optimizer"))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", list(MODES))
 def test_checkpoint_size_estimate_matches_a_real_save(saves, mode):
     ckpt, _ = saves[1][mode]
@@ -69,6 +70,7 @@ def test_free_space_warning_uses_the_distributed_optimizers_size(tmp_path, monke
     ("bf16_distopt", ["--use-distributed-optimizer"],
      "precision changed: the checkpoint was saved with BF16 weights (--bf16), this run trains with FP32 weights (no --bf16)"),
 ], ids=["fp32->bf16", "bf16->fp32"])
+@pytest.mark.slow
 def test_a_resume_in_another_precision_says_so_in_one_line(saves, tmp_path, saved, now, line):
     corpus, runs = saves
     ckpt, log = runs[saved]

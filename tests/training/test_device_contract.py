@@ -295,6 +295,7 @@ def _assert_all_on(placement: dict, device: str) -> None:
     assert 6.0 < placement["loss"] < 8.0  # ln(1024) = 6.93 at init: the step really ran
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU runtime's placement")
 def test_one_training_step_keeps_everything_on_the_cpu_runtime(tmp_path):
     _assert_all_on(_one_step_placement(tmp_path, "binary"), "cpu")

@@ -172,6 +172,7 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
     assert "--fp8-format hybrid needs a CUDA GPU" in capsys.readouterr().err + caplog.text
 
 
+@pytest.mark.slow
 def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus, tmp_path, capsys):
     """Its GPT-2 BPE (--vocab-file, --merge-file, no --tokenizer-type) reads as GPT2BPETokenizer, trains on
     data preprocess_data indexed with it, and the checkpoint and HF export carry it."""
@@ -366,6 +367,7 @@ def test_recompute_flags_reach_transformer_config(capsys):
     assert build_transformer_config(cfg.model_config(1024), cfg.layout, te_layers=False).recompute_granularity == "selective"
 
 
+@pytest.mark.slow
 def test_qk_layernorm_qkv_bias_squared_relu_and_rope_scaling_train(corpus, tmp_path, capsys):
     """Megatron-LM's --qk-layernorm, --add-qkv-bias, --squared-relu and --use-rope-scaling reach the
     model that trains, as megatron-core builds them; a SwiGLU block refuses --squared-relu in one line."""
@@ -479,6 +481,7 @@ def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
     assert calls[0]["id"] == "run42" and calls[0]["resume"] == "allow" and calls[0]["name"] == "exp"
 
 
+@pytest.mark.slow
 def test_extending_a_run_continues_and_says_what_changes(corpus, tmp_path):
     """A larger --train-iters resumes (refused before); the GPT stream's change is one logged line;
     --exit-interval exits at a multiple of N (step 6 of 4..8, not at the first step past N)."""
@@ -577,6 +580,7 @@ def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_l
         [*base, "--fp8-recipe", "custom"], capsys)
 
 
+@pytest.mark.slow
 def test_mock_data_trains_on_megatrons_mock_dataset_and_resumes_exactly(tmp_path, capsys):
     """--mock-data as in the mock lines of Megatron-LM's Llama-3 example (NullTokenizer, --vocab-size): megatron-core's
     MockGPTDataset with its even 1,1,1 split, validation included; a stop and resume gives the losses of a straight
@@ -608,6 +612,7 @@ def test_mock_data_trains_on_megatrons_mock_dataset_and_resumes_exactly(tmp_path
     assert "--mock-data is a data source of its own: drop --data-path" in line
 
 
+@pytest.mark.slow
 def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_path):
     """--decoupled-lr/--decoupled-min-lr (the Llama-3 example's): megatron-core's own parameter group for the input
     table and output layer (here the output layer: the code has no table), on the same warmup and decay with its
@@ -639,6 +644,7 @@ def test_decoupled_lr_schedules_the_output_layer_apart_and_resumes_exactly(tmp_p
     assert not torch.equal(first["decoder.layers.0.mlp.linear_fc1.weight"], second["decoder.layers.0.mlp.linear_fc1.weight"])
 
 
+@pytest.mark.slow
 def test_padded_vocab_size_sets_the_output_rows(tmp_path, capsys):
     """--padded-vocab-size (Megatron-LM's; its modelopt Qwen lists give it): the output layer has exactly that many
     rows; a resume without it is refused in one line; too few rows, or rows TP ranks cannot share, at parse time."""

@@ -69,6 +69,7 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
     assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 6, "max_steps": 6}
 
 
+@pytest.mark.slow
 def test_the_exit_record_carries_the_trainers_one_line_error(tmp_path, monkeypatch):
     """A refusal before the process group (here: --load of an empty directory): code 2 and the line."""
     record = tmp_path / "exit.json"

@@ -71,6 +71,7 @@ def test_evaluation_never_reports_a_nan_loss():
         document_nll(nan_logits, [[1, 2, 3, 4]], seq_length=8, eod=0)
 
 
+@pytest.mark.slow
 def test_finetune_from_a_checkpoint_with_nan_weights_is_refused_naming_the_tensor(tmp_path):
     ckpt = _checkpoint_with(tmp_path / "nan", float("nan"), vocab_size=1024)
     (tmp_path / "data").mkdir()

@@ -153,6 +153,7 @@ def test_finetune_into_sft_then_resume_is_bit_identical(tmp_path):
     assert straight[-1]["val_loss"] < straight[2]["val_loss"] and math.isfinite(straight[-1]["val_loss"])
 
 
+@pytest.mark.slow
 def test_bad_record_stops_the_trainer_with_one_line_and_exit_2(tmp_path):
     train = write_jsonl(tmp_path / "train.jsonl", [*sft_records(3), {"prompt": "no answer"}])
     proc = pretrain(*SFT_TINY, "--dataset-type", "sft", "--data-path", train, "--train-iters", "1", check=False)
@@ -161,6 +162,7 @@ def test_bad_record_stops_the_trainer_with_one_line_and_exit_2(tmp_path):
 
 # --- evaluation ----------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_gold_answer_and_response_perplexity_equal_a_direct_forward_pass(tmp_path):
     from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint, megatron_logits
     from megatron_fixedcode.eval.gold_answer import squad_prompt

@@ -2,6 +2,8 @@
 the mean over all loss positions of the global batch, whatever the microbatch split (2 ranks, gloo)."""
 import json
 
+import pytest
+
 from megatron_fixedcode.training.forward_backward import loss_config_fields
 from tests.helpers import REPO, torchrun
 
@@ -14,6 +16,7 @@ def test_sft_turns_on_megatrons_per_token_loss_and_pretraining_keeps_the_default
         assert loss_config_fields(dataset_type) == {"calculate_per_token_loss": False}
 
 
+@pytest.mark.slow
 def test_sft_gradient_is_the_token_mean_for_every_microbatch_split(tmp_path):
     out = tmp_path / "grads.json"
     torchrun(WORKER, "--out", str(out), "--dataset-types", "sft", "gpt")
