@@ -71,6 +71,15 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
     return ProcessGroupCollection.use_mpu_process_groups()
 
 
+def collective_timeout(group=None) -> datetime.timedelta | None:
+    """The timeout a process group's collectives run under, read back from its backend (None if unknown)."""
+    try:
+        group = group or dist.distributed_c10d._get_default_group()
+        return group._get_backend(runtime_device()).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
+
+
 def _groups_match(layout: ParallelLayout) -> bool:
     """megatron's groups already exist for this layout (a second initialisation in one process)."""
     return (parallel_state.model_parallel_is_initialized()

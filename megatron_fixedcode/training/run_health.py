@@ -16,6 +16,7 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
+from megatron_fixedcode.compat.distributed import collective_timeout
 from megatron_fixedcode.training.progress_log import ProgressLog
 from megatron_fixedcode.training.timers import log_timers, timed, timers_off, timers_to_log
 
@@ -68,6 +69,11 @@ class RunHealth:
     def start(self) -> None:
         if self.rank0 and self.cfg.log_memory_to_tensorboard and not torch.cuda.is_available():
             logger.info("%s", CPU_MEMORY_NOTE)
+        if self.rank0:
+            timeouts = {str(collective_timeout(g)) for g in (None, parallel_state.get_data_parallel_group(),
+                                                              parallel_state.get_model_parallel_group())}
+            logger.info("collectives time out after %s (--distributed-timeout-minutes %d)", ", ".join(sorted(timeouts)),
+                        self.trainer.cfg.args.distributed_timeout_minutes)
         self.progress.start(self.trainer.step * self.trainer.global_batch)
 
     def after_step(self, record: dict) -> None:
