@@ -88,7 +88,7 @@ def patching_pair(ids_BS: torch.Tensor, cfg: AnalysisConfig, vocab_size: int) ->
 
 def run_analysis(cfg: AnalysisConfig) -> dict:
     from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
-    from megatron_fixedcode.tokenizers import tokenizer_from_record
+    from megatron_fixedcode.tokenizers import checkpoint_tokenizer
 
     ckpt = load_megatron_checkpoint(cfg.load)
     model, model_cfg, state = ckpt.model, ckpt.model_cfg, ckpt.trainer_state
@@ -97,8 +97,7 @@ def run_analysis(cfg: AnalysisConfig) -> dict:
     if prefix is None:
         raise ValueError("no --data-path given and the checkpoint names no validation data")
     ids_BS = token_windows(prefix, cfg.num_windows, cfg.seq_length or model_cfg.seq_length)
-    tok = state.get("tokenizer") or {}
-    tokenizer = tokenizer_from_record(tok)
+    tokenizer = checkpoint_tokenizer(state.get("tokenizer") or {}, ckpt.path.parent, f"--load {cfg.load}")
     vocab = model_cfg.vocab_size
     torch.manual_seed(cfg.seed)
     states = hidden_states(model, ids_BS)

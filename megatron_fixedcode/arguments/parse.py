@@ -130,6 +130,21 @@ def _check_inputs(a: argparse.Namespace) -> None:
         tokenizer_from_args(a)
 
 
+# A recipe's keys that name its data (and how it is read): --mock-data on the command line replaces them.
+RECIPE_DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "data_args_path",
+                    "per_split_data_args_path", "data_manifest", "data_manifest_weights", "dataset_type")
+
+
+def _drop_recipe_data(recipe: dict[str, Any], path: str) -> None:
+    """Remove the recipe's data keys (one line on rank 0 names them); the same keys given on the command
+    line with --mock-data are still refused (refusals: a data source of its own)."""
+    dropped = [k for k in RECIPE_DATA_KEYS if recipe.get(k) not in (None, [], "gpt")]
+    for key in dropped:
+        del recipe[key]
+    if dropped and is_rank0():
+        print(f"note: --mock-data: the recipe's {', '.join(dropped)} are ignored (--config {path})", file=sys.stderr)
+
+
 def _refuse_out_of_scope(argv: list[str], parser: argparse.ArgumentParser) -> None:
     known = set(parser._option_string_actions)
     for token in argv:
@@ -144,7 +159,10 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
     _refuse_out_of_scope(argv, parser)
     pre, _ = parser.parse_known_args(argv)
     if pre.config:
-        parser.set_defaults(**load_recipe(pre.config, parser))
+        recipe = load_recipe(pre.config, parser)
+        if pre.mock_data:  # --mock-data on the command line: the recipe's data keys give way to it
+            _drop_recipe_data(recipe, pre.config)
+        parser.set_defaults(**recipe)
     a = parser.parse_args(argv)
     inert = inert_in_use(a, parser)  # as given: the values derived below are not the user's
     try:

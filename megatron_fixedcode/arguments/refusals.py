@@ -129,15 +129,15 @@ def _refuse_run(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
             p.error(f"--mock-data is a data source of its own: drop {', '.join(given)} (or --mock-data)")
         if a.dataset_type != "gpt":
             p.error(f"--mock-data is megatron's mock GPTDataset: not with --dataset-type {a.dataset_type}")
-    if (train_paths(a) or a.mock_data) and not (a.tokenizer_model or a.vocab_file) and not a.vocab_size:
+    if (train_paths(a) or a.mock_data) and not (a.tokenizer_model or a.vocab_file or a.vocab_size or a.load):
         p.error("--tokenizer-model (or GPT2BPETokenizer's --vocab-file/--merge-file) is required (or --vocab-size for "
-                "pre-tokenized data without decoding)")
+                "pre-tokenized data without decoding; with --load, the checkpoint's own is used)")
     if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
         p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
     if a.dataset_type in ("document_windows", "sft") and valid_paths(a) is None and a.eval_interval:
         p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
                 "--data-path): give them, or drop --eval-interval")
-    if a.dataset_type == "sft" and not a.dry_run and not (a.tokenizer_model or a.vocab_file):
+    if a.dataset_type == "sft" and not a.dry_run and not (a.tokenizer_model or a.vocab_file or a.load):
         p.error("--dataset-type sft tokenises text: give --tokenizer-model")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
         p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")

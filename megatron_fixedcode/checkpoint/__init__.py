@@ -9,7 +9,8 @@ and loads use megatron's fully parallel strategy wrappers (the data-parallel ran
 replicated tensors' writes and reads).
 
 Integrity: after every rank finished writing, each rank hashes the files it wrote and rank 0 records
-the size and SHA-256 of every file in ``iter_N/checksums.json`` — the last file written before the
+the size and SHA-256 of every file in ``iter_N/checksums.json`` (``shared``: the run's carried
+tokenizer, ``SAVE/tokenizer/<hash>/``, one copy for all its checkpoints) — the last file written before the
 ``latest`` marker moves, so the marker covers it. Every load (``--load``, ``--skip-train``, the HF
 converter, ``tools/evaluate.py``) verifies them first (the trainer's ranks each hash a share) and
 refuses a checkpoint whose bytes changed, naming the file and the newest older checkpoint that
@@ -26,7 +27,7 @@ verifies (``--ckpt-step N``).
 from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["CHECKSUMS", "LATEST_MARKER", "CorruptCheckpoint", "checkpoint_dir", "latest_step",
+    **dict.fromkeys(["CHECKSUMS", "LATEST_MARKER", "RUN_CONFIG", "CorruptCheckpoint", "checkpoint_dir", "latest_step",
                      "read_common_state", "read_common_state_of", "read_trainer_state", "resolve_step"], "paths"),
     **dict.fromkeys(["RNG_BY_MODEL_PARALLEL_RANK", "model_sharded_state", "optimizer_format", "unwrap"], "state"),
     **dict.fromkeys(["CHECKSUMS_CLAIM", "NO_VERIFY_FLAG", "corrupt_message", "newest_verified_step",

@@ -9,6 +9,7 @@ from megatron.core import dist_checkpointing
 
 LATEST_MARKER = "latest_checkpointed_iteration.txt"
 CHECKSUMS = "checksums.json"
+RUN_CONFIG = "run_config.json"  # iter_N/run_config.json: the run's resolved flags, as --dry-run prints them
 
 
 class CorruptCheckpoint(ValueError):

@@ -2,13 +2,14 @@
 move the ``latest`` marker; prune the old ones as told."""
 from __future__ import annotations
 
+import json
 import shutil
 from pathlib import Path
 
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
-from megatron_fixedcode.checkpoint.paths import CHECKSUMS, LATEST_MARKER, _fsync_write, checkpoint_dir
+from megatron_fixedcode.checkpoint.paths import CHECKSUMS, LATEST_MARKER, RUN_CONFIG, _fsync_write, checkpoint_dir
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER
 from megatron_fixedcode.checkpoint.state import (RNG_BY_MODEL_PARALLEL_RANK, _data_parallel_group,
                                                  _model_parallel_rng_object, _optimizer_metadata, _ranks, _rng_object,
@@ -63,8 +64,11 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     }
     _fork_results_queue()
     dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
+    if rank == 0 and trainer_state.get("run_config") is not None:  # the resolved flags, readable without this code
+        _fsync_write(target / RUN_CONFIG, json.dumps(trainer_state["run_config"], sort_keys=True, indent=1))
     dist.barrier()
-    record_checksums(target)  # last into the checkpoint, before the marker that makes it the latest
+    # last into the checkpoint, before the marker that makes it the latest; the run's carried tokenizer too
+    record_checksums(target, shared=((trainer_state.get("tokenizer") or {}).get("copy") or {}).get("files", ()))
     if rank == 0:
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
         _prune(Path(root), keep_last, step, retain_interval)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 from pathlib import Path
 
@@ -24,28 +25,43 @@ def _checkpoint_files(target: Path) -> list[Path]:
     return sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
 
 
+def _write_manifest(target: Path, files: dict, shared: dict | None = None) -> None:
+    record = {"algorithm": "sha256", "files": files, **({"shared": shared} if shared else {})}
+    _fsync_write(target / CHECKSUMS, json.dumps(record, indent=1, sort_keys=True))
+
+
+def _shared_records(target: Path, shared) -> dict:
+    """``shared``: files of the run outside the checkpoint (its carried tokenizer), relative to the
+    checkpoint root; recorded relative to ``target`` (``../tokenizer/<hash>/...``): they move with it."""
+    return dict(_file_record(target, target.parent / name) for name in shared) if shared else {}
+
+
 def _file_record(target: Path, path: Path) -> tuple[str, dict]:
-    return str(path.relative_to(target)), {"size": path.stat().st_size, "sha256": file_sha256(path)}
+    return os.path.relpath(path, target), {"size": path.stat().st_size, "sha256": file_sha256(path)}
 
 
-def _write_manifest(target: Path, files: dict) -> None:
-    _fsync_write(target / CHECKSUMS, json.dumps({"algorithm": "sha256", "files": files}, indent=1, sort_keys=True))
+def _recorded(manifest: dict, target: Path) -> dict:
+    """Every recorded file: the checkpoint's own, and the shared ones that are there (a checkpoint
+    copied without its run's tokenizer folder still loads; its readers say the tokenizer is missing)."""
+    shared = manifest.get("shared") or {}
+    return {**manifest["files"], **{k: v for k, v in shared.items() if (target / k).is_file()}}
 
 
-def write_checksums(target: Path) -> None:
+def write_checksums(target: Path, shared=()) -> None:
     """Record size and SHA-256 of every file under ``target`` (one process; call once every rank
     has written)."""
     target = Path(target)
-    _write_manifest(target, dict(_file_record(target, p) for p in _checkpoint_files(target)))
+    _write_manifest(target, dict(_file_record(target, p) for p in _checkpoint_files(target)),
+                    _shared_records(target, shared))
 
 
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist: rank r writes __r_<thread>.distcp
 
 
-def record_checksums(target: Path) -> None:
+def record_checksums(target: Path, shared=()) -> None:
     """:func:`write_checksums` spread over the ranks: each rank hashes the shard files it wrote
     (``__<rank>_*.distcp``), rank 0 the common files too and anything no rank claimed; rank 0
-    merges and writes them (a collective: every rank calls it)."""
+    merges and writes them, with the ``shared`` files (a collective: every rank calls it)."""
     target, rank, world = Path(target), dist.get_rank(), dist.get_world_size()
     files = _checkpoint_files(target)
 
@@ -57,7 +73,7 @@ def record_checksums(target: Path) -> None:
     gathered: list[dict | None] = [None] * world
     dist.all_gather_object(gathered, mine)
     if rank == 0:
-        _write_manifest(target, {k: v for part in gathered for k, v in part.items()})
+        _write_manifest(target, {k: v for part in gathered for k, v in part.items()}, _shared_records(target, shared))
     dist.barrier()
 
 
@@ -66,8 +82,8 @@ def verify_checkpoint_share(target: str | Path, rank: int, world: int) -> str | 
     the error message, or None. Sizes and presence of every file were checked before."""
     target = Path(target)
     try:
-        files = json.loads((target / CHECKSUMS).read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError):
+        files = _recorded(json.loads((target / CHECKSUMS).read_text()), target)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None  # verify_checkpoint reported (or warned about) the record itself
     for name in sorted(files)[rank::world]:
         if file_sha256(target / name) != files[name]["sha256"]:
@@ -93,8 +109,9 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
         logger.warning("%s: no %s (saved before checksums were recorded): its bytes are not verified", target, CHECKSUMS)
         return
     try:
-        files = json.loads(manifest_path.read_text())["files"]
-    except (OSError, ValueError, KeyError, TypeError) as e:
+        manifest = json.loads(manifest_path.read_text())
+        files = _recorded(manifest, target)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
         raise CorruptCheckpoint(f"{manifest_path}: unreadable checksum record ({e})") from None
     uncovered = sorted({str(p.relative_to(target)) for p in _checkpoint_files(target)} - set(files))
     if uncovered:

@@ -66,20 +66,17 @@ def _checkpoint_tokenizer(ckpt, load: str, tokenizer_model: str | None, required
     """(tokenizer or None, its record for the result). A ``--tokenizer-model`` override must be the
     checkpoint's tokenizer (its fingerprint, where it was trained with one) and fit the model's
     vocabulary: another tokenizer gives a loss, silently, of the wrong thing."""
-    from megatron_fixedcode.tokenizers import tokenizer_from_record
+    from megatron_fixedcode.tokenizers import build_tokenizer, checkpoint_tokenizer_files
 
     tok_info = ckpt.trainer_state.get("tokenizer") or {}
-    path = tokenizer_model or tok_info.get("model")
+    saved = (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint")
+    # the copy the checkpoint carries (relative to where it lies now), else the path it recorded
+    path, merges = checkpoint_tokenizer_files(tok_info, ckpt.path.parent, f"--load {load}", tokenizer_model, saved)
     if not path:
         if required:
             raise ValueError(f"--load {load}: the checkpoint names no tokenizer; pass --tokenizer-model")
         return None, None
-    tokenizer = tokenizer_from_record(tok_info, path)
-    saved = (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint")
-    if tokenizer_model and tok_info.get("model") and saved and tokenizer.fingerprint != saved:
-        raise ValueError(f"--tokenizer-model {tokenizer_model} (fingerprint {tokenizer.fingerprint}, vocabulary "
-                         f"{tokenizer.vocab_size}) is not the tokenizer --load {load} was trained with "
-                         f"({tok_info.get('model') or '?'}, fingerprint {saved})")
+    tokenizer = build_tokenizer(tok_info.get("type") or "HuggingFaceTokenizer", path, merge_file=merges)
     if tokenizer.vocab_size > ckpt.model_cfg.vocab_size:
         raise ValueError(f"--tokenizer-model {path}: vocabulary {tokenizer.vocab_size} is larger than the model's "
                          f"{ckpt.model_cfg.vocab_size} (--load {load})")

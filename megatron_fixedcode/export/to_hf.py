@@ -119,15 +119,16 @@ def convert_checkpoint_to_hf(load: str | Path, output: str | Path, *, step: int 
     """Load ``load`` at TP=1/PP=1 (resharded from any layout) and write the HF directory."""
     ckpt = load_megatron_checkpoint(load, step, verify=verify)
     tok = ckpt.trainer_state.get("tokenizer") or {}
-    tokenizer_model = tokenizer_model or tok.get("model")
-    if tokenizer_model and not Path(tokenizer_model).exists():
-        raise ValueError(f"tokenizer {tokenizer_model} recorded in the checkpoint is missing; pass --tokenizer-model")
-    if tok.get("merge_file") and not Path(tok["merge_file"]).exists():
-        raise ValueError(f"GPT2BPETokenizer merges {tok['merge_file']} recorded in the checkpoint is missing")
+    from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files
+
+    # the copy the checkpoint carries (relative to where it lies now), else the path it recorded
+    tokenizer_model, merge_file = checkpoint_tokenizer_files(
+        tok, ckpt.path.parent, f"--load {load}", tokenizer_model,
+        (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint"))
     provenance = {"checkpoint": str(ckpt.path.resolve()), "step": ckpt.step, "tokens": ckpt.trainer_state.get("tokens"),
                   "identity": ckpt.trainer_state.get("identity"), "layout": ckpt.trainer_state.get("layout"),
                   "block": ckpt.model_cfg.block}
     state = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
     return write_hf_model(output, state, ckpt.model_cfg, tokenizer_type=tok.get("type"), tokenizer_model=tokenizer_model,
-                          merge_file=tok.get("merge_file"), dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
+                          merge_file=merge_file, dtype=dtype, table_free=table_free, max_shard_size=max_shard_size,
                           provenance=provenance, overwrite=overwrite)

@@ -9,11 +9,11 @@ from pathlib import Path
 def heldout_perplexity(load: str, valid_prefix: str, *, max_tokens: int) -> dict:
     from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from megatron_fixedcode.eval.perplexity import document_nll, indexed_documents, megatron_logits_fn
-    from megatron_fixedcode.tokenizers import tokenizer_from_record
+    from megatron_fixedcode.tokenizers import checkpoint_tokenizer
 
     ckpt = load_megatron_checkpoint(load)
     cfg, state = ckpt.model_cfg, ckpt.trainer_state
-    tokenizer = tokenizer_from_record(state["tokenizer"])
+    tokenizer = checkpoint_tokenizer(state["tokenizer"], ckpt.path.parent, f"--load {load}")
     ppl = document_nll(megatron_logits_fn(ckpt.model, cfg.vocab_size), indexed_documents(valid_prefix),
                        seq_length=cfg.seq_length, eod=tokenizer.eod, max_tokens=max_tokens)
     return {"step": ckpt.step, "tokens_trained": state["tokens"], "val_loss": ppl["loss"], "val_ppl": ppl["ppl"],

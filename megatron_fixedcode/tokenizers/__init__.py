@@ -14,6 +14,8 @@ _EXPORTS = {
     "tokenizer_from_record": "registry",
     "tokenizer_record": "registry",
     "train_bpe_tokenizer": "train",
+    **dict.fromkeys(["carried_record", "write_carried_copy", "checkpoint_tokenizer", "checkpoint_tokenizer_files"],
+                    "carried"),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
@@ -29,4 +31,8 @@ __all__ = [
     "tokenizer_record",
     "file_fingerprint",
     "train_bpe_tokenizer",
+    "carried_record",
+    "write_carried_copy",
+    "checkpoint_tokenizer",
+    "checkpoint_tokenizer_files",
 ]

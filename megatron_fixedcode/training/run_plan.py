@@ -21,7 +21,7 @@ from pathlib import Path
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
-from megatron_fixedcode.tokenizers import tokenizer_from_args
+from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
 from megatron_fixedcode.training.runtime_checks import check_runtime
 from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 
@@ -154,6 +154,8 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     a, ck = cfg.args, cfg.checkpoint
     if check_machine:
         check_runtime(cfg)
+    if ck.load and not (a.tokenizer_model or a.vocab_file or a.vocab_size):
+        take_checkpoint_tokenizer(cfg)
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
     tokenizer = (tokenizer_from_args(a) if a.tokenizer_model or a.vocab_file
@@ -183,6 +185,25 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     if plan.load_step is not None:
         check_resume_compatible(cfg, plan)
     return plan
+
+
+def take_checkpoint_tokenizer(cfg: PretrainConfig) -> None:
+    """``--load`` and no tokenizer flag (nor --vocab-size): the checkpoint's own tokenizer, from the copy
+    it carries (else the path it recorded), set on the flags, so that this run records and carries it too."""
+    a, load = cfg.args, cfg.checkpoint.load
+    step = resolve_load_step(cfg)
+    record = (checkpoint.read_trainer_state(load, step).get("tokenizer") or {}) if step is not None else {}
+    model, merges = checkpoint_tokenizer_files(record, load, f"--load {load}")
+    if model is None:
+        what = "holds no checkpoint yet" if step is None else "names no tokenizer (trained on pre-tokenized ids)"
+        raise ValueError(f"--load {load} {what}: give --tokenizer-model (or --vocab-size for pre-tokenized data)")
+    a.tokenizer_type = record.get("type") or "HuggingFaceTokenizer"
+    if a.tokenizer_type == "GPT2BPETokenizer":
+        a.vocab_file, a.merge_file = os.path.abspath(model), os.path.abspath(merges)
+    else:
+        a.tokenizer_model = os.path.abspath(model)
+    if int(os.environ.get("RANK", "0")) == 0:
+        logger.info("tokenizer: the checkpoint's own, %s (--load %s)", a.vocab_file or a.tokenizer_model, load)
 
 
 def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:

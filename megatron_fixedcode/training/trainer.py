@@ -43,7 +43,7 @@ from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
-from megatron_fixedcode.tokenizers import tokenizer_record
+from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
@@ -211,6 +211,8 @@ class Trainer:
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
+        # what the checkpoints record of it, and where its one copy goes under --save (rank 0, first save)
+        self.tokenizer_record = carried_record(tokenizer_record(a), getattr(self.tokenizer, "fingerprint", None))
         self.model_cfg = plan.model_cfg
         self.identity = plan.identity
         assert plan.dp_size == self.ranks["dp_size"], (plan.dp_size, self.ranks["dp_size"])
@@ -240,7 +242,7 @@ class Trainer:
         code = self.model_cfg.code_spec()
         return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
                 "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
-                "tokenizer": tokenizer_record(self.cfg.args),
+                "tokenizer": self.tokenizer_record,
                 "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id,
                 "optimizer_format": checkpoint.optimizer_format(self.optimizer,
                                                                 self.cfg.args.dist_ckpt_optim_fully_reshardable),
@@ -373,6 +375,8 @@ class Trainer:
         t0 = time.perf_counter()
         target, error = checkpoint.checkpoint_dir(ck.save, self.step), None
         try:
+            if self.ranks["rank"] == 0:
+                write_carried_copy(ck.save, self.tokenizer_record)
             with params_synced(self.chunks), timed(self.timers, "save-checkpoint", 0, barrier=True):
                 path = checkpoint.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
                                                   self.trainer_state(), ck.keep_last, ck.retain_interval)

@@ -46,10 +46,15 @@ def data_args(corpus: tuple[str, str], dataset_type: str) -> list[str]:
     return args
 
 
-def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300) -> subprocess.CompletedProcess:
-    """One training run; a single rank runs without torchrun (world size 1 on gloo)."""
+# TINY without --vocab-size: the vocabulary is the tokenizer's (--tokenizer-model, or the one --load carries)
+TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in TINY[max(i - 1, 0):i + 1]]
+
+
+def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300,
+             base: list[str] = TINY) -> subprocess.CompletedProcess:
+    """One training run (``base`` flags, then ``args``); a single rank runs without torchrun (world size 1 on gloo)."""
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
-    cmd = [sys.executable, *launcher, "-m", "megatron_fixedcode.pretrain", *TINY, *args]
+    cmd = [sys.executable, *launcher, "-m", "megatron_fixedcode.pretrain", *base, *args]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:

@@ -155,27 +155,46 @@ def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
 
 # --- resume refusals name the field; the tokenizer joins the resume identity
 
+def _resume_refusal(*args: str) -> str:
+    """The refusal of a resume, decided before any process group (run_plan.check_resume_compatible is
+    pure): in this process, without launching a trainer. One end-to-end case proves the one-line exit 2."""
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
+    from megatron_fixedcode.training.run_plan import plan_run
+    from tests.helpers.pretrain import TINY
+
+    with pytest.raises(ValueError) as e:
+        plan_run(parse_pretrain_args([*TINY, *args]), check_machine=False)
+    return str(e.value)
+
+
+def test_resume_refusal_is_one_line_and_exit_2(trained, corpus):
+    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
+                    "--hidden-size", "128", *_common(corpus), check=False)
+    refused(proc, "hidden_size", "128")
+
+
 @pytest.mark.parametrize("flag,value,field", [("--hidden-size", "128", "hidden_size"),
                                               ("--vocab-size", "2048", "vocab_size")])
 def test_resume_refusal_names_the_field_that_differs(trained, corpus, flag, value, field):
-    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
-                    flag, value, *_common(corpus), check=False)
-    refused(proc, field, value)
+    message = _resume_refusal("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
+                              flag, value, *_common(corpus))
+    assert field in message and value in message, message
 
 
 def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corpus, tmp_path):
     other = _tokenizer(tmp_path / "tok_b", 7)
-    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other,
-                    *_common(corpus), check=False)
-    refused(proc, "tokenizer", other, "--finetune")
+    message = _resume_refusal("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other,
+                              *_common(corpus))
+    assert "tokenizer" in message and other in message and "--finetune" in message, message
 
 
 # --- LR schedule on resume; data paths compared resolved
 
 def test_changed_lr_on_resume_is_refused_naming_the_flag(trained, corpus):
-    proc = pretrain("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
-                    trained["tok"], *_common(corpus), check=False)
-    refused(proc, "--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler")
+    message = _resume_refusal("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
+                              trained["tok"], *_common(corpus))
+    for needle in ("--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler"):
+        assert needle in message, message
 
 
 def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_path):

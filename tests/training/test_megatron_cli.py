@@ -237,7 +237,9 @@ def test_gpt3_example_flags_refused_in_one_line_then_trained(corpus, gpt2_corpus
         hf_tensors_and_config(loaded.model.state_dict(), loaded.model_cfg, bos_token_id=None, eos_token_id=None)
     # the tokenizer it records, and the tokenizer.json an export writes from it, give our ids
     record = {"type": "GPT2BPETokenizer", "model": gpt2_corpus["VOCAB"], "merge_file": gpt2_corpus["MERGES"]}
-    assert loaded.trainer_state["tokenizer"] == record
+    saved = loaded.trainer_state["tokenizer"]
+    assert {k: saved[k] for k in record} == record  # and the copy it carries: vocab.json + merges.txt
+    assert sorted(f.rsplit("/", 1)[1] for f in saved["copy"]["files"]) == ["merges.txt", "vocab.json"]
     ours = build_tokenizer("GPT2BPETokenizer", record["model"], merge_file=record["merge_file"])
     (tmp_path / "hf").mkdir()
     write_tokenizer(tmp_path / "hf", "GPT2BPETokenizer", record["model"], ours, 32)
