@@ -62,6 +62,7 @@ def test_progress_log_has_megatrons_lines_and_cumulative_throughput_restarts_wit
     disabled.saved(1, 1)  # no --save: nothing, as Megatron-LM
 
 
+@pytest.mark.slow
 def test_distributed_timeout_reaches_torchs_and_megatrons_groups():
     import subprocess
     import sys
