@@ -35,11 +35,11 @@ def timers_to_log(level: int) -> list[str]:
     return [*(LEVEL1_TIMERS if level >= 1 else ()), *(LEVEL2_TIMERS if level >= 2 else ())]
 
 
-def log_timers(timers: Timers, names: list[str], *, rank0: bool, normalizer: float = 1.0, sink=None,
+def log_timers(timers: Timers | None, names: list[str], *, rank0: bool, normalizer: float = 1.0, sink=None,
                step: int | None = None, barrier: bool = False) -> None:
     """On every rank (the times are gathered): to TensorBoard/W&B as ``<name>-time`` (max over ranks; when
     ``sink`` is given, as Megatron-LM's ``timers.write``), then the log lines on rank 0, resetting them."""
-    if not names:
+    if timers is None or not names:
         return
     if sink is not None:
         times = timers._get_global_min_max_time(names, reset=False, barrier=barrier, normalizer=normalizer / 1000.0)
