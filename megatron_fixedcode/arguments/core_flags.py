@@ -254,6 +254,24 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--tensorboard-dir", default=None, help="TensorBoard event directory (Megatron-LM's tags)")
     g.add_argument("--metrics-file", default=None, help="JSON Lines file: one record per step")
     g.add_argument("--wandb-project", default=None, help="W&B project (needs wandb)")
+    g = p.add_argument_group("run health (Megatron-LM's log lines and TensorBoard tags; docs/training.md)")
+    g.add_argument("--log-params-norm", action="store_true",
+                   help="'params norm' in the iteration line, TensorBoard 'params-norm' (each weight counted once)")
+    g.add_argument("--log-num-zeros-in-grad", action="store_true",
+                   help="'num zeros' (gradient entries equal to zero) in the iteration line, TensorBoard 'num-zeros'")
+    g.add_argument("--log-memory-to-tensorboard", action="store_true",
+                   help="TensorBoard 'mem-reserved-bytes', 'mem-allocated-bytes', 'mem-max-allocated-bytes' (CUDA); "
+                        "'mem-rss-bytes' on the CPU")
+    g.add_argument("--timing-log-level", type=int, choices=(0, 1, 2), default=0,
+                   help="megatron-core timers: 0 save/evaluate, 1 + the step's phases, 2 + compute and batches")
+    g.add_argument("--timing-log-option", choices=("max", "minmax", "all"), default="minmax",
+                   help="the timers' lines: max over ranks, (min, max), or every rank")
+    g.add_argument("--log-timers-to-tensorboard", action="store_true",
+                   help="each timer as TensorBoard '<name>-time' (max over ranks) every --log-interval")
+    g.add_argument("--log-progress", action="store_true",
+                   help="append Megatron-LM's job and checkpoint lines (throughput, FLOPs, tokens) to SAVE/progress.txt")
+    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
+                   help="timeout of the process groups' collectives (torch's and megatron-core's groups)")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -122,9 +122,20 @@ class LoggingConfig:
     wandb_project: str | None
     tensorboard_log_interval: int = 1
     wandb_exp_name: str | None = None
+    log_params_norm: bool = False
+    log_num_zeros_in_grad: bool = False
+    log_memory_to_tensorboard: bool = False
+    timing_log_level: int = 0
+    timing_log_option: str = "minmax"
+    log_timers_to_tensorboard: bool = False
+    log_progress: bool = False
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
         return cls(log_interval=a.log_interval, tensorboard_dir=a.tensorboard_dir,
                    metrics_file=a.metrics_file, wandb_project=a.wandb_project,
-                   tensorboard_log_interval=a.tensorboard_log_interval, wandb_exp_name=a.wandb_exp_name)
+                   tensorboard_log_interval=a.tensorboard_log_interval, wandb_exp_name=a.wandb_exp_name,
+                   log_params_norm=a.log_params_norm, log_num_zeros_in_grad=a.log_num_zeros_in_grad,
+                   log_memory_to_tensorboard=a.log_memory_to_tensorboard, timing_log_level=a.timing_log_level,
+                   timing_log_option=a.timing_log_option, log_timers_to_tensorboard=a.log_timers_to_tensorboard,
+                   log_progress=a.log_progress)

@@ -40,7 +40,8 @@ def describe_runtime() -> str:
 
 def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: int = 600) -> ProcessGroupCollection:
     """Start torch.distributed from torchrun's environment (NCCL on GPUs, gloo on CPU), build
-    megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1."""
+    megatron's parallel groups and seed its RNG streams. A plain ``python`` run is world size 1.
+    ``timeout_s``: every group's collective timeout (the trainer passes --distributed-timeout-minutes)."""
     on_cpu = apply_cpu_patches()
     apply_torch_adam_patches()  # on GPUs too, where neither TE nor apex is installed
     if not dist.is_initialized():
@@ -64,9 +65,19 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
             pipeline_model_parallel_size=layout.pipeline_model_parallel_size,
             virtual_pipeline_model_parallel_size=layout.virtual_pipeline_model_parallel_size,
             context_parallel_size=layout.context_parallel_size,
+            distributed_timeout_minutes=max(1, -(-timeout_s // 60)),  # --distributed-timeout-minutes
         )
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
     return ProcessGroupCollection.use_mpu_process_groups()
+
+
+def collective_timeout(group=None) -> datetime.timedelta | None:
+    """The timeout a process group's collectives run under, read back from its backend (None if unknown)."""
+    try:
+        group = group or dist.distributed_c10d._get_default_group()
+        return group._get_backend(runtime_device()).options._timeout
+    except (AttributeError, RuntimeError, ValueError):
+        return None
 
 
 def _groups_match(layout: ParallelLayout) -> bool:

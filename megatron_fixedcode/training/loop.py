@@ -27,6 +27,7 @@ from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
+from megatron_fixedcode.training.run_health import RunHealth
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up
@@ -153,6 +154,8 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                        matmul=matmul_precision(a.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
                        log_throughput=a.log_throughput, wandb_run_id=trainer.wandb_run_id,
                        start_step=None if a.skip_train else trainer.step)
+    health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
+    health.start()
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
@@ -169,6 +172,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         gc.collect()
     while trainer.step < trainer.max_steps:
         record = trainer.train_step()
+        health.after_step(record)
         if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
             gc.collect()
         if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
@@ -176,12 +180,13 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
         if schedule and schedule.eval_interval and schedule.eval_iters and (
                 trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps):
-            record.update(trainer.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
+            record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
+        health.after_record(trainer.step)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
-            trainer.save(final=stop or trainer.step == trainer.max_steps)
+            health.save(final=stop or trainer.step == trainer.max_steps)
             saved_at = trainer.step
             # A signal that came during the save (seconds, at scale) would otherwise cost one
             # more step and one more save inside the grace window: this checkpoint is the last.
@@ -193,7 +198,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                 logger.info("exiting at step %d (%s)", trainer.step, reason)
             break
     if ck.save and saved_at != trainer.step:
-        trainer.save(final=True)
+        health.save(final=True)
     try:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
     finally:

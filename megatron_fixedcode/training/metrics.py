@@ -14,8 +14,11 @@ import torch
 
 from megatron_fixedcode.arguments.training_configs import LoggingConfig
 from megatron_fixedcode.training.metrics_history import drop_jsonl_after, drop_tensorboard_after
+from megatron_fixedcode.training.run_health import memory_scalars
 
 logger = logging.getLogger(__name__)
+
+_HEALTH_TAGS = {"num_zeros": "num-zeros", "params_norm": "params-norm"}  # record key -> Megatron-LM's tag
 
 # SXM parts report "H100 80GB HBM3" / "H200"; PCIe and NVL boards run at lower clocks and name their form factor.
 # Dense peak per GPU by the precision the matmuls run in, for the MFU estimate: BF16 tensor cores
@@ -108,6 +111,11 @@ class MetricsSink:
             logger.info("%s at step %d: dropped %d metrics lines and %d TensorBoard events that an earlier "
                         "attempt recorded after it", "resumed" if step else "started", step, lines, events)
 
+    def scalars(self, values: dict[str, float], step: int) -> None:
+        """TensorBoard (each also ``<tag> vs samples``, as Megatron-LM) and W&B, on rank 0."""
+        if self.enabled:
+            self._scalars(values, step)
+
     def _scalars(self, values: dict[str, float], step: int) -> None:
         samples = step * self.global_batch
         if self.tensorboard:
@@ -132,7 +140,10 @@ class MetricsSink:
         if step % self.cfg.tensorboard_log_interval == 0:
             self._scalars({"learning-rate": record["lr"], "batch-size": self.global_batch, "lm loss": record["loss"],
                            "loss-scale": 1.0, "grad-norm": record["grad_norm"],
-                           "iteration-time": record["step_time_s"], "tokens": record["tokens"]}, step)
+                           "iteration-time": record["step_time_s"], "tokens": record["tokens"],
+                           **{tag: record[key] for key, tag in _HEALTH_TAGS.items() if key in record}}, step)
+            if self.cfg.log_memory_to_tensorboard:
+                self._scalars(memory_scalars(), step)
         if "val_loss" in record:
             self._scalars({"lm loss validation": record["val_loss"], "lm loss validation ppl": record["val_ppl"]}, step)
         if step % self.cfg.log_interval == 0 or step == self.max_steps:
@@ -161,8 +172,12 @@ class MetricsSink:
         if self.log_throughput:
             line += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
         line += (f" learning rate: {record['lr']:.6E} | global batch size: {self.global_batch:5d} |"
-                 f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {record['grad_norm']:.3f} |"
-                 f" number of skipped iterations: {0:3d} | number of nan iterations: {self._nan_iterations:3d} |")
+                 f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {record['grad_norm']:.3f} |")
+        if "num_zeros" in record:  # Megatron-LM's order: grad norm, num zeros, params norm, skipped, nan
+            line += f" num zeros: {record['num_zeros']} |"
+        if "params_norm" in record:
+            line += f" params norm: {record['params_norm']:.3f} |"
+        line += (f" number of skipped iterations: {0:3d} | number of nan iterations: {self._nan_iterations:3d} |")
         # this project's fields, after Megatron-LM's
         line += f" tokens/s: {tokens_per_s:,.0f} |"
         peak = peak_flops(self.matmul)

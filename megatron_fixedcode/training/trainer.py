@@ -58,6 +58,7 @@ from megatron_fixedcode.training.gpu_features import (
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
+from megatron_fixedcode.training.timers import build_timers, log_timers, timed
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
 
 logger = logging.getLogger(__name__)
@@ -82,7 +83,7 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
     return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
 
 
-def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | None = None):
+def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | None = None, timers=None):
     """megatron's optimizer over ``chunks``. Resuming, it is built with the checkpoint's lr/min-lr
     (newer megatron-core keys its param groups by them when loading); --override-opt-param-scheduler
     sets the new ones after the load."""
@@ -93,7 +94,8 @@ def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | Non
                              decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
                              weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
                              adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
-                             use_distributed_optimizer=o.use_distributed_optimizer)
+                             use_distributed_optimizer=o.use_distributed_optimizer, timers=timers,
+                             log_num_zeros_in_grad=cfg.logging.log_num_zeros_in_grad, barrier_with_L1_time=True)
     overrides = get_standard_config_overrides(config)  # what get_megatron_optimizer would use
     for override in overrides.values():
         if "max_lr" in override:  # --decoupled-lr's group: megatron-core 0.16 tells groups apart on load by
@@ -204,7 +206,8 @@ class Trainer:
         a = cfg.args
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
-        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed)
+        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * a.distributed_timeout_minutes)
+        self.timers = build_timers(a)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
@@ -220,10 +223,11 @@ class Trainer:
         initialize_tp_comm_overlap(a)
         self.tf32 = configure_tf32(a)
         self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
+        self.chunks[0].config.timers = self.timers  # megatron-core's schedule and grad sync time themselves
         # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
         seed_streams(cfg.schedule.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
         self.report = parameter_report(self.model_cfg, [checkpoint.unwrap(c) for c in self.chunks], self.pg)
-        self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule)
+        self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule, self.timers)
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
         self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps, self.global_batch)
         self.train_ds, self.valid_ds = build_run_datasets(cfg, self.tokenizer, self.max_steps, self.global_batch)
@@ -286,7 +290,8 @@ class Trainer:
         if check and not math.isfinite(loss):  # the same all-reduced value on every rank
             raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
                                     "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)")
-        _, grad_norm, _ = self.optimizer.step()
+        with timed(self.timers, "optimizer", 1, barrier=True):
+            _, grad_norm, num_zeros = self.optimizer.step()
         if check and grad_norm is not None and not math.isfinite(float(grad_norm)):
             raise NonFiniteTraining(f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {loss}); "
                                     "stopping before any save (--no-check-for-nan-in-loss-and-grad to train on)")
@@ -294,7 +299,9 @@ class Trainer:
         self.step += 1
         self.tokens += int(targets)
         decoupled = decoupled_lr(self.optimizer)
-        return {**({"decoupled_lr": decoupled} if decoupled is not None else {}), "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
+        return {**({"decoupled_lr": decoupled} if decoupled is not None else {}),
+                **({"num_zeros": num_zeros} if self.cfg.logging.log_num_zeros_in_grad else {}),
+                "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
                 "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
                 "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
 
@@ -370,7 +377,7 @@ class Trainer:
         try:
             if self.ranks["rank"] == 0:
                 write_carried_copy(ck.save, self.tokenizer_record)
-            with params_synced(self.chunks):
+            with params_synced(self.chunks), timed(self.timers, "save-checkpoint", 0, barrier=True):
                 path = checkpoint.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
                                                   self.trainer_state(), ck.keep_last, ck.retain_interval)
         except BaseException as e:  # torch's CheckpointException is a BaseException
@@ -384,4 +391,5 @@ class Trainer:
                 shutil.rmtree(target, ignore_errors=True)
             raise SaveFailed(str(error))
         logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
+        log_timers(self.timers, ["save-checkpoint"], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
         self._export_to_hf(final)

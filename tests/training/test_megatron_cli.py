@@ -561,9 +561,9 @@ def test_megatron_virtual_pipeline_flags_set_the_interleaved_schedule(capsys):
 def test_the_startup_line_names_only_the_inert_flags_given():
     """Values Megatron-LM's validate_args derives (p2p overlap off without interleaving, FP32 grad
     reduction under --bf16) are not reported as flags the user set."""
-    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--bf16", "--log-params-norm"])
+    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--bf16", "--log-world-size-to-tensorboard"])
     assert (cfg.args.overlap_p2p_comm, cfg.args.accumulate_allreduce_grads_in_fp32) == (False, True)
-    assert cfg.inert == ["--log-params-norm (no parameter norm in the log line)"]
+    assert cfg.inert == ["--log-world-size-to-tensorboard (the world size is in the startup lines)"]
 
 
 def test_megatron_tokenizer_types_and_fp8_recipes_not_built_are_refused_in_one_line(capsys):
