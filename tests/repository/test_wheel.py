@@ -211,8 +211,11 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     _run([str(bin_ / "mfc-pretrain"), "--config", str(recipe), "--data-path", prefix, "--tokenizer-model", "tok",
           "--split", "90,10,0", "--train-iters", "2", "--eval-iters", "1", "--seq-length", "32", "--micro-batch-size", "2",
           "--global-batch-size", "2", "--save", "ckpt", "--save-interval", "2"], ctx)
-    _run([str(bin_ / "mfc-convert-checkpoint-to-hf"), "--load", "ckpt", "--output", "hf"], ctx)
+    converted = _run([str(bin_ / "mfc-convert-checkpoint-to-hf"), "--load", "ckpt", "--output", "hf"], ctx)
     assert (work / "hf" / "config.json").is_file()
+    # without transformers (the core install) the export is written and its parity check skipped, saying so
+    assert "parity check skipped: transformers is not installed" in converted.stderr, converted.stderr
+    assert not (work / "hf" / "parity.json").exists()
     out = json.loads(_run([str(bin_ / "mfc-evaluate"), "--load", "ckpt", "--text-files", "text/doc.txt", "--json"],
                           ctx).stdout)
     assert out["tokens"] > 0 and out["loss"] > 0
@@ -228,6 +231,8 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     hf = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--text-files", "text/doc.txt",
                           "--seq-length", "32", "--json"], ctx).stdout)
     assert hf["tokens"] > 0 and abs(hf["loss"] - out["loss"]) < 1e-3 * out["loss"], (hf, out)
+    _run([str(bin_ / "mfc-check-hf-export"), "--load", "ckpt", "--hf-dir", "hf", "--report", "parity.json"], ctx)
+    assert json.loads((work / "parity.json").read_text())["passed"] is True  # now with transformers
     # data: a parquet input (pyarrow), split into sentences (nltk)
     _run([str(ctx["python"]), "-c", "import pyarrow as pa, pyarrow.parquet as pq, sys; "
           "pq.write_table(pa.table({'text': sys.argv[2:]}), sys.argv[1])", "corpus.parquet", TEXT, TEXT[:200]], ctx)
