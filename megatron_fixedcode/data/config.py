@@ -11,6 +11,15 @@ import math
 from dataclasses import dataclass, field
 
 
+def is_blend_weight(text: str) -> bool:
+    """A word of a Megatron-LM blend list ("0.3 prefixA 0.7 prefixB") that is a weight, not a prefix."""
+    try:
+        float(text)
+        return True
+    except ValueError:
+        return False
+
+
 logger = logging.getLogger(__name__)
 
 DATASET_TYPES = ("gpt", "document_windows", "sft")

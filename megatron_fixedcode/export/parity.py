@@ -19,6 +19,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from megatron_fixedcode.data.config import is_blend_weight
+
 logger = logging.getLogger(__name__)
 REPORT_FILE = "parity.json"
 NUM_SEQUENCES = 2
@@ -53,14 +55,6 @@ class ParityFailed(Exception):
         self.report = report
 
 
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
-
-
 def _split_start(split: str | None, num_docs: int) -> int:
     """The first document of the validation part of ``--split`` (megatron's rounding of the weights)."""
     try:
@@ -83,7 +77,7 @@ def validation_ids(trainer_state: dict[str, Any], num_tokens: int, vocab_size: i
     own_valid = trainer_state.get("valid_data_path")
     blend = own_valid or trainer_state.get("data_path") or []
     split = None if own_valid else (trainer_state.get("run_config") or {}).get("split")
-    for prefix in (p for p in blend if isinstance(p, str) and not _is_number(p)):
+    for prefix in (p for p in blend if isinstance(p, str) and not is_blend_weight(p)):
         idx, bin_path = prefix + ".idx", prefix + ".bin"
         if not (os.path.isfile(idx) and os.path.isfile(bin_path)):
             continue

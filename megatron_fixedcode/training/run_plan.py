@@ -21,6 +21,7 @@ from pathlib import Path
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
+from megatron_fixedcode.data.config import is_blend_weight
 from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
 from megatron_fixedcode.training.runtime_checks import check_runtime
 from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
@@ -33,7 +34,7 @@ def resolve_data_paths(paths: list[str] | None) -> list[str] | None:
     relative or an absolute path compare equal."""
     if paths is None:
         return None
-    return [p if _is_number(p) else os.path.realpath(p) for p in paths]
+    return [p if is_blend_weight(p) else os.path.realpath(p) for p in paths]
 
 
 def data_fingerprint(*blends: list[str] | None) -> str | None:
@@ -41,16 +42,8 @@ def data_fingerprint(*blends: list[str] | None) -> str | None:
     skipped; a missing shard is reported where the datasets are built)."""
     from megatron.core.datasets.indexed_dataset import IndexedDataset
 
-    prefixes = [p for blend in blends for p in (blend or []) if not _is_number(p) and IndexedDataset.exists(p)]
+    prefixes = [p for blend in blends for p in (blend or []) if not is_blend_weight(p) and IndexedDataset.exists(p)]
     return indexed_dataset_fingerprint(prefixes) if prefixes else None
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-        return True
-    except ValueError:
-        return False
 
 
 def stream_identity(a, global_batch: int, max_steps: int) -> dict:

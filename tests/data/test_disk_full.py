@@ -9,22 +9,15 @@ import sys
 
 import pytest
 
+from tests.helpers.disk import small_tmpfs
 from tests.helpers import ASSETS, REPO, SMOLLM2
 
 
 @pytest.fixture
 def full_disk(tmp_path):
     """A 160 KiB tmpfs: room for a plan, not for the tokens of two Gutenberg books."""
-    if os.geteuid() != 0:
-        pytest.skip("filling a disk needs a tmpfs mount (root)")
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=160k", "tmpfs", str(mount)], capture_output=True,
-                         text=True)
-    if res.returncode != 0:  # a container without CAP_SYS_ADMIN
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)])
+    with small_tmpfs(tmp_path / "small-disk", "160k") as mount:
+        yield mount
 
 
 def _corpus(directory):

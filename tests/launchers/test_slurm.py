@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from tests.helpers.data import write_indexed_dataset
+from tests.helpers.disk import small_tmpfs
 from tests.helpers import ASSETS, SMOLLM2
 from tests.helpers.slurm import IN_FLIGHT, ROOT, job_info, sacct, wait_done, wait_until
 
@@ -200,16 +201,8 @@ def test_a_cancel_during_the_time_limit_checkpoint_wins_over_the_requeue(slurm, 
 @pytest.fixture
 def small_disk(tmp_path):
     """A 6 MiB tmpfs: room for the run's start-up checks, not for the tiny model's checkpoint (~40 MB)."""
-    if os.geteuid() != 0:
-        pytest.skip("filling a disk needs a tmpfs mount (root)")
-    mount = tmp_path / "small-disk"
-    mount.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=6m", "tmpfs", str(mount)], capture_output=True,
-                         text=True)
-    if res.returncode != 0:  # a container without CAP_SYS_ADMIN
-        pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
-    yield mount
-    subprocess.run(["umount", "-l", str(mount)])
+    with small_tmpfs(tmp_path / "small-disk", "6m") as mount:
+        yield mount
 
 
 def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeue(slurm, shards, tmp_path, small_disk):
