@@ -76,17 +76,21 @@ def check_shard(prefix: str, vocab_size: Optional[int] = None, field: str = "dat
             "bin_bytes": bin_size}
 
 
-def check_shards(prefixes: Iterable[str], vocab_size: Optional[int], field: str) -> None:
+def check_shards(prefixes: Iterable[str], vocab_size: Optional[int], field: str) -> list[dict]:
     """:func:`check_shard` for every shard a run trains or validates on; an empty one is refused
-    too (megatron's samplers would fail on it with an mmap or sizing error far from the cause)."""
+    too (megatron's samplers would fail on it with an mmap or sizing error far from the cause).
+    Returns each shard's shape (:func:`check_shard`)."""
+    shapes = []
     for prefix in prefixes:
         shape = check_shard(prefix, vocab_size, field)
+        shapes.append(shape)
         if shape["sequences"] == 0 or shape["bin_bytes"] == 0:
             raise ValueError(
                 f"{field} {prefix}: the shard holds no tokens ({shape['sequences']} sequences, "
                 f"{shape['bin_bytes']} bytes; was its input empty?); leave it out of --{field.replace('_', '-')} "
                 "or re-index it from a non-empty input"
             )
+    return shapes
 
 
 def check_token_ids(tokens: numpy.ndarray, vocab_size: Optional[int], where) -> None:

@@ -29,7 +29,7 @@ def check_token_sample(prefix: str, dtype: str, vocab_size: int, field: str) -> 
 
 def preflight(argv: list[str]) -> None:
     """Raise ``ValueError`` (or exit 2 from the parser) on the first problem."""
-    from megatron_fixedcode.data.validate import check_shard, check_shards
+    from megatron_fixedcode.data.validate import check_shards
     from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.training.run_plan import plan_run, run_data_config
 
@@ -41,10 +41,10 @@ def preflight(argv: list[str]) -> None:
     vocab = getattr(plan.tokenizer, "vocab_size", None)
     for field, blend in (("data_path", data.blend), ("valid_data_path", data.valid_blend)):
         prefixes = blend[0] if blend is not None else []
-        check_shards(prefixes, vocab, field)
+        shapes = check_shards(prefixes, vocab, field)
         if vocab is not None:
-            for prefix in prefixes:
-                check_token_sample(prefix, check_shard(prefix, vocab, field)["dtype"], int(vocab), field)
+            for prefix, shape in zip(prefixes, shapes):
+                check_token_sample(prefix, shape["dtype"], int(vocab), field)
 
 
 def main(argv: list[str] | None = None) -> int:
