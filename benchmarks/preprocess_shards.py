@@ -97,9 +97,9 @@ def main(argv=None) -> int:
         arr = min(array_path(shards, args.tokenizer_model, tmp / "arr", tasks, cores) for _ in range(args.repeat))
     result = {
         "cores": cores, "shards": args.shards, "array_tasks": tasks, "tokens": one[1],
-        "one_process": {"seconds": round(one[0], 3), "tokens_per_s": one[1] / one[0],
+        "one_process": {"seconds": one[0], "tokens_per_s": one[1] / one[0],
                         "tokens_per_s_per_core": one[1] / one[0] / cores},
-        "array": {"seconds": round(arr[0], 3), "tokens_per_s": arr[1] / arr[0],
+        "array": {"seconds": arr[0], "tokens_per_s": arr[1] / arr[0],
                   "tokens_per_s_per_core": arr[1] / arr[0] / cores,
                   "indexing_only_tokens_per_s_per_core": arr[2] / cores},
     }
