@@ -7,7 +7,8 @@ GELU MLP, learned absolute positions. GPT-2 holds exactly that: ``wte``, ``wpe``
 are ``Conv1D`` (weight ``[in, out]``: megatron's ``[out, in]`` transposed). ``c_attn``'s output is
 ``[q (all heads); k; v]``; megatron's ``linear_qkv`` holds per head ``[q_h, k_h, v_h]`` (one query
 per group: GPT-2 has no grouped-query attention, so GQA is refused). megatron-core's MLP without
-``bias_activation_fusion`` computes ``F.gelu`` (erf): ``activation_function="gelu"``.
+``bias_activation_fusion`` computes ``F.gelu`` (erf): ``activation_function="gelu"``; with it (GPUs' default)
+the tanh approximation, recorded as ``gelu_approximation="tanh"``: ``"gelu_pytorch_tanh"`` (see :data:`HF_GELU`).
 
 A fixed code has no position table (``position_embedding_type=none``, untied head): it exports
 with ``wpe`` all zeros (adding 0.0 changes no float), the code's frozen rows as ``wte`` and
@@ -21,6 +22,11 @@ import torch
 
 from megatron_fixedcode.export.llama import LAYER, canonical_megatron_names, fixed_code_entry, input_table
 from megatron_fixedcode.models.config import ModelConfig
+
+# ModelConfig.gelu_approximation -> the Hugging Face activation that computes the same function, and back
+# (GPT-2's own "gelu_new" is the same tanh formula as "gelu_pytorch_tanh", written out)
+HF_GELU = {"none": "gelu", "tanh": "gelu_pytorch_tanh"}
+GELU_FROM_HF = {"gelu": "none", "gelu_pytorch_tanh": "tanh", "gelu_new": "tanh"}
 
 GPT2_LAYER = "transformer.h.{i}."
 GPT2_ARCHITECTURES = ("GPT2LMHeadModel",)
@@ -168,7 +174,7 @@ def gpt2_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int
         "n_layer": cfg.num_layers,
         "n_head": cfg.num_attention_heads,
         "n_inner": cfg.ffn_hidden_size,
-        "activation_function": "gelu",  # erf, as megatron-core's unfused MLP (F.gelu)
+        "activation_function": HF_GELU[cfg.gelu_approximation],
         "layer_norm_epsilon": cfg.norm_epsilon,
         "resid_pdrop": cfg.hidden_dropout,
         "embd_pdrop": cfg.hidden_dropout,
@@ -196,9 +202,10 @@ def model_config_from_gpt2(config: dict[str, Any], *, seq_length: int | None = N
         if isinstance(value, bool) or not isinstance(value, int) or value < 1:
             raise ValueError(f"{key}={value!r}: expected a positive integer" if key in config else f"no {key}")
     act = config.get("activation_function", "gelu_new")
-    if act != "gelu":
-        raise ValueError(f"activation_function={act!r}: megatron-core's MLP computes erf GELU ('gelu'); importing "
-                         "another GELU would change the model's function")
+    if act not in GELU_FROM_HF:
+        raise ValueError(f"activation_function={act!r}: megatron-core's MLP computes erf GELU ('gelu') or its tanh "
+                         f"approximation ({', '.join(k for k in GELU_FROM_HF if k != 'gelu')}); importing another "
+                         "activation would change the model's function")
     unsupported = [k for k in ("scale_attn_by_inverse_layer_idx", "add_cross_attention") if config.get(k)]
     if not config.get("scale_attn_weights", True):
         unsupported.append("scale_attn_weights=False")
@@ -209,6 +216,7 @@ def model_config_from_gpt2(config: dict[str, Any], *, seq_length: int | None = N
         num_layers=config["n_layer"], hidden_size=hidden, num_attention_heads=config["n_head"],
         ffn_hidden_size=config.get("n_inner") or 4 * hidden, seq_length=seq_length or config["n_positions"],
         max_position_embeddings=config["n_positions"], vocab_size=config["vocab_size"], block="gpt_gelu",
+        gelu_approximation=GELU_FROM_HF[act],
         add_bias_linear=True, add_qkv_bias=True, norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
         init_method_std=config.get("initializer_range", 0.02), position_embedding_type="learned_absolute",
         share_embeddings_and_output_weights=config.get("tie_word_embeddings", True),

@@ -2,7 +2,7 @@
 
 Our block: pre-LayerNorm (with weight and bias), bias-free QKV/out/FFN linears, GELU (erf) MLP,
 full-width non-interleaved RoPE, sequential residual, untied head. GPT-NeoX with
-``use_parallel_residual=False``, ``attention_bias=False``, ``hidden_act="gelu"`` and
+``use_parallel_residual=False``, ``attention_bias=False``, ``hidden_act="gelu"`` (erf; see gpt2.HF_GELU) and
 ``rotary_pct=1`` computes the same function; its MLP linears always carry a bias, which is
 exported as exact zeros (adding 0.0 changes no float). Multi-query/grouped attention is refused
 (GPT-NeoX has none). With one head per query group megatron's ``linear_qkv`` rows are already
@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from megatron_fixedcode.export.gpt2 import HF_GELU
 from megatron_fixedcode.export.llama import LAYER, canonical_megatron_names, fixed_code_entry, input_table
 from megatron_fixedcode.models.config import ModelConfig
 
@@ -64,7 +65,7 @@ def neox_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int
         "intermediate_size": cfg.ffn_hidden_size,
         "num_hidden_layers": cfg.num_layers,
         "num_attention_heads": cfg.num_attention_heads,
-        "hidden_act": "gelu",
+        "hidden_act": HF_GELU[cfg.gelu_approximation],
         "rotary_pct": 1.0,
         "rotary_emb_base": theta,
         "rope_parameters": {"rope_type": "default", "rope_theta": theta, "partial_rotary_factor": 1.0},

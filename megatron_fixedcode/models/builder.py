@@ -49,6 +49,22 @@ def _warn_once(message: str) -> None:
     logger.warning("%s", message)
 
 
+def gelu_tanh(x: torch.Tensor) -> torch.Tensor:
+    """GELU's tanh approximation: what megatron's fused bias-GELU kernel computes, unfused."""
+    return torch.nn.functional.gelu(x, approximate="tanh")
+
+
+def mlp_activation(cfg: ModelConfig, *, fused: bool):
+    """The MLP's activation function. megatron's fused kernels are chosen by identity (``F.gelu``, ``F.silu``)
+    and the bias-GELU one computes the tanh approximation; unfused, a model recorded with it gets
+    :func:`gelu_tanh`, so that a GPU-trained model computes the same function on a CPU."""
+    if cfg.squared_relu:
+        return squared_relu
+    if BLOCKS[cfg.block]["activation"] == "silu":
+        return torch.nn.functional.silu
+    return gelu_tanh if cfg.gelu_approximation == "tanh" and not fused else torch.nn.functional.gelu
+
+
 def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_layers: bool | None = None,
                              **overrides) -> TransformerConfig:
     """Megatron TransformerConfig for the block of ``cfg`` (init std 0.02, out-projections
@@ -67,8 +83,7 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
         ffn_hidden_size=cfg.ffn_hidden_size,
         normalization=block["normalization"],
         gated_linear_unit=block["gated_linear_unit"],
-        activation_func=squared_relu if cfg.squared_relu else
-        torch.nn.functional.silu if block["activation"] == "silu" else torch.nn.functional.gelu,
+        activation_func=mlp_activation(cfg, fused=overrides.get("bias_activation_fusion", False)),
         layernorm_epsilon=cfg.norm_epsilon,
         add_bias_linear=cfg.add_bias_linear,
         add_qkv_bias=cfg.add_qkv_bias or cfg.add_bias_linear,

@@ -20,6 +20,7 @@ BLOCKS = {
     "layernorm_swiglu": {"normalization": "LayerNorm", "gated_linear_unit": True, "activation": "silu"},
     "rmsnorm_gelu": {"normalization": "RMSNorm", "gated_linear_unit": False, "activation": "gelu"},
 }
+GELU_APPROXIMATIONS = ("none", "tanh")  # F.gelu's approximate=: erf, or megatron's fused bias-GELU kernel
 POSITION_EMBEDDINGS = ("learned_absolute", "rope", "none")  # GPTModel's position_embedding_type, built here
 MATRIX_CODE = "gf2"  # the one code family whose matrix A a file may give (code_matrix, --code-matrix)
 # Why a fixed code cannot go with a choice (:func:`fixed_code_conflict`): it has no table.
@@ -86,6 +87,9 @@ class ModelConfig:
     add_qkv_bias: bool = False  # on whenever add_bias_linear is
     qk_layernorm: bool = False
     squared_relu: bool = False  # the MLP's activation instead of the block's GELU
+    # "tanh": the GELU MLP computed GELU's tanh approximation (megatron's fused bias-GELU kernel, on by
+    # default on GPUs); "none": erf (F.gelu). Recorded so that CPU evaluation and the export compute it too.
+    gelu_approximation: str = "none"
     rope_scaling: bool = False  # Llama-3.x frequency scaling (--use-rope-scaling)
     rope_scaling_factor: float = 8.0
     init_method_std: float = 0.02
@@ -135,6 +139,8 @@ class ModelConfig:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
+        if self.gelu_approximation not in GELU_APPROXIMATIONS:
+            raise ValueError(f"gelu_approximation must be one of {GELU_APPROXIMATIONS}, got {self.gelu_approximation!r}")
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {self.block!r}")
         if self.input_embedding not in INPUT_EMBEDDINGS:

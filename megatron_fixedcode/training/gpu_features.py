@@ -18,6 +18,7 @@ from typing import Mapping
 import torch
 
 from megatron_fixedcode.models.builder import TE_INSTALL_HINT
+from megatron_fixedcode.models.config import BLOCKS
 
 logger = logging.getLogger(__name__)
 
@@ -150,6 +151,23 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
         if wanted and not available:
             logger.info("%s off: this machine lacks its kernel", field)
     return settings
+
+
+def settle_gelu_approximation(model_cfg, fusions: dict[str, bool], *, resumed: bool) -> None:
+    """megatron's fused bias-GELU kernel computes GELU's tanh approximation, its unfused MLP erf GELU.
+    A fresh run records which one it computes (``model_cfg.gelu_approximation``: the export and a CPU
+    evaluation follow it); a resumed run keeps its checkpoint's, turning the fusion off (one line) where
+    the checkpoint computed erf."""
+    block = BLOCKS[model_cfg.block]
+    if block["activation"] != "gelu" or block["gated_linear_unit"] or model_cfg.squared_relu:
+        return
+    fused = fusions.get("bias_activation_fusion", False)
+    if not resumed:
+        model_cfg.gelu_approximation = "tanh" if fused else "none"
+    elif fused and model_cfg.gelu_approximation == "none":
+        fusions["bias_activation_fusion"] = False
+        logger.info("bias_activation_fusion off: the checkpoint's MLP computed erf GELU, the fused kernel computes "
+                    "its tanh approximation")
 
 
 def te_wgrad_fusion(a: argparse.Namespace, *, te_layers: bool) -> bool:

@@ -176,7 +176,9 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
         plan.load_step = resolve_load_step(cfg)
     check_save_holds_no_other_run(cfg)
     if plan.load_step is not None:
-        check_resume_compatible(cfg, plan)
+        saved_model = check_resume_compatible(cfg, plan)
+        # the function its MLP computed (training/gpu_features.settle_gelu_approximation keeps it)
+        plan.model_cfg.gelu_approximation = saved_model.get("gelu_approximation", "none")
     return plan
 
 
@@ -242,8 +244,9 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
                      "(resume when a checkpoint is there, start fresh otherwise)")
 
 
-def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
-    """Refuse a resume that would not continue the checkpoint's run, naming what differs."""
+def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
+    """Refuse a resume that would not continue the checkpoint's run, naming what differs; the checkpoint's
+    model config."""
     load, a = cfg.checkpoint.load, cfg.args
     saved = checkpoint.read_trainer_state(load, plan.load_step)
     where = f"--load {checkpoint.checkpoint_dir(load, plan.load_step)}"
@@ -268,7 +271,7 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
             f"(code {plan.identity['code_fingerprint']}); refusing to resume with a different input interface"
         )
     if cfg.checkpoint.finetune:
-        return  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+        return saved.get("model_config") or {}  # weights only: a new stream (and tokenizer, schedule) may start at step 0
     if "tokenizer_fingerprint" in ident and ident["tokenizer_fingerprint"] != plan.identity["tokenizer_fingerprint"]:
         rec = saved.get("tokenizer") or {}
         raise ValueError(
@@ -307,6 +310,7 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> None:
         raise ValueError(f"{where}: {e}") from None
     if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
         reconcile_schedule(cfg, plan, saved_schedule=checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+    return saved.get("model_config") or {}
 
 
 def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:

@@ -51,6 +51,7 @@ from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
     fusion_settings,
+    settle_gelu_approximation,
     initialize_tp_comm_overlap,
     params_synced,
     te_wgrad_fusion,
@@ -70,6 +71,7 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
     a = cfg.args
     te_layers = use_transformer_engine(plan.model_cfg)
     fusions = fusion_settings(a, te_layers=te_layers, gated_linear_unit=BLOCKS[plan.model_cfg.block]["gated_linear_unit"])
+    settle_gelu_approximation(plan.model_cfg, fusions, resumed=plan.load_step is not None)
     te_wgrad = te_wgrad_fusion(a, te_layers=te_layers)
     config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
                                       **loss_config_fields(a.dataset_type),

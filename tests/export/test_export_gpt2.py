@@ -1,5 +1,6 @@
 """Megatron-LM's default GPT block (LayerNorm, GELU, linear biases, learned positions, tied head) →
-``GPT2LMHeadModel`` and back: logits within 1e-5 of megatron's in FP32, erf GELU, the norm epsilon
+``GPT2LMHeadModel`` and back: logits within 1e-5 of megatron's in FP32, the GELU as computed (erf, or the
+tanh approximation of GPUs' fused bias-GELU, recorded in the checkpoint), the norm epsilon
 and position table as trained, identical weights after the import; a fixed code exports with a zero
 position table and its own head; what GPT-2 cannot hold is refused."""
 import json
@@ -20,6 +21,7 @@ CASES = {
     "untied": dict(GPT2_BLOCK, share_embeddings_and_output_weights=False),
     "binary": dict(GPT2_BLOCK, input_embedding="binary", position_embedding_type="none",
                    share_embeddings_and_output_weights=False),
+    "tanh": dict(GPT2_BLOCK, gelu_approximation="tanh"),  # as trained on a GPU with the fused bias-GELU kernel
 }
 
 
@@ -30,10 +32,11 @@ def test_gpt2_block_exports_and_imports_back(tmp_path, case):
     cfg = ckpt.model_cfg
     hf_dir = convert_checkpoint_to_hf(src, tmp_path / "hf", parity=True)
     config = json.loads((hf_dir / "config.json").read_text())
-    assert config["architectures"] == ["GPT2LMHeadModel"] and config["activation_function"] == "gelu"
+    gelu = "gelu_pytorch_tanh" if case == "tanh" else "gelu"
+    assert config["architectures"] == ["GPT2LMHeadModel"] and config["activation_function"] == gelu
     assert config["layer_norm_epsilon"] == cfg.norm_epsilon
     assert config["n_positions"] == (cfg.max_position_embeddings or cfg.seq_length)
-    assert config["tie_word_embeddings"] == (case == "tied")
+    assert config["tie_word_embeddings"] == CASES[case]["share_embeddings_and_output_weights"]
     report = json.loads((hf_dir / "parity.json").read_text())
     assert report["passed"] and report["architecture"] == "GPT2LMHeadModel"
     torch.manual_seed(1)
@@ -45,6 +48,7 @@ def test_gpt2_block_exports_and_imports_back(tmp_path, case):
     convert_hf_to_megatron(hf_dir, tmp_path / "back", make_vocab_size_divisible_by=8)
     back = load_megatron_checkpoint(tmp_path / "back")
     assert back.model_cfg.input_embedding == cfg.input_embedding
+    assert back.model_cfg.gelu_approximation == cfg.gelu_approximation
     assert back.model_cfg.share_embeddings_and_output_weights == cfg.share_embeddings_and_output_weights
     want = {k: v for k, v in ckpt.model.state_dict().items() if isinstance(v, torch.Tensor)}
     got = {k: v for k, v in back.model.state_dict().items() if isinstance(v, torch.Tensor)}
@@ -64,10 +68,24 @@ def test_gpt2_export_refuses_what_gpt2_cannot_hold(tmp_path):
         hf_tensors_and_config(rope.model.state_dict(), rope.model_cfg, bos_token_id=None, eos_token_id=None)
 
 
-def test_gpt2_import_refuses_tanh_gelu(tmp_path):
+def test_gpt2_import_takes_tanh_gelu_and_refuses_other_activations(tmp_path):
     hf_dir = convert_checkpoint_to_hf(random_checkpoint(tmp_path / "src", **GPT2_BLOCK), tmp_path / "hf")
     config = json.loads((hf_dir / "config.json").read_text())
-    (hf_dir / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_new"}))
-    with pytest.raises(ValueError, match="activation_function='gelu_new'"):
+    (hf_dir / "config.json").write_text(json.dumps({**config, "activation_function": "gelu_new"}))  # GPT-2's own
+    convert_hf_to_megatron(hf_dir, tmp_path / "tanh")
+    assert load_megatron_checkpoint(tmp_path / "tanh").model_cfg.gelu_approximation == "tanh"
+    (hf_dir / "config.json").write_text(json.dumps({**config, "activation_function": "relu"}))
+    with pytest.raises(ValueError, match="activation_function='relu'"):
         convert_hf_to_megatron(hf_dir, tmp_path / "back")
     assert not (tmp_path / "back").exists()
+
+
+def test_a_tanh_gelu_checkpoint_computes_another_function_than_erf(tmp_path):
+    """The recorded approximation reaches the CPU model: the same weights give other logits with it."""
+    erf = load_megatron_checkpoint(random_checkpoint(tmp_path / "erf", **GPT2_BLOCK))
+    tanh = load_megatron_checkpoint(random_checkpoint(tmp_path / "tanh", **GPT2_BLOCK, gelu_approximation="tanh"))
+    tanh.model.load_state_dict(erf.model.state_dict())
+    ids = torch.randint(0, erf.model_cfg.vocab_size, (1, 16))
+    diff = (megatron_logits(erf.model, ids, erf.model_cfg.vocab_size)
+            - megatron_logits(tanh.model, ids, erf.model_cfg.vocab_size)).abs().max().item()
+    assert 0 < diff < 1e-2
