@@ -10,10 +10,19 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def torchrun(script: Path, *args: str, nproc: int = 2, timeout: int = 600) -> subprocess.CompletedProcess:
-    """Run ``script`` under ``torchrun --nproc_per_node nproc`` on gloo; fail with its output."""
+    """Run ``script`` under ``torchrun --nproc_per_node nproc`` on gloo (its ranks forked from a pre-imported
+    server: tests/helpers/rank_launch.py); fail with its output."""
+    from tests.helpers.rank_launch import forked_ranks_wanted, run_ranks
+
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    if forked_ranks_wanted():
+        proc = run_ranks(list(args), nproc=nproc, env=env, cwd=REPO, timeout=timeout, script=script)
+        if proc.returncode != 0:
+            raise AssertionError(f"{script} on {nproc} forked ranks failed ({proc.returncode}):\n"
+                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        return proc
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
            "--standalone", str(script), *args]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")

@@ -11,6 +11,7 @@ import numpy as np
 
 from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO
+from tests.helpers.rank_launch import forked_ranks_wanted, run_ranks
 
 TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
         "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3",
@@ -57,10 +58,17 @@ TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in T
 def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300,
              base: list[str] = TINY) -> subprocess.CompletedProcess:
     """One training run; a single rank runs without torchrun (world size 1 on gloo). ``base``: the
-    flags before ``args`` (:data:`TINY_MEGATRON_BLOCK` for Megatron-LM's GPT-2 block)."""
+    flags before ``args`` (:data:`TINY_MEGATRON_BLOCK` for Megatron-LM's GPT-2 block). The ranks are forked
+    from a pre-imported server (tests/helpers/rank_launch.py), except a multi-rank run that may fail
+    (``check=False``): its exit code and output are torchrun's."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
+    if forked_ranks_wanted() and (check or nproc == 1):
+        proc = run_ranks([*base, *args], nproc=nproc, env=env, cwd=REPO, timeout=timeout)
+        if check and proc.returncode != 0:
+            raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
+        return proc
     launcher = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] if nproc > 1 else []
     cmd = [sys.executable, *launcher, "-m", "megatron_fixedcode.pretrain", *base, *args]
-    env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
         raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")
