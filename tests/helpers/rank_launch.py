@@ -82,9 +82,15 @@ def _rank(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, sc
 
         traceback.print_exc()
         code = 1
+    # As the interpreter at exit: the atexit handlers (megatron's spawned results Manager, ...). The SystemExit
+    # then lets multiprocessing run its finalizers and exit with the code; os._exit would skip both and
+    # leave such helper processes running.
+    import atexit
+
+    atexit._run_exitfuncs()
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(code or 0)
+    sys.exit(code or 0)
 
 
 def run_ranks(argv: list[str], *, nproc: int, env: dict[str, str], cwd: Path, timeout: float,
