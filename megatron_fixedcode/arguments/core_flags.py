@@ -185,7 +185,8 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="on resume, keep the checkpoint's LR schedule whatever this run's flags say")
     g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_true",
-                   default=True, help="stop training with an error at a non-finite loss or gradient norm")
+                   default=True, help="validate each rank's loss and gradient buckets for NaN/Inf (--rerun-mode "
+                                      "disabled: stop, exit code 3) and the global loss and gradient norm (stop, exit 3)")
     g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_false",
                    help="train on through a non-finite loss or gradient norm")
     _add_rerun(p)
