@@ -185,9 +185,34 @@ def _add_training(p: argparse.ArgumentParser) -> None:
                    dest="use_checkpoint_opt_param_scheduler", action="store_true",
                    help="on resume, keep the checkpoint's LR schedule whatever this run's flags say")
     g.add_argument("--check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_true",
-                   default=True, help="stop training with an error at a non-finite loss or gradient norm")
+                   default=True, help="validate each rank's loss and gradient buckets for NaN/Inf (--rerun-mode "
+                                      "disabled: stop, exit code 3) and the global loss and gradient norm (stop, exit 3)")
     g.add_argument("--no-check-for-nan-in-loss-and-grad", dest="check_for_nan_in_loss_and_grad", action="store_false",
                    help="train on through a non-finite loss or gradient norm")
+    _add_rerun(p)
+
+
+def _add_rerun(p: argparse.ArgumentParser) -> None:
+    """Megatron-LM's rerun state machine (megatron-core's; training/rerun.py wires it)."""
+    g = p.add_argument_group("rerun state machine")
+    g.add_argument("--rerun-mode", choices=["disabled", "validate_results", "report_stats"], default="validate_results",
+                   help="validate_results: a rejected result (NaN/Inf, spike) re-runs the step in place; not reproduced: "
+                        "a transient fault, exit 17 with a checkpoint; reproduced: checkpoint and exit 16, resume "
+                        "on another GPU to decide; report_stats: re-run every step and log the results' variability; "
+                        "disabled: a rejected NaN/Inf stops the run")
+    g.add_argument("--check-for-spiky-loss", action="store_true",
+                   help="reject a local loss 10x the largest of the first 100 (kept in the checkpoint); not fatal")
+    g.add_argument("--check-for-large-grads", action="store_true",
+                   help="reject a local gradient bucket norm 10x the largest of the first 100 (megatron DDP); not fatal")
+    g.add_argument("--result-rejected-tracker-filename", default=None,
+                   help="append each rejected result to this file; its reproduced iterations are added to "
+                        "--iterations-to-skip")
+    g.add_argument("--error-injection-rate", type=int, default=0,
+                   help="inject a rejected result about once in this many validations (0: never)")
+    g.add_argument("--error-injection-type", choices=["correct_result", "transient_error", "persistent_error"],
+                   default="transient_error", help="what the injected fault looks like on re-run")
+    g.add_argument("--iterations-to-skip", type=int, nargs="+", default=[],
+                   help="these steps (1-based) read their batch but do not update the model or the LR schedule")
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:

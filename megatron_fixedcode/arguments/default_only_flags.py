@@ -50,8 +50,6 @@ AT_MEGATRON_DEFAULT_ONLY = (
          {"choices": ["apply_wd_to_qk_layernorm"], "default": None},
          "weight decay: matrices only, none on 1-D parameters"),
     Flag(("--decrease-batch-size-if-needed",), "decrease_batch_size_if_needed", "true", "the global batch is fixed"),
-    Flag(("--iterations-to-skip",), "iterations_to_skip", {"type": int, "nargs": "+", "default": []},
-         "no iteration is skipped"),
     Flag(("--batch-size",), "batch_size", {"type": int, "default": None},
          "deprecated in Megatron-LM too: give --micro-batch-size"),
     Flag(("--checkpoint-activations",), "checkpoint_activations", "true",

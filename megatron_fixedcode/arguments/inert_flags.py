@@ -75,9 +75,6 @@ INERT_FLAGS = (
          {"default": "assume_ok_unexpected", "choices": ("assume_ok_unexpected", "log_unexpected", "log_all",
          "raise_unexpected", "raise_all", "return_unexpected", "return_all", "ignore_all")},
          "checkpoints load strictly, checked against their recorded checksums"),
-    Flag(("--rerun-mode",), "rerun_mode",
-         {"choices": ("disabled", "validate_results", "report_stats"), "default": "validate_results"},
-         "no rerun state machine"),
     Flag(("--test-mode",), "test_mode", "true", "Megatron-LM's own test switch"),
     Flag(("--ckpt-fully-parallel-load",), "ckpt_fully_parallel_load", "true",
          "dist_checkpointing's default load strategy"),
@@ -170,9 +167,6 @@ INERT_FLAGS = (
          "batches are read in the training process"),
     Flag(("--no-manual-gc-eval", "--disable-manual-gc-eval"), "manual_gc_eval", "false",
          "--manual-gc collects at its interval only"),
-    Flag(("--check-for-large-grads",), "check_for_large_grads", "true", "no rerun state machine"),
-    Flag(("--result-rejected-tracker-filename",), "result_rejected_tracker_filename", {"default": None},
-         "no rerun state machine"),
     Flag(("--dump-param-to-param-group-map",), "dump_param_to_param_group_map", {"default": None},
          "no parameter-group dump"),
     Flag(("--no-pin-cpu-grads",), "pin_cpu_grads", "false", "no optimizer CPU offload"),
@@ -269,7 +263,6 @@ INERT_FLAGS = (
     Flag(("--one-logger-async",), "one_logger_async", "true", "no one-logger"),
     Flag(("--app-tag-run-name",), "app_tag_run_name", {"default": None}, "no one-logger"),
     Flag(("--app-tag-run-version",), "app_tag_run_version", {"default": "0.0.0"}, "no one-logger"),
-    Flag(("--check-for-spiky-loss",), "check_for_spiky_loss", "true", "no rerun state machine"),
     Flag(("--disable-msc",), "enable_msc", "false", "data are read from local files"),
 )
 INERT = {flag.dest: flag.why for flag in INERT_FLAGS}  # dest -> why it has no effect here

@@ -27,7 +27,7 @@ OUT_OF_SCOPE = {
     "--use-torch-fsdp2": "FSDP", "--use-megatron-fsdp": "FSDP", "--use-custom-fsdp": "FSDP",
     "--hierarchical-context-parallel-sizes": "hierarchical (a2a+p2p) context parallelism",
     "--data-parallel-sharding-strategy": "FSDP", "--first-last-layers-bf16": "per-layer FP8 selection",
-    "--fim-": "fill-in-the-middle datasets", "--error-injection-": "Megatron-LM's rerun fault injection",
+    "--fim-": "fill-in-the-middle datasets",
     "--decoder-first-pipeline-num-layers": "uneven pipeline stages",
     "--decoder-last-pipeline-num-layers": "uneven pipeline stages",
     "--account-for-embedding-in-pipeline-split": "uneven pipeline stages",

@@ -25,7 +25,6 @@ _MODULES_WITH_CUDA_LITERALS = (
     "megatron.core.optimizer.optimizer",        # found_inf / scale scalars
     "megatron.core.optimizer.clip_grads",       # grad-norm scalars
     "megatron.core.optimizer.grad_scaler",      # loss-scale scalars
-    "megatron.core.rerun_state_machine",        # validation scalars
     "megatron.core.utils",                      # local_multi_tensor_l2_norm result
     "megatron.core.dist_checkpointing.exchange_utils",  # empty tensors of the fully parallel load's exchange
 )
@@ -77,6 +76,24 @@ class _CpuStreamTorch(_CpuTorch):
         @staticmethod
         def current_stream(*args, **kwargs):
             return _NullStream()
+
+    cuda = _Cuda()
+
+
+class _CpuRngTorch(_CpuTorch):
+    """:class:`_CpuTorch` with no CUDA generator: ``torch.cuda.get_rng_state()`` is None, setting it does nothing."""
+
+    class _Cuda:
+        def __getattr__(self, name):
+            return getattr(torch.cuda, name)
+
+        @staticmethod
+        def get_rng_state(*args, **kwargs):
+            return None
+
+        @staticmethod
+        def set_rng_state(*args, **kwargs):
+            pass
 
     cuda = _Cuda()
 
@@ -246,6 +263,8 @@ def apply_cpu_patches() -> bool:
     # Literal device="cuda" tensor factories in these modules create CPU tensors instead.
     for name in _MODULES_WITH_CUDA_LITERALS:
         importlib.import_module(name).torch = _CpuTorch()
+    # The rerun state machine: validation scalars, and the CUDA generator saved next to the CPU one before a re-run.
+    importlib.import_module("megatron.core.rerun_state_machine").torch = _CpuRngTorch()
     if _mcore_version() >= Version("0.19"):
         # 0.19: start_grad_sync waits on torch.cuda.current_stream() for CUDA-graph grads; no streams on CPU.
         importlib.import_module("megatron.core.distributed.param_and_grad_buffer").torch = _CpuStreamTorch()

@@ -27,6 +27,7 @@ from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
+from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
 from megatron_fixedcode.training.trainer import Trainer
@@ -171,7 +172,13 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         gc.disable()
         gc.collect()
     while trainer.step < trainer.max_steps:
+        if trainer.step + 1 in a.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
+            skip_step(trainer)
+            continue
         record = trainer.train_step()
+        if "rerun_exit" in record:  # the rerun state machine's verdict: save (or not) and exit with its code
+            sink.close()
+            return end_on_rerun(trainer, health, record)
         health.after_step(record)
         if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
             gc.collect()

@@ -26,6 +26,7 @@ def build_model_chunks(
     overlap_grad_reduce: bool = False,
     overlap_param_gather: bool = False,
     check_for_nan_in_grad: bool = False,
+    check_for_large_grads: bool = False,
     device: torch.device | str | None = None,
     te_wgrad_fusion: bool = False,
 ) -> list[torch.nn.Module]:
@@ -71,6 +72,7 @@ def build_model_chunks(
         fp8_param_gather=config.fp8_param,
         # each rank checks its own gradients before the reduction: a NaN or Inf names the rank
         check_for_nan_in_grad=check_for_nan_in_grad,
+        check_for_large_grads=check_for_large_grads,  # the rerun state machine's spike check of each bucket
     )
     wrapped = [
         DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,

@@ -58,6 +58,7 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
+from megatron_fixedcode.training.rerun import checkpoint_state, forward_backward_step, restore_from, start_rerun
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
@@ -81,6 +82,7 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
                                 overlap_grad_reduce=a.overlap_grad_reduce,
                                 overlap_param_gather=a.overlap_param_gather,
                                 check_for_nan_in_grad=a.check_for_nan_in_loss_and_grad,
+                                check_for_large_grads=a.check_for_large_grads,
                                 te_wgrad_fusion=te_wgrad)
     return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
 
@@ -209,6 +211,7 @@ class Trainer:
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
         self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * a.distributed_timeout_minutes)
+        start_rerun(a)  # megatron-core's rerun state machine (training/rerun.py)
         self.timers = build_timers(a)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
         self.ranks = parallel_ranks()
         self.device = runtime_device()
@@ -235,6 +238,7 @@ class Trainer:
         self.train_ds, self.valid_ds = build_run_datasets(cfg, self.tokenizer, self.max_steps, self.global_batch)
         self.step, self.tokens = resume(cfg, plan, self.chunks, self.optimizer, self.scheduler)
         self.wandb_run_id = wandb_run_id(cfg, plan)
+        self.train_iter = restore_from(self, plan)  # the rerun data iterator; the spike statistics saved
 
     def _stream_identity(self) -> dict:
         return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
@@ -245,7 +249,7 @@ class Trainer:
         return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
                 "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
                 "tokenizer": self.tokenizer_record,
-                "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id,
+                "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id, "rerun": checkpoint_state(),
                 "optimizer_format": checkpoint.optimizer_format(self.optimizer,
                                                                 self.cfg.args.dist_ckpt_optim_fully_reshardable),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
@@ -276,18 +280,9 @@ class Trainer:
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
-        for chunk in self.chunks:
-            chunk.zero_grad_buffer()
-        self.optimizer.zero_grad()
-        microbatches = self._microbatches(self.train_ds, self.step)
-        try:
-            loss, targets = self._run(microbatches, forward_only=False)
-        except RuntimeError as e:  # megatron DDP's check of this rank's gradients (check_for_nan_in_grad)
-            if "found NaN" not in str(e) and "found Inf" not in str(e):
-                raise
-            raise NonFiniteTraining(f"step {self.step + 1}: rank {self.ranks['rank']}: {e}; stopping before the "
-                                    "optimizer step, nothing of this step is saved "
-                                    "(--no-check-for-nan-in-loss-and-grad to train on)", local=True) from None
+        loss, targets, (save, stop, code) = forward_backward_step(self)  # re-runs it as the rerun state machine says
+        if stop:
+            return {"step": self.step, "rerun_exit": code, "rerun_save": save}
         check = self.cfg.args.check_for_nan_in_loss_and_grad
         if check and not math.isfinite(loss):  # the same all-reduced value on every rank
             raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "

@@ -219,8 +219,9 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
 
 def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
-    proc = pretrain("--train-iters", "6", "--save", str(ckpt), "--save-interval", "1", "--lr", "1e30",
-                    "--lr-warmup-iters", "0", "--clip-grad", "0", "--vocab-size", "1024", *_common(corpus), check=False)
+    proc = pretrain("--train-iters", "6", "--save", str(ckpt), "--save-interval", "1", "--lr", "1e30",  # validate_results:
+                    "--lr-warmup-iters", "0", "--clip-grad", "0", "--vocab-size", "1024",  # tests/training/test_rerun.py
+                    "--rerun-mode", "disabled", *_common(corpus), check=False)
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
     line = next(ln for ln in out.splitlines() if " ERROR " in ln)
