@@ -142,6 +142,15 @@ def train_iterator(trainer) -> RerunDataIterator:
     return RerunDataIterator(StepBatches(lambda step: trainer._microbatches(trainer.train_ds, step), trainer.step))
 
 
+def as_non_finite(e: RuntimeError, where: str, consequence: str) -> RuntimeError:
+    """A fatal NaN/Inf check's RuntimeError (megatron's, raised on the rank that saw it) as one error line
+    (NonFiniteTraining: exit 3, no traceback); any other error as it is."""
+    if "found NaN" not in str(e) and "found Inf" not in str(e):
+        return e
+    return NonFiniteTraining(f"{where}: {e}; {consequence} (--no-check-for-nan-in-loss-and-grad to train on)",
+                             local=True)
+
+
 def forward_backward_step(trainer) -> tuple[float, float, tuple[bool, bool, int]]:
     """Megatron-LM's train_step up to the optimizer: (loss, targets, (save, exit, exit code))."""
     m = get_rerun_state_machine()
@@ -154,11 +163,8 @@ def forward_backward_step(trainer) -> tuple[float, float, tuple[bool, bool, int]
         try:
             loss, targets = trainer._run(microbatches, forward_only=False)
         except RuntimeError as e:  # a fatal check under --rerun-mode disabled (the loss's or megatron DDP's)
-            if "found NaN" not in str(e) and "found Inf" not in str(e):
-                raise
-            raise NonFiniteTraining(f"step {trainer.step + 1}: rank {trainer.ranks['rank']}: {e}; stopping before the "
-                                    "optimizer step, nothing of this step is saved "
-                                    "(--no-check-for-nan-in-loss-and-grad to train on)", local=True) from None
+            raise as_non_finite(e, f"step {trainer.step + 1}: rank {trainer.ranks['rank']}", "stopping before the "
+                                "optimizer step, nothing of this step is saved") from None
     return loss, targets, m.should_checkpoint_and_exit()
 
 

@@ -58,7 +58,8 @@ from megatron_fixedcode.training.gpu_features import (
     use_fused_adamw,
 )
 from megatron_fixedcode.training.model_chunks import build_model_chunks
-from megatron_fixedcode.training.rerun import checkpoint_state, forward_backward_step, restore_from, start_rerun
+from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, forward_backward_step
+from megatron_fixedcode.training.rerun import restore_from, start_rerun
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
@@ -314,7 +315,11 @@ class Trainer:
             for k in range(self.cfg.schedule.eval_iters):
                 if stop is not None and stop():
                     break
-                totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
+                try:
+                    totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
+                except RuntimeError as e:
+                    raise as_non_finite(e, f"evaluation at step {self.step}: rank {self.ranks['rank']}",
+                                        "stopping; the last checkpoint is unchanged") from None
         for chunk in self.chunks:
             chunk.train()
         if len(totals) < self.cfg.schedule.eval_iters:

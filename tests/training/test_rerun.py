@@ -178,3 +178,15 @@ def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the
     assert set(re.findall(r"exitcode\s*: (\d+)", out)) == {"16"}, out[-4000:]
     assert "Need to restart job from the same checkpoint" in out
     assert latest_step(str(ck)) == 2
+
+
+def test_a_nan_in_evaluation_is_one_error_line_not_a_traceback(single_rank):
+    """Megatron-LM's evaluate validates the loss as disabled mode: fatal at once; here as NonFiniteTraining."""
+    from megatron_fixedcode.training.trainer import Trainer
+
+    rerun.start_rerun(_args())
+    evaluator = _Trainer(loss=lambda n: math.nan, step=6)
+    evaluator.cfg = SimpleNamespace(schedule=SimpleNamespace(eval_iters=2))
+    evaluator.valid_ds, evaluator._microbatches = None, lambda ds, k: [(k, 0), (k, 1)]
+    with pytest.raises(NonFiniteTraining, match=r"evaluation at step 6: rank 0: .*found NaN in local forward loss"):
+        Trainer.evaluate(evaluator)
