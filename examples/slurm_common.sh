@@ -104,8 +104,8 @@ print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
     return 0
 }
 
-# After srun: requeue only after a time-limit checkpoint that completed, within MAX_REQUEUES of the
-# launcher's own requeues; a cancel wins. $1 srun's exit code, $2 job id, $3 checkpoint dir, $4 log dir.
+# After srun: requeue only after a time-limit checkpoint that completed (or the rerun state machine's exit 16),
+# within MAX_REQUEUES of the launcher's own requeues; a cancel wins. $1 srun's exit code, $2 job id, $3 checkpoint dir, $4 log dir.
 mfc_finish() {
     local rc=$1 job_id=$2 ckpt_dir=$3 log_dir=$4
     local counter=$log_dir/requeues-$job_id max=${MAX_REQUEUES:-20} used
@@ -114,6 +114,10 @@ mfc_finish() {
     if ((MFC_CANCELLED)); then
         mfc_log "training exited with code $rc (cancelled: not requeued)"
         exit "$rc"
+    fi
+    if ((rc == 16)); then   # Megatron's rerun state machine saved a checkpoint and asks for a resume (a fault
+        mfc_log "training exited with code 16: the rerun state machine asks to resume from its checkpoint (a step to re-run, to tell a transient fault from a persistent one)"
+        MFC_REQUEUE=1 rc=0  # to tell apart); 17 (the fault reproduced) and others end the job
     fi
     if ((MFC_REQUEUE)); then
         if ((rc != 0)); then

@@ -1,0 +1,43 @@
+"""The launchers' last word after srun (examples/slurm_common.sh ``mfc_finish``), without a cluster: a fake
+``scontrol`` records what it was asked. Exit 16 of Megatron's rerun state machine requeues (within
+MAX_REQUEUES); 17 ends the job with that code and the trainer's line."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+from tests.helpers import REPO
+
+
+def _finish(tmp_path, rc: int, record: dict, max_requeues: int = 2) -> tuple[subprocess.CompletedProcess, str]:
+    bin_dir, log_dir = tmp_path / "bin", tmp_path / "logs"
+    bin_dir.mkdir(exist_ok=True)
+    log_dir.mkdir(exist_ok=True)
+    (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
+    (bin_dir / "scontrol").chmod(0o755)
+    (log_dir / "exit-7.json").write_text(json.dumps(record))
+    script = (f"source {REPO}/examples/slurm_common.sh; MFC_CANCELLED=0 MFC_REQUEUE=0; "
+              f"mfc_finish {rc} 7 {tmp_path}/ckpt {log_dir}")
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAX_REQUEUES": str(max_requeues)}
+    proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
+    log = tmp_path / "scontrol.log"
+    return proc, log.read_text() if log.exists() else ""
+
+
+def test_rerun_exit_16_requeues_until_max_requeues(tmp_path):
+    record = {"code": 16, "step": 5, "max_steps": 20, "error": None}
+    for attempt in (1, 2):
+        proc, calls = _finish(tmp_path, 1, record)
+        assert proc.returncode == 0, proc.stderr
+        assert calls.splitlines() == ["requeue 7"] * attempt and "rerun state machine" in proc.stderr
+    proc, calls = _finish(tmp_path, 1, record)  # the third: MAX_REQUEUES=2 used up
+    assert proc.returncode == 3 and calls.splitlines() == ["requeue 7"] * 2
+    assert proc.stderr.strip().splitlines()[-1].startswith("unfinished: the job stopped at step 5 of 20")
+
+
+def test_rerun_exit_17_ends_the_job_with_its_code_and_line(tmp_path):
+    line = "step 5: the fault reproduced (rerun state machine); see the result-rejected tracker"
+    proc, calls = _finish(tmp_path, 1, {"code": 17, "step": 5, "max_steps": 20, "error": line})
+    assert proc.returncode == 17 and calls == ""
+    assert proc.stderr.strip().splitlines()[-1] == f"error: {line}"
