@@ -28,7 +28,9 @@ from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFinit
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.run_health import RunHealth
+from megatron_fixedcode.training.profiling import start_memory_history
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
+from megatron_fixedcode.training.run_watch import RunWatch
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up
 from megatron_fixedcode.utils.locks import lock_save_dir
@@ -92,6 +94,7 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
 def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
+        start_memory_history(cfg.args)  # --record-memory-history: before the model is built (profiling.py)
         trainer = Trainer(cfg, plan)
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
@@ -165,12 +168,15 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         sink.close()
         return 0
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
+    watch = RunWatch(trainer, flops_per_token)  # straggler detector, weight hashes, profiler (run_watch.py)
+    watch.start()
     started = time.time()
     saved_at = trainer.step
     if a.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
         gc.disable()
         gc.collect()
     while trainer.step < trainer.max_steps:
+        watch.before_step()
         record = trainer.train_step()
         health.after_step(record)
         if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
@@ -183,6 +189,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         health.after_record(trainer.step)
+        watch.after_step(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
@@ -197,6 +204,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                           else "--exit-interval")
                 logger.info("exiting at step %d (%s)", trainer.step, reason)
             break
+    watch.close()
     if ck.save and saved_at != trainer.step:
         health.save(final=True)
     try:

@@ -13,6 +13,7 @@ from megatron_fixedcode.models.builder import transformer_engine_available
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.training.gpu_features import check_gpu_features
 from megatron_fixedcode.training.metrics import require_logging_backends
+from megatron_fixedcode.training.profiling import cuda_refusal
 
 REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
 NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
@@ -30,4 +31,6 @@ def check_runtime(cfg: PretrainConfig) -> None:
     if torch.cuda.is_available() and cfg.args.code_kernel == "fused":
         raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
     require_logging_backends(cfg.logging)
+    if (refusal := cuda_refusal(cfg.args)) is not None:  # --profile (nsys), --record-memory-history
+        raise ValueError(refusal)
 
