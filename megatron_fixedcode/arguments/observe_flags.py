@@ -54,3 +54,12 @@ def refuse_observe(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
                 f"({a.profile_step_start})")
     if a.profile and a.use_pytorch_profiler and not a.tensorboard_dir:
         p.error("--profile --use-pytorch-profiler writes its traces into --tensorboard-dir: give one")
+
+
+def observe_settings(a) -> argparse.Namespace:
+    """These flags of ``a``, each at its default where ``a`` lacks it (a test's stand-in runs with all off)."""
+    p = argparse.ArgumentParser()
+    add_observe_args(p)
+    defaults = vars(p.parse_args([]))
+    return argparse.Namespace(**{k: getattr(a, k, v) for k, v in defaults.items()},
+                              log_interval=getattr(a, "log_interval", 1))

@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.utils import check_param_hashes_across_dp_replicas
 
+from megatron_fixedcode.arguments.observe_flags import observe_settings
 from megatron_fixedcode.training.errors import ReplicasDiverged
 from megatron_fixedcode.training.gpu_features import params_synced
 from megatron_fixedcode.training.profiling import Profiler
@@ -55,7 +56,7 @@ class RunWatch:
 
     def __init__(self, trainer, flops_per_token: float):
         self.trainer, self.flops_per_token = trainer, flops_per_token
-        self.args, self.rank0 = trainer.cfg.args, trainer.ranks["rank"] == 0
+        self.args, self.rank0 = observe_settings(trainer.cfg.args), trainer.ranks["rank"] == 0
         self.flops, self.reported_at = 0.0, trainer.step
         self.profiler = Profiler(self.args, trainer.ranks["rank"], trainer.ranks["world_size"], trainer.step,
                                  trainer.cfg.logging.tensorboard_dir if trainer.cfg.logging else None)
