@@ -14,6 +14,7 @@ from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAc
 from megatron_fixedcode.arguments.derivations import Default
 from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
 from megatron_fixedcode.arguments.inert_flags import add_inert_args
+from megatron_fixedcode.arguments.observe_flags import add_observe_args
 from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
 from megatron_fixedcode.arguments.user_errors import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
@@ -311,6 +312,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_training(p)
     _add_data(p)
     _add_checkpoint_and_logging(p)
+    add_observe_args(p)
     add_accepted_args(p)
     add_inert_args(p)
     add_default_only_args(p)

@@ -12,6 +12,7 @@ import argparse
 
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
 from megatron_fixedcode.arguments.default_only_flags import default_only_error
+from megatron_fixedcode.arguments.observe_flags import refuse_observe
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE
 from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS
 from megatron_fixedcode.models.config import (
@@ -65,6 +66,7 @@ def refuse_given(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
 
 def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """The resolved flags (after ``derivations.derive``)."""
+    refuse_observe(a, p)  # the straggler detector, profiler, weight-hash check, --num-workers
     if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
         p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
                 "(as Megatron-LM's TransformerConfig)")

@@ -28,3 +28,8 @@ class ExportFailed(RuntimeError):
     """The Hugging Face export of the final checkpoint (``--hf-export-interval``) failed: raised on
     rank 0 only (the export runs there), after training and saving are done. One line naming the
     export and its log, exit code 4; the checkpoint is complete and can be exported again."""
+
+
+class ReplicasDiverged(NonFiniteTraining):
+    """The weights of the data-parallel replicas differ (``--check-weight-hash-across-dp-replicas-interval``):
+    found alike on every rank, handled as a non-finite loss (one line on rank 0, exit code 3, nothing saved)."""

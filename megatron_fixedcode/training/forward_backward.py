@@ -25,6 +25,7 @@ from megatron_fixedcode.compat import runtime_device
 from megatron_fixedcode.compat.autocast import forward_autocast
 from megatron_fixedcode.training.rerun import validate_loss
 from megatron_fixedcode.training.batches import split_for_context_parallel, to_device
+from megatron_fixedcode.training.straggler import stimer
 from megatron_fixedcode.training.timers import timed
 
 
@@ -49,14 +50,14 @@ def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):
 
 def gpt_forward_step(data_iterator, model, *, device: torch.device | None = None, cp_size: int = 1, cp_rank: int = 0):
     config = get_model_config(model) if isinstance(model, torch.nn.Module) else None  # a bare callable: no autocast
-    with timed(getattr(config, "timers", None), "batch-generator", 2):  # Megatron-LM's pretrain_gpt forward_step
+    with timed(getattr(config, "timers", None), "batch-generator", 2), stimer(bdata=True):  # pretrain_gpt's
         batch = to_device(next(data_iterator), runtime_device() if device is None else device)
         if batch.get("position_ids") is None:
             tokens_BS = batch["tokens"]
             batch["position_ids"] = torch.arange(tokens_BS.shape[1], device=tokens_BS.device).expand_as(tokens_BS)
         batch = split_for_context_parallel(batch, cp_size, cp_rank)
     # --precision fp32-autocast-bf16: FP32 parameters, matmuls in BF16 (the loss is FP32 either way)
-    with forward_autocast(config, batch["tokens"].device):
+    with forward_autocast(config, batch["tokens"].device), stimer:  # --log-straggler times the forward (straggler.py)
         output_BS = model(batch["tokens"], batch["position_ids"], None, labels=batch["labels"])
     return output_BS, functools.partial(_loss_func, batch["loss_mask"].float())
 

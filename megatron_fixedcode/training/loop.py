@@ -29,7 +29,9 @@ from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
+from megatron_fixedcode.training.profiling import start_memory_history
 from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
+from megatron_fixedcode.training.run_watch import RunWatch
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up
 from megatron_fixedcode.utils.locks import lock_save_dir
@@ -93,6 +95,7 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
 def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
+        start_memory_history(cfg.args)  # --record-memory-history: before the model is built (profiling.py)
         trainer = Trainer(cfg, plan)
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
@@ -166,6 +169,8 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         sink.close()
         return 0
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
+    watch = RunWatch(trainer, flops_per_token)  # straggler detector, weight hashes, profiler (run_watch.py)
+    watch.start()
     started = time.time()
     saved_at = trainer.step
     if a.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
@@ -175,6 +180,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         if trainer.step + 1 in a.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
             skip_step(trainer)
             continue
+        watch.before_step()
         record = trainer.train_step()
         if "rerun_exit" in record:  # the rerun state machine's verdict: save (or not) and exit with its code
             sink.close()
@@ -190,6 +196,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         health.after_record(trainer.step)
+        watch.after_step(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
@@ -204,6 +211,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                           else "--exit-interval")
                 logger.info("exiting at step %d (%s)", trainer.step, reason)
             break
+    watch.close()
     if ck.save and saved_at != trainer.step:
         health.save(final=True)
     try:

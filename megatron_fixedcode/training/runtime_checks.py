@@ -14,6 +14,7 @@ from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.training.gpu_features import check_gpu_features
 from megatron_fixedcode.training.metrics import require_logging_backends
 from megatron_fixedcode.training.rerun import check_rerun_flags
+from megatron_fixedcode.training.profiling import cuda_refusal
 
 REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
 NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
@@ -32,4 +33,6 @@ def check_runtime(cfg: PretrainConfig) -> None:
         raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
     require_logging_backends(cfg.logging)
     check_rerun_flags(cfg.args)
+    if (refusal := cuda_refusal(cfg.args)) is not None:  # --profile (nsys), --record-memory-history
+        raise ValueError(refusal)
 

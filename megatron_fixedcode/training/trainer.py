@@ -38,12 +38,11 @@ from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.data import build_datasets
-from megatron_fixedcode.data.sampler import fetch_microbatch, rank_microbatch_indices
-from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.models import build_transformer_config, parameter_report
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
 from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
+from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
@@ -256,15 +255,7 @@ class Trainer:
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
-        a = self.cfg.args
-        error = None
-        try:
-            batches = [fetch_microbatch(dataset, rank_microbatch_indices(
-                           step, m, global_batch_size=self.global_batch, micro_batch_size=a.micro_batch_size,
-                           dp_rank=self.ranks["dp_rank"], dp_size=self.ranks["dp_size"]))
-                       for m in range(self.num_microbatches)]
-        except TokenIdOutOfRange as e:  # names shard, document and sample
-            error = str(e)
+        batches, error = reader_of(self, dataset).read(step)  # --num-workers: batch_reader.py
         raise_if_any_rank_failed(error, self.device, DataError)
         # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
         return [pin(b) for b in batches] if self.device.type == "cuda" else batches

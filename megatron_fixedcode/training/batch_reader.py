@@ -1,0 +1,96 @@
+"""This rank's training microbatches of a step, read in the training process (``--num-workers 0``) or ahead of
+it by ``--num-workers`` DataLoader worker processes, as Megatron-LM's ``build_pretraining_data_loader`` does
+(its batch sampler's order: :class:`~megatron_fixedcode.data.sampler.RankMicrobatchSampler`).
+
+Either way step ``n`` reads the same samples (a pure function of the global sample index), so the losses
+and an exact resume do not depend on N: a resumed run starts the workers at its step's first sample. A step
+asked for out of order (a step run again) restarts the workers there.
+"""
+from __future__ import annotations
+
+import os
+import signal
+
+import torch
+
+from megatron_fixedcode.data.sampler import RankMicrobatchSampler, fetch_microbatch, rank_microbatch_indices
+from megatron_fixedcode.data.validate import TokenIdOutOfRange
+from megatron_fixedcode.utils.locks import SAVE_DIR_LOCK_NAME
+
+
+class _Microbatches(torch.utils.data.Dataset):
+    """Indexed by a microbatch's list of sample indices; a bad token id comes back as its message (one line)."""
+
+    def __init__(self, dataset):
+        self.dataset = dataset
+
+    def __getitem__(self, indices: list[int]) -> dict:
+        try:
+            return fetch_microbatch(self.dataset, indices)
+        except TokenIdOutOfRange as e:  # names shard, document and sample
+            return {"error": str(e)}
+
+
+def _worker_init(exit_signal: str):
+    """The trainer alone acts on signals (Megatron-LM's workers install its handler too), and a forked worker
+    must not keep --save's flock alive after a ``kill -9`` of the trainer (utils/locks.py)."""
+    def init(_worker_id: int) -> None:
+        for sig in {signal.SIGTERM, signal.SIGINT, signal.Signals[exit_signal]}:
+            signal.signal(sig, signal.SIG_IGN)
+        for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
+            try:
+                if os.readlink(f"/proc/self/fd/{fd}").endswith(SAVE_DIR_LOCK_NAME):
+                    os.close(int(fd))
+            except OSError:
+                pass
+    return init
+
+
+class MicrobatchReader:
+    """``read(step)``: (this rank's microbatches of ``step``, the error message of a bad sample or None)."""
+
+    def __init__(self, dataset, *, global_batch: int, micro_batch_size: int, dp_rank: int, dp_size: int,
+                 num_microbatches: int, total_samples: int, num_workers: int = 0, exit_signal: str = "SIGTERM"):
+        self.dataset, self.global_batch, self.micro_batch_size = dataset, global_batch, micro_batch_size
+        self.dp_rank, self.dp_size, self.num_microbatches = dp_rank, dp_size, num_microbatches
+        self.total_samples, self.num_workers, self.exit_signal = total_samples, num_workers, exit_signal
+        self._batches, self._next_step = None, None
+
+    def read(self, step: int) -> tuple[list[dict], str | None]:
+        if self.num_workers == 0:
+            try:
+                return [fetch_microbatch(self.dataset, rank_microbatch_indices(
+                            step, m, global_batch_size=self.global_batch, micro_batch_size=self.micro_batch_size,
+                            dp_rank=self.dp_rank, dp_size=self.dp_size))
+                        for m in range(self.num_microbatches)], None
+            except TokenIdOutOfRange as e:
+                return [], str(e)
+        if step != self._next_step:
+            self._start(step)
+        batches = [next(self._batches) for _ in range(self.num_microbatches)]
+        self._next_step = step + 1
+        error = next((b["error"] for b in batches if "error" in b), None)
+        return ([], error) if error else (batches, None)
+
+    def _start(self, step: int) -> None:
+        sampler = RankMicrobatchSampler(total_samples=self.total_samples, consumed_samples=step * self.global_batch,
+                                        micro_batch_size=self.micro_batch_size, dp_rank=self.dp_rank,
+                                        dp_size=self.dp_size)
+        self._batches = iter(torch.utils.data.DataLoader(
+            _Microbatches(self.dataset), sampler=sampler, batch_size=None, num_workers=self.num_workers,
+            worker_init_fn=_worker_init(self.exit_signal), multiprocessing_context="fork"))
+
+
+def reader_of(trainer, dataset) -> MicrobatchReader:
+    """The trainer's reader of ``dataset``, kept across steps (its workers read ahead); the training data with
+    ``--num-workers`` workers, the validation batches (a few, the same each time) in the training process."""
+    readers = trainer.__dict__.setdefault("_readers", {})
+    if id(dataset) not in readers:
+        a = trainer.cfg.args
+        readers[id(dataset)] = MicrobatchReader(
+            dataset, global_batch=trainer.global_batch, micro_batch_size=a.micro_batch_size,
+            dp_rank=trainer.ranks["dp_rank"], dp_size=trainer.ranks["dp_size"],
+            num_microbatches=trainer.num_microbatches, total_samples=trainer.max_steps * trainer.global_batch,
+            num_workers=a.num_workers if dataset is trainer.train_ds else 0,
+            exit_signal=trainer.cfg.checkpoint.exit_signal)
+    return readers[id(dataset)]
