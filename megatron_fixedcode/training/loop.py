@@ -24,6 +24,7 @@ from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_c
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
+from megatron_fixedcode.training.async_saves import AsyncSaves
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
@@ -156,6 +157,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                        start_step=None if a.skip_train else trainer.step)
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
     health.start()
+    saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
@@ -171,6 +173,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         gc.disable()
         gc.collect()
     while trainer.step < trainer.max_steps:
+        saves.poll()
         record = trainer.train_step()
         health.after_step(record)
         if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
@@ -199,6 +202,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             break
     if ck.save and saved_at != trainer.step:
         health.save(final=True)
+    saves.close()  # before the process may exit: a requeued job resumes from a complete checkpoint
     try:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
     finally:
