@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import emit, machine  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[1]
-SIZES = {"full": dict(layers=8, hidden=768, ffn=3072, vocab=32768, seq=128, iters=16, interval=4, window=2),
+SIZES = {"full": dict(layers=4, hidden=512, ffn=2048, vocab=32768, seq=128, iters=16, interval=4, window=2),
          "smoke": dict(layers=2, hidden=64, ffn=128, vocab=1024, seq=32, iters=8, interval=3, window=1)}
 STEP = re.compile(r"iteration\s+(\d+)/\s*\d+ \|.*elapsed time per iteration \(ms\): ([\d.]+)")
 SAVE = re.compile(r"(saved|started) checkpoint \S+ in ([\d.]+) s")
