@@ -64,7 +64,8 @@ def table(r: dict) -> str:
              f"load {r['machine']['load_average'][0]}"]
     for p in r["runs"]:
         lines.append(f"  {'async' if p['async'] else 'sync '}: step {p['step_s_median_away_from_saves']:.3f} s away "
-                     f"from saves, {p['step_s_mean_during_saves']:.3f} s during saves (steps {p['during_saves_steps']});"
+                     f"from saves, {p['step_s_mean_during_saves']:.3f} s during saves "
+                     f"(steps {p['during_saves_steps']});"
                      f" a save blocked {', '.join(f'{t:.2f}' for t in p['save_blocking_s'])} s")
     lines.append(f"  async / sync, step time during saves: {r['async_over_sync_during_saves']:.2f}x")
     return "\n".join(lines)

@@ -57,7 +57,8 @@ class PersistentWorker(AsyncCaller):
         if self.process is None:
             self.process = mp.get_context("spawn").Process(
                 target=_worker_main, name="mfc-ckpt-worker",
-                args=(os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q, logger.getEffectiveLevel()))
+                args=(os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q,
+                      logger.getEffectiveLevel()))
             self.process.start()
 
     def schedule_async_call(self, async_req) -> None:

@@ -74,7 +74,8 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
         finish()
     else:  # megatron's own finalize functions (.metadata, metadata.json) run first, then this project's
-        request = dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy(), async_sharded_save=True)
+        request = dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy(),
+                                          async_sharded_save=True)
         request.add_finalize_fn(finish)
         async_queue.schedule(request, target, step)
     return target
