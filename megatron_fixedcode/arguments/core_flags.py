@@ -272,6 +272,13 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
     g.add_argument("--exit-signal-handler", action="store_true",
                    help="on --exit-signal, save at the end of the step and exit")
     g.add_argument("--exit-interval", type=int, default=None, help="save and exit at a step that is a multiple of N")
+    g.add_argument("--async-save", action="store_true",
+                   help="with --use-persistent-ckpt-worker (else off, as Megatron-LM): write the checkpoint files in "
+                        "a background worker while training goes on; 'latest' moves once every rank's files and "
+                        "checksums are complete, checked at each step; a save, the run's end, a signal or a time "
+                        "limit waits for the one in flight")
+    g.add_argument("--use-persistent-ckpt-worker", action="store_true",
+                   help="--async-save's writer: one persistent process per rank (megatron-core's), which dies with it")
     g = p.add_argument_group("logging")
     g.add_argument("--log-interval", type=int, default=100, help="steps between log lines")
     g.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (default: none)")

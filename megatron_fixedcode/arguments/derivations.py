@@ -103,6 +103,9 @@ def _derived_like_megatron(a: argparse.Namespace) -> None:
     if a.add_bias_linear:  # the 'add bias' flags kept in sync
         a.add_qkv_bias = True
     if a.async_save and not a.use_persistent_ckpt_worker:
+        if is_rank0():
+            print("note: --async-save without --use-persistent-ckpt-worker: saves are synchronous (Megatron-LM "
+                  "turns --async-save off without it)", file=sys.stderr)
         a.async_save = False
     if a.position_embedding_type != "rope" and not a.use_rotary_position_embeddings:
         a.apply_rope_fusion = False

@@ -27,9 +27,6 @@ INERT_FLAGS = (
          {"choices": ["flash", "fused", "unfused", "local", "auto"], "default": "auto"},
          "TE layers pick their fused attention; local layers use megatron's unfused attention"),
     Flag(("--use-mcore-models",), "deprecated_use_mcore_models", "true", "megatron-core models are the only ones"),
-    Flag(("--async-save",), "async_save", "true",
-         "checkpoints are written synchronously (the same files); Megatron-LM too turns it off without "
-         "--use-persistent-ckpt-worker"),
     Flag(("--calculate-per-token-loss",), "calculate_per_token_loss", "true",
          "the loss is always the mean over the global batch's prediction targets"),
     Flag(("--cross-entropy-loss-fusion",), "cross_entropy_loss_fusion", "true",
@@ -76,7 +73,6 @@ INERT_FLAGS = (
          "deprecated in Megatron-LM too"),
     Flag(("--ckpt-assume-constant-structure",), "ckpt_assume_constant_structure", "true",
          "dist_checkpointing's default save strategy"),
-    Flag(("--use-persistent-ckpt-worker",), "use_persistent_ckpt_worker", "true", "saves are synchronous"),
     Flag(("--auto-detect-ckpt-format",), "auto_detect_ckpt_format", "true", "torch_dist only"),
     Flag(("--no-use-tokenizer-model-from-checkpoint-args", "--disable-use-tokenizer-model-from-checkpoint-args"),
          "use_tokenizer_model_from_checkpoint_args", "false",

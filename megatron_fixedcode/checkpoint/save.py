@@ -2,6 +2,7 @@
 move the ``latest`` marker; prune the old ones as told."""
 from __future__ import annotations
 
+import functools
 import json
 import shutil
 from pathlib import Path
@@ -41,10 +42,15 @@ def _fork_results_queue() -> None:
 
 
 def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict,
-                    keep_last: int | None = None, retain_interval: int | None = None) -> Path:
-    """Save everything needed for a bit-identical resume, then move the ``latest`` marker."""
+                    keep_last: int | None = None, retain_interval: int | None = None, async_queue=None) -> Path:
+    """Save everything needed for a bit-identical resume, then move the ``latest`` marker. With
+    ``async_queue`` (``--async-save``: an :class:`~.async_save.AsyncSaveQueue`, or what wraps one) the
+    shard files are written in the background and the rest (:func:`_finish`) runs when the queue
+    finalizes the save; a save still in flight is finalized first."""
     from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
 
+    if async_queue is not None:
+        async_queue.finalize(blocking=True)  # at most one save in flight
     rank, world = dist.get_rank(), dist.get_world_size()
     target = checkpoint_dir(root, step)
     if rank == 0:
@@ -63,7 +69,21 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
     _fork_results_queue()
-    dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
+    finish = functools.partial(_finish, root, step, trainer_state, keep_last, retain_interval)
+    if async_queue is None:
+        dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
+        finish()
+    else:  # megatron's own finalize functions (.metadata, metadata.json) run first, then this project's
+        request = dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy(),
+                                          async_sharded_save=True)
+        request.add_finalize_fn(finish)
+        async_queue.schedule(request, target, step)
+    return target
+
+
+def _finish(root: str, step: int, trainer_state: dict, keep_last: int | None, retain_interval: int | None) -> None:
+    """Once every rank's files are written: the run's flags, the checksums, then the ``latest`` marker."""
+    rank, target = dist.get_rank(), checkpoint_dir(root, step)
     if rank == 0 and trainer_state.get("run_config") is not None:  # the resolved flags, readable without this code
         _fsync_write(target / RUN_CONFIG, json.dumps(trainer_state["run_config"], sort_keys=True, indent=1))
     dist.barrier()
@@ -73,7 +93,6 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
         _prune(Path(root), keep_last, step, retain_interval)
     dist.barrier()
-    return target
 
 
 def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None) -> None:

@@ -24,6 +24,7 @@ from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_c
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
+from megatron_fixedcode.training.async_saves import AsyncSaves
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
@@ -160,6 +161,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                        start_step=None if a.skip_train else trainer.step)
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
     health.start()
+    saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
@@ -177,6 +179,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         gc.disable()
         gc.collect()
     while trainer.step < trainer.max_steps:
+        saves.poll()
         if trainer.step + 1 in a.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
             skip_step(trainer)
             continue
@@ -184,7 +187,10 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         record = trainer.train_step()
         if "rerun_exit" in record:  # the rerun state machine's verdict: save (or not) and exit with its code
             sink.close()
-            return end_on_rerun(trainer, health, record)
+            code = end_on_rerun(trainer, health, record)
+            watch.close()
+            saves.close()  # its checkpoint complete before the exit (the launcher requeues on 16)
+            return code
         health.after_step(record)
         if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
             gc.collect()
@@ -214,6 +220,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     watch.close()
     if ck.save and saved_at != trainer.step:
         health.save(final=True)
+    saves.close()  # before the process may exit: a requeued job resumes from a complete checkpoint
     try:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
     finally:

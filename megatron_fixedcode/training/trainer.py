@@ -213,6 +213,7 @@ class Trainer:
         self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * a.distributed_timeout_minutes)
         start_rerun(a)  # megatron-core's rerun state machine (training/rerun.py)
         self.timers = build_timers(a)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
+        self.async_saves = None  # --async-save: the loop's training/async_saves.AsyncSaves
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
@@ -372,7 +373,7 @@ class Trainer:
                 write_carried_copy(ck.save, self.tokenizer_record)
             with params_synced(self.chunks), timed(self.timers, "save-checkpoint", 0, barrier=True):
                 path = checkpoint.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                  self.trainer_state(), ck.keep_last, ck.retain_interval)
+                                                  self.trainer_state(), ck.keep_last, ck.retain_interval, self.async_saves)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
                 raise
@@ -383,6 +384,9 @@ class Trainer:
             if self.ranks["rank"] == 0:
                 shutil.rmtree(target, ignore_errors=True)
             raise SaveFailed(str(error))
-        logger.info("saved checkpoint %s in %.1f s", path, time.perf_counter() - t0)
+        logger.info("%s checkpoint %s in %.1f s", "started" if self.async_saves else "saved", path,
+                    time.perf_counter() - t0)
         log_timers(self.timers, ["save-checkpoint"], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
+        if self.async_saves:  # --async-save: an export needs the checkpoint complete
+            self.async_saves.before_export(final)
         self._export_to_hf(final)

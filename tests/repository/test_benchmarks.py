@@ -158,3 +158,15 @@ def test_checkpoint_format_benchmark():
     for p in r["phases"]:
         assert p["ranks"] == 2 and len(p["save_added_rss_by_rank"]) == 2 and p["save_s"] > 0
         assert p["optimizer_state_bytes"] == 12 * p["params"] == 2 * p["rank_share_bytes"]
+
+
+@pytest.mark.slow
+def test_async_save_benchmark():
+    """The same run with and without --async-save: every step logged, the saves' blocking times, the ratio."""
+    r = run_benchmark("async_save.py")
+    sync, asynchronous = r["runs"]
+    assert (sync["async"], asynchronous["async"]) == (False, True)
+    for run in r["runs"]:
+        assert run["steps"] == r["model"]["iters"] and run["during_saves_steps"] == [4, 7]
+        assert len(run["save_blocking_s"]) == 3 and run["step_s_mean_during_saves"] > 0
+    assert r["async_over_sync_during_saves"] > 0

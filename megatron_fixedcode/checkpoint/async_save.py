@@ -1,0 +1,157 @@
+"""``--async-save`` on megatron-core's async checkpoint machinery: :func:`~.save.save_checkpoint` asks
+``dist_checkpointing.save(..., async_sharded_save=True)`` for an ``AsyncRequest`` (the shard files are
+written in the background); megatron's ``AsyncCallsQueue`` runs it in one persistent worker process per
+rank (``PersistentAsyncCaller.async_loop``, as ``--use-persistent-ckpt-worker``) and, once every rank's
+worker is done, runs its finalize functions on all ranks: megatron's (``.metadata``, ``metadata.json``),
+then this project's (checksums recorded, then the ``latest`` marker moved, then pruning). Until then the
+previous checkpoint is the one that loads: a crash or ``kill -9`` during the write leaves it so.
+
+What is this project's, around megatron's parts: the worker is started so that it dies with its rank
+(``compat.process``: a SIGKILLed rank leaves no writer behind) and runs on a machine without CUDA
+(megatron's loop selects a CUDA device first); on the CPU the request's tensors are copied before the
+step goes on (megatron's staging copy, ``.to("cpu")``, is the live tensor itself there); at most one
+request is in flight (:meth:`AsyncSaveQueue.schedule` waits for the previous one).
+"""
+from __future__ import annotations
+
+import logging
+import os
+import time
+from pathlib import Path
+from queue import Empty
+
+import torch
+import torch.distributed as dist
+from megatron.core.dist_checkpointing.strategies.async_utils import (AsyncCaller, AsyncCallsQueue,
+                                                                     PersistentAsyncCaller)
+from torch import multiprocessing as mp
+
+logger = logging.getLogger(__name__)
+
+
+def _worker_main(parent: int, rank: int, queue, preload_q, comp_q, log_level: int) -> None:
+    """The persistent worker: megatron-core's loop, in a process that dies with its rank (and whose
+    writer processes die with it)."""
+    from megatron_fixedcode.compat.process import die_with_parent, install_die_with_parent_for_forks
+
+    die_with_parent(expected_parent=parent)
+    install_die_with_parent_for_forks()
+    if not torch.cuda.is_available():  # the loop's torch.cuda.set_device(rank % device_count())
+        torch.cuda.device_count = lambda: 1
+        torch.cuda.set_device = lambda device: None
+    PersistentAsyncCaller.async_loop(rank, queue, preload_q, comp_q, log_level)
+
+
+class PersistentWorker(AsyncCaller):
+    """megatron-core's ``PersistentAsyncCaller`` protocol (one spawned worker, a request queue, a staging
+    queue, a completion queue), with :func:`_worker_main` as the process."""
+
+    def __init__(self):
+        ctx = mp.get_context("spawn")
+        self.queue, self.preload_q, self.comp_q = ctx.JoinableQueue(), ctx.JoinableQueue(), ctx.Queue()
+        self.process = None
+        self.done_item = None
+
+    def start(self) -> None:
+        """Start the worker (its imports take seconds: at the run's start, as Megatron-LM's warm-up)."""
+        if self.process is None:
+            self.process = mp.get_context("spawn").Process(
+                target=_worker_main, name="mfc-ckpt-worker",
+                args=(os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q,
+                      logger.getEffectiveLevel()))
+            self.process.start()
+
+    def schedule_async_call(self, async_req) -> None:
+        if async_req.async_fn is None:
+            return
+        self.start()
+        if async_req.preload_fn is not None:
+            self.preload_q.put(async_req.call_idx)
+        self.queue.put(async_req)
+        if async_req.preload_fn is not None:
+            self.preload_q.join()  # the worker staged the tensors: the step may change them now
+
+    def is_current_async_call_done(self, blocking: bool = False, no_dist: bool = False) -> bool:
+        alive = False
+        while self.process is not None and self.done_item is None:
+            try:
+                self.done_item = self.comp_q.get(timeout=0.1) if blocking else self.comp_q.get_nowait()
+            except Empty:
+                if not self.process.is_alive():  # its write left no result: the finalize fails on every rank
+                    logger.error("the checkpoint worker of rank %d died (exit code %s)", dist.get_rank(),
+                                 self.process.exitcode)
+                    self.process = None
+                    break
+                if not blocking:
+                    alive = True
+                    break
+        done = (not alive) if no_dist else self.sync_all_async_calls(int(alive))
+        if done:
+            self.done_item = None
+        return done
+
+    def close(self, abort: bool = False) -> None:
+        if self.process is None:
+            return
+        if abort:
+            self.process.kill()
+        else:
+            self.queue.put("DONE")
+            self.queue.join()
+        self.process.join()
+        self.process = None
+
+    def __del__(self):
+        pass
+
+
+def _copied(buckets):
+    """The write buckets with their tensors copied (megatron's staging copy on a CPU-only machine)."""
+    return [(name, key, (data, [(item, t.detach().clone()) for item, t in tensors]))
+            for name, key, (data, tensors) in buckets]
+
+
+class AsyncSaveQueue(AsyncCallsQueue):
+    """megatron-core's ``AsyncCallsQueue`` on one :class:`PersistentWorker`, at most one save in flight.
+    Every method is a collective: every rank calls it alike."""
+
+    def __init__(self):
+        super().__init__(persistent=True)
+        self.worker = PersistentWorker()
+        self.worker.start()
+        self.in_flight: tuple[int, Path, float] | None = None  # step, directory, when scheduled
+
+    def _get_async_caller(self):
+        return self.worker
+
+    def schedule(self, request, target: Path, step: int) -> None:
+        if self.in_flight is not None:
+            self.finalize(blocking=True)
+        if not torch.cuda.is_available() and request.preload_fn is not None:
+            args = list(request.async_fn_args)
+            args[1] = _copied(args[1])
+            request = request._replace(async_fn_args=tuple(args), preload_fn=None)
+        self.schedule_async_request(request)
+        self.in_flight = (step, Path(target), time.perf_counter())
+
+    def finalize(self, blocking: bool = False) -> tuple[int, Path, float] | None:
+        """Finalize the save in flight if every rank's worker is done (``blocking``: wait for them);
+        its (step, directory, seconds since scheduled), or None. A failed write raises here, on every
+        rank (torch's ``CheckpointException``), and the save is no longer in flight."""
+        if self.in_flight is None:
+            return None
+        done, self.in_flight = self.in_flight, None
+        try:
+            finished = self.maybe_finalize_async_calls(blocking=blocking)
+        except BaseException:
+            self.async_calls.clear()
+            raise
+        if not finished:
+            self.in_flight = done
+            return None
+        return done[0], done[1], time.perf_counter() - done[2]
+
+    def close(self, abort: bool = False) -> None:
+        if not abort:
+            self.finalize(blocking=True)
+        self.worker.close(abort=abort)
