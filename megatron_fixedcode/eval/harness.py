@@ -73,7 +73,11 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
                   "add_bos_token": False}
     if eod is not None:
         model_args["prefix_token_id"] = eod
-    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    from megatron_fixedcode.eval.task_check import all_local
+
+    # local-file tasks only: lm-eval need not index its own task files (seconds on every call)
+    defaults = not (include_path and all_local(tasks, Path(include_path)))
+    manager = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=defaults)
     runs = parse_tasks(tasks)
     lm = get_model("hf").create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
     audit = RequestAudit(lm)  # per task: hash of the request set, requests truncated to the context
