@@ -108,4 +108,4 @@ class RunHealth:
     def save(self, final: bool) -> None:
         self.trainer.save(final=final)  # timed as 'save-checkpoint' and logged there
         self.progress.saved(self.trainer.step, self.trainer.step * self.trainer.global_batch)
-        self.downstream.saved()
+        self.downstream.saved(self.trainer.step)

@@ -23,9 +23,11 @@ SMALL = ["--nodes=1", "--ntasks=1", "--cpus-per-task=1", "--mem=2G", "--oversubs
 
 def test_each_checkpoint_is_scored_by_an_sbatch_job_of_its_own(slurm, tmp_path):
     pytest.importorskip("lm_eval")
+    (tmp_path / "data").mkdir()
     corpus = write_corpus(tmp_path / "data")
     save, logs = tmp_path / "ckpt", tmp_path / "logs"
     train = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY_TOKENIZER_VOCAB, "--train-iters", "4",
+             "--seq-length", "64",
              "--save-interval", "2", "--save", str(save), "--tokenizer-model", str(SMOLLM2_TOKENIZER),
              "--metrics-file", str(logs / "metrics.jsonl"), "--tensorboard-dir", str(logs / "tb"),
              "--downstream-eval-tasks", "piqa_local", "--downstream-eval-interval", "2",

@@ -59,8 +59,10 @@ def test_the_flags_are_refused_before_the_first_step(capsys, tmp_path, monkeypat
 
 def test_scores_file_records_and_tags(tmp_path):
     path = tmp_path / "downstream.jsonl"
-    assert cs.scores_file(str(tmp_path / "ckpt"), str(tmp_path / "logs" / "m.jsonl")) == tmp_path / "logs" / cs.JSONL_NAME
-    cs.append_scores(path, [{"step": 2, "task": "piqa_local", "metrics": {"acc": 0.5}, "protocol": cs.protocol(TASKS, 2)}])
+    logs = tmp_path / "logs"
+    assert cs.scores_file(str(tmp_path / "ckpt"), str(logs / "m.jsonl")) == logs / cs.JSONL_NAME
+    cs.append_scores(path, [{"step": 2, "task": "piqa_local", "metrics": {"acc": 0.5},
+                             "protocol": cs.protocol(TASKS, 2)}])
     with open(path, "a") as f:
         f.write('{"step": 4, "task": "pi')  # the torn line of a killed writer
     assert cs.scored_steps(path, TASKS, 2) == {2} and cs.scored_steps(path, TASKS, 3) == set()
@@ -85,21 +87,24 @@ def _stand_in(tmp_path, steps, latest, **args):
 
 def test_a_start_launches_only_what_lacks_scores_and_a_job(tmp_path):
     evals, save = _stand_in(tmp_path, [1, 2, 4, 5, 6], latest=5)
-    cs.append_scores(evals.scores, [{"step": 2, "task": "piqa_local", "metrics": {}, "protocol": cs.protocol(TASKS, 2.0)},
-                                    {"step": 6, "task": "piqa_local", "metrics": {}, "protocol": cs.protocol(TASKS, 2.0)}])
+    cs.append_scores(evals.scores, [{"step": s, "task": "piqa_local", "metrics": {},
+                                     "protocol": cs.protocol(TASKS, 2.0)} for s in (2, 6)])
     lock = cs.acquire(save, 4, wait_s=0)  # a job of step 4 runs
     try:
         evals.start(5)
+        # 1: not due; 2: scored; 4: running; 5: the last; 6: after the resumed step (its score dropped)
+        assert evals.launched == [5]
+        assert cs.scored_steps(evals.scores, TASKS, 2.0) == {2}
+        evals.saved(5)  # started once by this process
+        assert evals.launched == [5]
     finally:
         lock.release()
-    # 1: not due; 2: scored; 4: running; 5: the last; 6: after the resumed step (its score dropped, not complete)
-    assert evals.launched == [5]
-    assert cs.scored_steps(evals.scores, TASKS, 2.0) == {2}
-    evals.saved()  # started once by this process
-    assert evals.launched == [5]
     (save / "downstream" / "iter_0000004.job").write_text(json.dumps({"pid": os.getpid()}) + "\n")
     evals.started.clear()
-    evals.saved()  # a pid that is not an evaluation job (reused) does not hold step 4 back
+    evals.saved(5)  # a pid that is not an evaluation job (reused) does not hold step 4 back
+    assert evals.launched == [5, 4, 5]
+    evals.started.clear()
+    evals.saved(3)  # a run at step 3 (a fresh one into an earlier run's --save): not the checkpoints it overwrites
     assert evals.launched == [5, 4, 5]
 
 
@@ -112,7 +117,8 @@ def _wait_jobs(save: Path, steps, timeout=400):
         pid = json.loads(cs.job_file(save, step, ".job").read_text())["pid"]
         while _evaluating(pid):
             if time.monotonic() > deadline:
-                pytest.fail(f"the evaluation of step {step} did not end:\n{cs.job_file(save, step, '.log').read_text()}")
+                log = cs.job_file(save, step, ".log").read_text()
+                pytest.fail(f"the evaluation of step {step} did not end:\n{log[-4000:]}")
             time.sleep(0.5)
 
 
@@ -140,10 +146,13 @@ def run(tmp_path_factory):
     of the finished run fills the gap."""
     pytest.importorskip("lm_eval")
     root = tmp_path_factory.mktemp("downstream")
+    (root / "data").mkdir()
     corpus = write_corpus(root / "data")
     save = root / "ckpt"
     args = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY_TOKENIZER_VOCAB, "--train-iters", "4",
-            "--save-interval", "2", "--save", str(save), "--tokenizer-model", str(SMOLLM2_TOKENIZER),
+            "--seq-length", "64",
+            "--save-interval", "2", "--save", str(save), "--load", str(save),
+            "--tokenizer-model", str(SMOLLM2_TOKENIZER),
             "--metrics-file", str(root / "logs" / "metrics.jsonl"), "--tensorboard-dir", str(root / "tb"),
             *FLAGS, *data_args(corpus, "gpt")]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(root / "hfd")}
@@ -189,5 +198,6 @@ def test_every_checkpoint_ends_with_its_scores_once(run):
         by_step.setdefault(step, []).append(tag)
     assert sorted(by_step) == [2, 4]
     for tags in by_step.values():
-        assert len(tags) == len(set(tags)) and {"downstream/piqa_local/acc", "downstream/lambada_local/perplexity"} <= set(tags)
+        assert len(tags) == len(set(tags))
+        assert {"downstream/piqa_local/acc", "downstream/lambada_local/perplexity"} <= set(tags)
     assert not list(run["save"].glob("downstream/*.hf"))  # the exports are removed
