@@ -201,3 +201,19 @@ def test_every_checkpoint_ends_with_its_scores_once(run):
         assert len(tags) == len(set(tags))
         assert {"downstream/piqa_local/acc", "downstream/lambada_local/perplexity"} <= set(tags)
     assert not list(run["save"].glob("downstream/*.hf"))  # the exports are removed
+
+
+def test_the_study_report_plots_score_vs_step_for_each_run(tmp_path):
+    pytest.importorskip("matplotlib")
+    from megatron_fixedcode.study.report import downstream_curves, plot_downstream
+
+    paths = {}
+    for run, acc in (("learned", 0.5), ("binary", 0.6)):
+        paths[run] = tmp_path / run / cs.JSONL_NAME
+        cs.append_scores(paths[run], [{"step": s, "task": "piqa_local", "protocol": cs.protocol(TASKS, None),
+                                       "metrics": {"acc": acc + s / 100, "acc_stderr": 0.1, "sample_len": 4}}
+                                      for s in (2, 4)])
+    curves = downstream_curves(paths)
+    assert curves == {"piqa_local/acc": {"learned": [(2, 0.52), (4, 0.54)], "binary": [(2, 0.62), (4, 0.64)]}}
+    assert plot_downstream(paths, tmp_path / "d.png").stat().st_size > 0
+    assert plot_downstream({"x": tmp_path / "none.jsonl"}, tmp_path / "e.png") is None
