@@ -1,7 +1,5 @@
 """The evaluation job of one saved checkpoint (the trainer's ``--downstream-eval-tasks``; started by
-:mod:`megatron_fixedcode.training.downstream_evals`)::
-
-    python -m megatron_fixedcode.eval.checkpoint_scores --save SAVE --step N --tasks piqa_local --scores F.jsonl
+:mod:`megatron_fixedcode.training.downstream_evals` as ``python -m megatron_fixedcode.cli.checkpoint_scores``).
 
 It holds ``SAVE/downstream/iter_N.lock`` (:mod:`megatron_fixedcode.utils.locks`) while it runs, so a second
 job of the same checkpoint exits at once; one whose scores are in the JSONL exits too. The checkpoint is
@@ -21,8 +19,6 @@ import shutil
 import sys
 import time
 from pathlib import Path
-
-from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 
 JSONL_NAME = "downstream.jsonl"
 TB_SUFFIX = ".downstream-iter_{step:07d}"
@@ -157,41 +153,17 @@ def score(a: argparse.Namespace) -> list[dict]:
     return records
 
 
-def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--save", required=True, help="the training run's --save")
-    p.add_argument("--step", type=int, required=True, help="the checkpoint's step")
-    p.add_argument("--tasks", required=True, help="'local', 'paper' or task[:shots],... (tools/evaluate.py --tasks)")
-    p.add_argument("--limit", type=float, default=None, help="examples per task")
-    p.add_argument("--batch-size", type=int, default=8)
-    p.add_argument("--device", default=None, help="default: cuda when torch sees a GPU")
-    p.add_argument("--scores", required=True, help="the JSONL the scores are appended to")
-    p.add_argument("--tensorboard-dir", default=None)
-    p.add_argument("--wandb-project", default=None)
-    p.add_argument("--wandb-run-id", default=None)
-    p.add_argument("--wandb-exp-name", default=None)
-    return p
-
-
-@user_errors
-def main(argv=None) -> int:
-    a = parser().parse_args(argv)
+def run(a: argparse.Namespace) -> list[dict] | None:
+    """The job: None when another job holds the checkpoint's lock or its scores are there already."""
     job_dir(a.save).mkdir(parents=True, exist_ok=True)
     lock = acquire(a.save, a.step)
     if lock is None:
         print(f"checkpoint step {a.step} is being evaluated by another job ({job_file(a.save, a.step, '.lock')})")
-        return 0
+        return None
     try:
         if a.step in scored_steps(a.scores, a.tasks, a.limit):
             print(f"checkpoint step {a.step} already has its scores in {a.scores}")
-            return 0
-        records = score(a)
+            return None
+        return score(a)
     finally:
         lock.release()
-    for r in records:
-        print(f"step {a.step} {r['task']}: " + ", ".join(f"{k} {v:.4f}" for k, v in sorted(r["metrics"].items())))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -4,25 +4,9 @@ that is not one of them through lm-eval's own task index (seconds: only then).""
 from __future__ import annotations
 
 import importlib.util
-import re
 from pathlib import Path
 
-from megatron_fixedcode.eval.harness import LOCAL_TASKS_DIR, parse_tasks
-
-
-def local_tasks(tasks_dir: Path = LOCAL_TASKS_DIR) -> dict[str, dict]:
-    """``{name: {"members": [...]}}`` for a group, ``{name: {"dataset": function}}`` for a task, read from the
-    task files with regular expressions (their ``!function`` tags need lm-eval's YAML loader)."""
-    out: dict[str, dict] = {}
-    for path in sorted(Path(tasks_dir).glob("*.yaml")):
-        text = path.read_text()
-        if group := re.search(r"^group:\s*(\S+)", text, re.M):
-            block = re.search(r"^task:\s*\n((?:[ \t]+-.*\n?)+)", text, re.M)
-            out[group.group(1)] = {"members": re.findall(r"-\s*(\S+)", block.group(1)) if block else []}
-        elif task := re.search(r"^task:\s*(\S+)", text, re.M):
-            dataset = re.search(r"^custom_dataset:\s*!function\s+local_data\.(\w+)", text, re.M)
-            out[task.group(1)] = {"dataset": dataset.group(1) if dataset else None}
-    return out
+from megatron_fixedcode.eval.harness import LOCAL_TASKS_DIR, local_tasks, parse_tasks
 
 
 def _local_data_module(tasks_dir: Path):
@@ -73,12 +57,3 @@ def check_tasks(spec: str, flag: str, tasks_dir: Path = LOCAL_TASKS_DIR, index_o
         if unknown:
             raise ValueError(f"{flag}: unknown lm-eval task {unknown[0]!r} (the local tasks: "
                              f"{', '.join(sorted(local))}; else one of lm-eval's task names)")
-
-
-def all_local(spec: str, tasks_dir: Path = LOCAL_TASKS_DIR) -> bool:
-    """Every task of ``spec`` is a local-file task (lm-eval need not index its own ~15,000 task files)."""
-    local = local_tasks(tasks_dir)
-
-    def is_local(name: str) -> bool:
-        return name in local and all(is_local(m) for m in local[name].get("members", []))
-    return all(is_local(name) for name, _ in parse_tasks(spec))

@@ -5,8 +5,8 @@ Under Slurm (``SLURM_JOB_ID`` set and ``sbatch`` found) the job is an ``sbatch``
 ``SAVE/downstream/iter_N.sh`` (no dependency: the checkpoint is complete when it is submitted); elsewhere a
 background process in a session of its own on the CPU (a signal to the training job does not reach it, and
 it leaves the GPUs to the trainer), which outlives the trainer. What the job does is
-:mod:`megatron_fixedcode.eval.checkpoint_scores`. ``SAVE/downstream/iter_N.job`` records the job started
-(pid or Slurm job id) and ``iter_N.log`` is its output.
+:mod:`megatron_fixedcode.eval.checkpoint_scores` (its command: ``megatron_fixedcode.cli.checkpoint_scores``).
+``SAVE/downstream/iter_N.job`` records the job started (pid or Slurm job id), ``iter_N.log`` is its output.
 
 Nothing is started twice: at its start and after each save the trainer starts the jobs of the complete
 checkpoints due that have no scores in the JSONL, no job holding their lock, and no job still queued or
@@ -106,7 +106,7 @@ class DownstreamEvals:
 
     def _command(self, step: int) -> list[str]:
         a = self.a
-        cmd = [sys.executable, "-m", "megatron_fixedcode.eval.checkpoint_scores", "--save", str(Path(a.save).resolve()),
+        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.checkpoint_scores", "--save", str(Path(a.save).resolve()),
                "--step", str(step), "--tasks", a.downstream_eval_tasks, "--scores", str(self.scores.resolve()),
                "--batch-size", str(a.downstream_eval_batch_size)]
         optional = (("--limit", a.downstream_eval_limit), ("--tensorboard-dir", a.tensorboard_dir),
