@@ -22,8 +22,9 @@ def add_downstream_args(p: argparse.ArgumentParser) -> None:
                    help="examples per task (lm-eval's --limit; default all)")
     g.add_argument("--downstream-eval-batch-size", type=int, default=8, help="requests per forward pass")
     g.add_argument("--downstream-eval-sbatch", default=None, metavar="OPTIONS",
-                   help="sbatch options of the evaluation jobs under Slurm, e.g. '--partition=eval --gres=gpu:1 "
-                        "--time=30' (default: one task on one node)")
+                   help="sbatch options of the evaluation jobs under Slurm, given with '=' (they start with "
+                        "'--'): --downstream-eval-sbatch='--partition=eval --gres=gpu:1 --time=30' (default: one "
+                        "task on one node)")
 
 
 def refuse_downstream(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:

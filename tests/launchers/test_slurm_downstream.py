@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -31,10 +32,10 @@ def test_each_checkpoint_is_scored_by_an_sbatch_job_of_its_own(slurm, tmp_path):
              "--save-interval", "2", "--save", str(save), "--tokenizer-model", str(SMOLLM2_TOKENIZER),
              "--metrics-file", str(logs / "metrics.jsonl"), "--tensorboard-dir", str(logs / "tb"),
              "--downstream-eval-tasks", "piqa_local", "--downstream-eval-interval", "2",
-             "--downstream-eval-limit", "2", "--downstream-eval-sbatch", " ".join(SMALL[2:]),
+             "--downstream-eval-limit", "2", f"--downstream-eval-sbatch={' '.join(SMALL[2:])}",
              *data_args(corpus, "gpt")]
     script = tmp_path / "train.sh"
-    script.write_text("#!/bin/bash\nexec " + " ".join(map(str, train)) + "\n")
+    script.write_text("#!/bin/bash\nexec " + shlex.join(map(str, train)) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "SBATCH_"))}
     env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
                PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp_path / "hf"))

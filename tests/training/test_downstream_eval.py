@@ -69,6 +69,17 @@ def test_scores_file_records_and_tags(tmp_path):
     assert cs.task_tag("piqa_local@0shot") == "piqa_local" and cs.task_tag("mmlu@5shot") == "mmlu@5shot"
 
 
+def test_wandb_gets_the_scores_in_the_training_run_on_an_axis_of_its_own(monkeypatch):
+    calls = []
+    run = types.SimpleNamespace(define_metric=lambda *a, **k: calls.append(("define", a, k)),
+                                log=lambda values: calls.append(("log", values)), finish=lambda: calls.append("finish"))
+    monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **k: calls.append(("init", k)) or run))
+    cs.write_wandb("proj", "abc123", None, 4, {"downstream/piqa_local/acc": 0.5})
+    assert calls[0] == ("init", {"project": "proj", "id": "abc123", "name": None, "resume": "allow"})
+    assert ("define", ("downstream/*",), {"step_metric": "downstream/step"}) in calls
+    assert ("log", {"downstream/piqa_local/acc": 0.5, "downstream/step": 4}) in calls and calls[-1] == "finish"
+
+
 def _stand_in(tmp_path, steps, latest, **args):
     save = tmp_path / "ckpt"
     for s in steps:
