@@ -18,6 +18,15 @@ def data_root() -> Path:
     return root
 
 
+# The files each dataset function reads, relative to data_root(): checked before a run that names the task
+DATA_FILES = {"piqa": ("eval/piqa/valid.jsonl", "eval/piqa/valid-labels.lst"),
+              "lambada": ("eval/lambada/lambada_test.jsonl",),
+              "arc_easy": ("eval/mosaicml_icl/arc_easy.jsonl",),
+              "arc_challenge": ("eval/mosaicml_icl/arc_challenge.jsonl",),
+              "winogrande": ("eval/mosaicml_icl/winogrande.jsonl",),
+              "wikitext2_valid": ("corpus/wikitext-2/valid.txt",)}
+
+
 def _jsonl(path: Path) -> list[dict]:
     with open(path, encoding="utf-8") as f:
         return [json.loads(line) for line in f if line.strip()]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_fixedcode.arguments.downstream_flags import add_downstream_args
 from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAction, add_accepted_args
 from megatron_fixedcode.arguments.derivations import Default
 from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
@@ -305,6 +306,7 @@ def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
                    help="append Megatron-LM's job and checkpoint lines (throughput, FLOPs, tokens) to SAVE/progress.txt")
     g.add_argument("--distributed-timeout-minutes", type=int, default=10,
                    help="timeout of the process groups' collectives (torch's and megatron-core's groups)")
+    add_downstream_args(p)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_fixedcode.arguments.downstream_flags import refuse_downstream
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
 from megatron_fixedcode.arguments.default_only_flags import default_only_error
 from megatron_fixedcode.arguments.observe_flags import refuse_observe
@@ -92,6 +93,7 @@ def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
                 f"not {a.input_embedding}")
     if a.context_parallel_size > 1:
         p.error(CONTEXT_PARALLEL_UNPROVEN)
+    refuse_downstream(a, p)
 
 
 def _refuse_architecture(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:

@@ -9,6 +9,7 @@ canonical and zero-offset GF(2) codes is the zero input vector (docs/evaluation.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,30 @@ def parse_tasks(spec: str) -> list[tuple[str, int]]:
             raise ValueError(f"--tasks {spec!r}: expected 'paper', 'local' or task[:num_fewshot],...")
         runs.append((name, int(shots or 0)))
     return runs
+
+
+def local_tasks(tasks_dir: Path = LOCAL_TASKS_DIR) -> dict[str, dict]:
+    """``{name: {"members": [...]}}`` for a group, ``{name: {"dataset": function}}`` for a task, read from the
+    task files with regular expressions (their ``!function`` tags need lm-eval's YAML loader)."""
+    out: dict[str, dict] = {}
+    for path in sorted(Path(tasks_dir).glob("*.yaml")):
+        text = path.read_text()
+        if group := re.search(r"^group:\s*(\S+)", text, re.M):
+            block = re.search(r"^task:\s*\n((?:[ \t]+-.*\n?)+)", text, re.M)
+            out[group.group(1)] = {"members": re.findall(r"-\s*(\S+)", block.group(1)) if block else []}
+        elif task := re.search(r"^task:\s*(\S+)", text, re.M):
+            dataset = re.search(r"^custom_dataset:\s*!function\s+local_data\.(\w+)", text, re.M)
+            out[task.group(1)] = {"dataset": dataset.group(1) if dataset else None}
+    return out
+
+
+def all_local(spec: str, tasks_dir: Path = LOCAL_TASKS_DIR) -> bool:
+    """Every task of ``spec`` is a local-file task (lm-eval need not index its own ~15,000 task files)."""
+    local = local_tasks(tasks_dir)
+
+    def is_local(name: str) -> bool:
+        return name in local and all(is_local(m) for m in local[name].get("members", []))
+    return all(is_local(name) for name, _ in parse_tasks(spec))
 
 
 def flatten_results(results: dict[str, Any], num_fewshot: int) -> dict[str, dict[str, float]]:
@@ -73,7 +98,9 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
                   "add_bos_token": False}
     if eod is not None:
         model_args["prefix_token_id"] = eod
-    manager = TaskManager(include_path=str(include_path) if include_path else None)
+    # local-file tasks only: lm-eval need not index its own task files (seconds on every call)
+    defaults = not (include_path and all_local(tasks, Path(include_path)))
+    manager = TaskManager(include_path=str(include_path) if include_path else None, include_defaults=defaults)
     runs = parse_tasks(tasks)
     lm = get_model("hf").create_from_arg_obj(model_args, {"batch_size": batch_size, "device": device})
     audit = RequestAudit(lm)  # per task: hash of the request set, requests truncated to the context

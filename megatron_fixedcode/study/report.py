@@ -79,6 +79,10 @@ def markdown(data: dict[str, Any]) -> str:
         lines.append(f"| {task} | {reqs} | {trunc} | {'yes' if a['equal'] else '**NO**'} |")
     if data.get("loss_curves"):
         lines += ["", "## Loss curves", "", f"![loss curves]({data['loss_curves']})"]
+    if data.get("downstream_curves"):
+        lines += ["", "## Downstream scores during training", "",
+                  "Each checkpoint scored by its own job (--downstream-eval-tasks): downstream.jsonl of each run.", "",
+                  f"![downstream scores]({data['downstream_curves']})"]
     return "\n".join(lines) + "\n"
 
 
@@ -103,6 +107,47 @@ def plot_losses(curves: dict[str, Path], out: Path) -> Path | None:
     ax.set_xlabel("step")
     ax.set_ylabel("loss (nats)")
     ax.legend()
+    fig.tight_layout()
+    fig.savefig(out, dpi=120, metadata={"Software": None})
+    plt.close(fig)
+    return out
+
+
+def downstream_curves(paths: dict[str, Path]) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{"task/metric": {run: [(step, value), ...]}}`` from each run's downstream.jsonl (standard errors and
+    sample counts left out); the last record of a step counts."""
+    from megatron_fixedcode.eval.checkpoint_scores import read_scores
+
+    curves: dict[str, dict[str, dict[int, float]]] = {}
+    for run, path in paths.items():
+        for r in read_scores(path):
+            for metric, value in (r.get("metrics") or {}).items():
+                if not metric.endswith("_stderr") and metric != "sample_len":
+                    curves.setdefault(f"{r['task']}/{metric}", {}).setdefault(run, {})[r["step"]] = value
+    return {k: {run: sorted(v.items()) for run, v in runs.items()} for k, runs in sorted(curves.items())}
+
+
+def plot_downstream(paths: dict[str, Path], out: Path) -> Path | None:
+    """Score vs step, one panel per task and metric, the runs side by side; None without any scores."""
+    curves = downstream_curves({run: p for run, p in paths.items() if p.is_file()})
+    if not curves:
+        return None
+    from megatron_fixedcode.utils.lazy import require
+
+    require("matplotlib", "plots", "the study report's downstream curves").use("Agg")
+    import matplotlib.pyplot as plt
+
+    cols = min(3, len(curves))
+    rows = -(-len(curves) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(4.5 * cols, 3.2 * rows), squeeze=False)
+    for ax, (name, runs) in zip(axes.flat, curves.items()):
+        for run, points in runs.items():
+            ax.plot([s for s, _ in points], [v for _, v in points], "o-", ms=3, label=run)
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("step")
+        ax.legend(fontsize=7)
+    for ax in list(axes.flat)[len(curves):]:
+        ax.axis("off")
     fig.tight_layout()
     fig.savefig(out, dpi=120, metadata={"Software": None})
     plt.close(fig)
@@ -135,6 +180,10 @@ def write_report(layout: StudyLayout, variants: list[str], reference_files: list
     out.mkdir(parents=True, exist_ok=True)
     plot = plot_losses({v: layout.train_logs(v) / "metrics.jsonl" for v in variants}, out / "loss_curves.png")
     data["loss_curves"] = plot.name if plot else None
+    from megatron_fixedcode.eval.checkpoint_scores import JSONL_NAME
+
+    plot = plot_downstream({v: layout.train_logs(v) / JSONL_NAME for v in variants}, out / "downstream_curves.png")
+    data["downstream_curves"] = plot.name if plot else None
     (out / "report.md").write_text(markdown(data))
     write_json_atomic(out / "report.json", data)  # last: its presence marks the stage done
     return out / "report.md"

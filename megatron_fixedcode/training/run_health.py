@@ -18,6 +18,7 @@ from megatron.core.transformer.module import param_is_not_shared
 
 from megatron_fixedcode.arguments.training_configs import LoggingConfig
 from megatron_fixedcode.compat.distributed import collective_timeout
+from megatron_fixedcode.training.downstream_evals import DownstreamEvals
 from megatron_fixedcode.training.progress_log import ProgressLog
 from megatron_fixedcode.training.timers import log_timers, timed, timers_off, timers_to_log
 
@@ -70,6 +71,7 @@ class RunHealth:
                                     world_size=trainer.ranks["world_size"],
                                     flops_per_sample=flops_per_token * a.seq_length, seq_length=a.seq_length)
         self._logged_at = trainer.step
+        self.downstream = DownstreamEvals(trainer)  # --downstream-eval-*: a job per checkpoint (rank 0)
 
     def start(self) -> None:
         if self.rank0 and self.cfg.log_memory_to_tensorboard and not torch.cuda.is_available():
@@ -80,6 +82,7 @@ class RunHealth:
             logger.info("collectives time out after %s (--distributed-timeout-minutes %d)", ", ".join(sorted(timeouts)),
                         self.trainer.cfg.args.distributed_timeout_minutes)
         self.progress.start(self.trainer.step * self.trainer.global_batch)
+        self.downstream.start(self.trainer.step)
 
     def after_step(self, record: dict) -> None:
         if self.cfg.log_params_norm:
@@ -105,3 +108,4 @@ class RunHealth:
     def save(self, final: bool) -> None:
         self.trainer.save(final=final)  # timed as 'save-checkpoint' and logged there
         self.progress.saved(self.trainer.step, self.trainer.step * self.trainer.global_batch)
+        self.downstream.saved(self.trainer.step)
