@@ -27,6 +27,7 @@ class AsyncSaves:
     def __init__(self, trainer):
         a = trainer.cfg.args
         self.trainer, self.queue = trainer, None
+        self.on_finalized = lambda step: None  # the loop's: progress.txt, downstream evaluations
         self.rank0 = trainer.ranks["rank"] == 0
         if getattr(a, "async_save", False) and trainer.cfg.checkpoint.save:
             from megatron_fixedcode.checkpoint.async_save import AsyncSaveQueue
@@ -59,6 +60,8 @@ class AsyncSaves:
             if done is not None and self.rank0:
                 logger.info("saved checkpoint %s (written in the background; finalized %.1f s after it was started)",
                             target, done[2])
+            if done is not None:
+                self.on_finalized(step)
             return
         if self.rank0:
             shutil.rmtree(target, ignore_errors=True)

@@ -162,6 +162,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
     health.start()
     saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
+    saves.on_finalized = health.async_save_finalized
     if a.skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:

@@ -39,7 +39,9 @@ class ProgressLog:
         self._start_time, self._start_flops = time.time(), self.flops_per_sample * samples_so_far
         self._append("Starting job")
 
-    def saved(self, iteration: int, samples_so_far: int) -> None:
+    def saved(self, iteration: int, samples_so_far: int, asynchronous: bool = False) -> None:
+        """After a save returns: ``Saved checkpoint``, or ``Saving async checkpoint`` when it was only started
+        (``--async-save``; :meth:`async_saved` when it is finalized), with the throughputs, as Megatron-LM."""
         if self.path is None or not self.rank0:
             return
         flops = self.flops_per_sample * samples_so_far
@@ -47,10 +49,14 @@ class ProgressLog:
         first_time, first_flops = self._first_job_of_this_world_size()
         elapsed = max((datetime.now() - first_time).total_seconds(), 1e-9)
         cumulative = (flops - first_flops) / (elapsed * 1e12 * self.world_size)
-        self._append(f"Saved checkpoint\tIteration: {iteration}\tJob throughput: {job:.1f} TFLOP/s/GPU\t"
+        label = "Saving async checkpoint" if asynchronous else "Saved checkpoint"
+        self._append(f"{label}\tIteration: {iteration}\tJob throughput: {job:.1f} TFLOP/s/GPU\t"
                      f"Cumulative throughput: {cumulative:.1f} TFLOP/s/GPU\t"
                      f"Floating-point operations: {flops:.2e}\t"
                      f"Tokens (in billions): {samples_so_far * self.seq_length / 10**9:.2f}")
+
+    def async_saved(self, iteration: int) -> None:
+        self._append(f"Saved async checkpoint\tIteration: {iteration}")
 
     def _first_job_of_this_world_size(self) -> tuple[datetime, float]:
         """Megatron-LM's get_start_time_from_progress_log: the start of the earliest job of this world size
@@ -61,7 +67,7 @@ class ProgressLog:
             tokens = line.strip().split("\t")
             if len(tokens) < 4:
                 continue
-            if tokens[3] == "Saved checkpoint" and len(tokens) > 7:
+            if tokens[3] in ("Saved checkpoint", "Saving async checkpoint") and len(tokens) > 7:
                 latest_flops = float(tokens[7].split(": ")[1])
             if int(tokens[2].split(": ")[1]) != self.world_size:
                 start_time = start_flops = None

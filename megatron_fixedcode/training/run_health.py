@@ -107,5 +107,12 @@ class RunHealth:
 
     def save(self, final: bool) -> None:
         self.trainer.save(final=final)  # timed as 'save-checkpoint' and logged there
-        self.progress.saved(self.trainer.step, self.trainer.step * self.trainer.global_batch)
-        self.downstream.saved(self.trainer.step)
+        asynchronous = getattr(self.trainer, "async_saves", None) is not None
+        self.progress.saved(self.trainer.step, self.trainer.step * self.trainer.global_batch, asynchronous)
+        if not asynchronous:
+            self.downstream.saved(self.trainer.step)
+
+    def async_save_finalized(self, step: int) -> None:
+        """--async-save: the checkpoint of ``step`` is complete (its progress line; its downstream job may start)."""
+        self.progress.async_saved(step)
+        self.downstream.saved(step)

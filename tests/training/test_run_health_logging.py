@@ -62,6 +62,19 @@ def test_progress_log_has_megatrons_lines_and_cumulative_throughput_restarts_wit
     disabled.saved(1, 1)  # no --save: nothing, as Megatron-LM
 
 
+def test_progress_log_of_async_saves_has_megatrons_two_lines(tmp_path):
+    """--async-save: ``Saving async checkpoint`` (with the throughputs) when the write starts, ``Saved async
+    checkpoint`` when it is finalized."""
+    log = ProgressLog(str(tmp_path), enabled=True, rank0=True, world_size=1, flops_per_sample=1e12, seq_length=1000)
+    log.start(0)
+    log.saved(2, 2000, asynchronous=True)
+    log.async_saved(2)
+    lines = [line.split("\t") for line in (tmp_path / "progress.txt").read_text().splitlines()]
+    assert [t[3:5] for t in lines[1:]] == [["Saving async checkpoint", "Iteration: 2"],
+                                           ["Saved async checkpoint", "Iteration: 2"]]
+    assert lines[1][7] == "Floating-point operations: 2.00e+15" and len(lines[2]) == 5
+
+
 @pytest.mark.slow
 def test_distributed_timeout_reaches_torchs_and_megatrons_groups():
     import subprocess
