@@ -72,7 +72,16 @@ class MicrobatchReader:
         error = next((b["error"] for b in batches if "error" in b), None)
         return ([], error) if error else (batches, None)
 
+    def close(self) -> None:
+        """Stop the workers through DataLoader's own shutdown (their queues): they ignore SIGTERM, so the
+        ``terminate()`` of multiprocessing's exit handler would not end them and its ``join()`` would wait forever."""
+        shutdown = getattr(self._batches, "_shutdown_workers", None)
+        if shutdown is not None:
+            shutdown()
+        self._batches, self._next_step = None, None
+
     def _start(self, step: int) -> None:
+        self.close()  # a restart: the previous workers end first
         sampler = RankMicrobatchSampler(total_samples=self.total_samples, consumed_samples=step * self.global_batch,
                                         micro_batch_size=self.micro_batch_size, dp_rank=self.dp_rank,
                                         dp_size=self.dp_size)
@@ -94,3 +103,9 @@ def reader_of(trainer, dataset) -> MicrobatchReader:
             num_workers=a.num_workers if dataset is trainer.train_ds else 0,
             exit_signal=trainer.cfg.checkpoint.exit_signal)
     return readers[id(dataset)]
+
+
+def close_readers(trainer) -> None:
+    """The end of a run (also one that failed): every reader's workers stopped."""
+    for reader in getattr(trainer, "__dict__", {}).get("_readers", {}).values():
+        reader.close()
