@@ -8,8 +8,10 @@ asked for out of order (a step run again) restarts the workers there.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import signal
+import weakref
 
 import torch
 
@@ -54,7 +56,7 @@ class MicrobatchReader:
         self.dataset, self.global_batch, self.micro_batch_size = dataset, global_batch, micro_batch_size
         self.dp_rank, self.dp_size, self.num_microbatches = dp_rank, dp_size, num_microbatches
         self.total_samples, self.num_workers, self.exit_signal = total_samples, num_workers, exit_signal
-        self._batches, self._next_step = None, None
+        self._batches, self._next_step, self._closes_at_exit = None, None, False
 
     def read(self, step: int) -> tuple[list[dict], str | None]:
         if self.num_workers == 0:
@@ -85,6 +87,9 @@ class MicrobatchReader:
         sampler = RankMicrobatchSampler(total_samples=self.total_samples, consumed_samples=step * self.global_batch,
                                         micro_batch_size=self.micro_batch_size, dp_rank=self.dp_rank,
                                         dp_size=self.dp_size)
+        if not self._closes_at_exit:  # before multiprocessing's exit handler (atexit runs the latest first)
+            atexit.register(_close_at_exit, weakref.ref(self))
+            self._closes_at_exit = True
         self._batches = iter(torch.utils.data.DataLoader(
             _Microbatches(self.dataset), sampler=sampler, batch_size=None, num_workers=self.num_workers,
             worker_init_fn=_worker_init(self.exit_signal), multiprocessing_context="fork"))
@@ -103,6 +108,12 @@ def reader_of(trainer, dataset) -> MicrobatchReader:
             num_workers=a.num_workers if dataset is trainer.train_ds else 0,
             exit_signal=trainer.cfg.checkpoint.exit_signal)
     return readers[id(dataset)]
+
+
+def _close_at_exit(ref: weakref.ref) -> None:
+    reader = ref()
+    if reader is not None:
+        reader.close()
 
 
 def close_readers(trainer) -> None:
