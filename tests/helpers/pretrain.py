@@ -56,13 +56,14 @@ TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in T
 
 
 def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300,
-             base: list[str] = TINY) -> subprocess.CompletedProcess:
+             base: list[str] = TINY, torchrun: bool = False) -> subprocess.CompletedProcess:
     """One training run; a single rank runs without torchrun (world size 1 on gloo). ``base``: the
     flags before ``args`` (:data:`TINY_MEGATRON_BLOCK` for Megatron-LM's GPT-2 block). The ranks are forked
     from a pre-imported server (tests/helpers/rank_launch.py), except a multi-rank run that may fail
-    (``check=False``): its exit code and output are torchrun's."""
+    (``check=False``): its exit code and output are torchrun's; ``torchrun=True`` launches through torchrun
+    always (runs whose ranks spawn megatron's persistent checkpoint worker: from forked ranks their exit hung)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
-    if forked_ranks_wanted() and (check or nproc == 1):
+    if forked_ranks_wanted() and (check or nproc == 1) and not torchrun:
         proc = run_ranks([*base, *args], nproc=nproc, env=env, cwd=REPO, timeout=timeout)
         if check and proc.returncode != 0:
             raise AssertionError(f"pretrain failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}")

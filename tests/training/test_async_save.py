@@ -72,12 +72,12 @@ def runs(tmp_path_factory):
     train, _ = write_corpus(tmp)
     common = ["--data-path", train, "--eval-iters", "0", "--train-iters", "6", "--save-interval", "2", *ASYNC]
     straight = pretrain(*common, "--save", str(tmp / "straight"), "--metrics-file", str(tmp / "straight.jsonl"),
-                        nproc=2)
+                        nproc=2, torchrun=True)
     _kill_job_while_writing(tmp, [*common, "--save", str(tmp / "ck")])
     after_kill = {"latest": checkpoint.latest_step(tmp / "ck"),
                   "files": sorted(p.name for p in (tmp / "ck" / "iter_0000004").iterdir())}
     resumed = pretrain(*common, "--save", str(tmp / "ck"), "--load", str(tmp / "ck"),
-                       "--metrics-file", str(tmp / "resumed.jsonl"), nproc=2)
+                       "--metrics-file", str(tmp / "resumed.jsonl"), nproc=2, torchrun=True)
     return types.SimpleNamespace(tmp=tmp, straight=straight, resumed=resumed, after_kill=after_kill)
 
 

@@ -19,7 +19,8 @@ class _FakeTrainer:
     def __init__(self, save_dir: str, signal_at_save: int):
         args = types.SimpleNamespace(skip_train=False, eval_interval=None, num_layers=2, hidden_size=64,
                                      seq_length=32, bf16=False, precision="fp32", log_throughput=False,
-                                     manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0)
+                                     manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0,
+                                     iterations_to_skip=[])
         checkpoint = types.SimpleNamespace(save=save_dir, save_interval=2, exit_duration_in_mins=None,
                                            exit_interval=None, exit_signal_handler=True,
                                            exit_signal="SIGTERM")
