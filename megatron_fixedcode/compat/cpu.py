@@ -66,36 +66,27 @@ class _NullStream:
         pass
 
 
-class _CpuStreamTorch(_CpuTorch):
-    """:class:`_CpuTorch` whose ``torch.cuda.current_stream()`` is a :class:`_NullStream`."""
-
+def _cuda_with(**overrides):
+    """``torch.cuda`` with ``overrides`` in place of some of its functions."""
     class _Cuda:
         def __getattr__(self, name):
             return getattr(torch.cuda, name)
 
-        @staticmethod
-        def current_stream(*args, **kwargs):
-            return _NullStream()
+    for name, fn in overrides.items():
+        setattr(_Cuda, name, staticmethod(fn))
+    return _Cuda()
 
-    cuda = _Cuda()
+
+class _CpuStreamTorch(_CpuTorch):
+    """:class:`_CpuTorch` whose ``torch.cuda.current_stream()`` is a :class:`_NullStream`."""
+
+    cuda = _cuda_with(current_stream=lambda *args, **kwargs: _NullStream())
 
 
 class _CpuRngTorch(_CpuTorch):
     """:class:`_CpuTorch` with no CUDA generator: ``torch.cuda.get_rng_state()`` is None, setting it does nothing."""
 
-    class _Cuda:
-        def __getattr__(self, name):
-            return getattr(torch.cuda, name)
-
-        @staticmethod
-        def get_rng_state(*args, **kwargs):
-            return None
-
-        @staticmethod
-        def set_rng_state(*args, **kwargs):
-            pass
-
-    cuda = _Cuda()
+    cuda = _cuda_with(get_rng_state=lambda *args, **kwargs: None, set_rng_state=lambda *args, **kwargs: None)
 
 
 def _mcore_version() -> Version:

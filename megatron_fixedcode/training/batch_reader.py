@@ -115,8 +115,3 @@ def _close_at_exit(ref: weakref.ref) -> None:
     if reader is not None:
         reader.close()
 
-
-def close_readers(trainer) -> None:
-    """The end of a run (also one that failed): every reader's workers stopped."""
-    for reader in getattr(trainer, "__dict__", {}).get("_readers", {}).values():
-        reader.close()

@@ -25,7 +25,6 @@ from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.async_saves import AsyncSaves
-from megatron_fixedcode.training.batch_reader import close_readers
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
@@ -96,7 +95,6 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
 
 def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
-    trainer = None
     try:
         start_memory_history(cfg.args)  # --record-memory-history: before the model is built (profiling.py)
         trainer = Trainer(cfg, plan)
@@ -115,7 +113,6 @@ def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = No
         logger.error("%s", e, exc_info=traceback_requested())
         return 4
     finally:
-        close_readers(trainer)  # --num-workers: the DataLoader workers end before the process may exit
         destroy_distributed()
 
 
