@@ -53,7 +53,7 @@ def initialize_distributed(layout: ParallelLayout, seed: int = 1234, timeout_s: 
             timeout=datetime.timedelta(seconds=timeout_s),
             # A plain `python` run is a world of one on a free loopback port; the environment
             # (inherited by child processes) is left untouched.
-            **({} if launched else {"init_method": f"tcp://127.0.0.1:{_free_port()}", "rank": 0, "world_size": 1}),
+            **({} if launched else {"init_method": f"tcp://127.0.0.1:{free_port()}", "rank": 0, "world_size": 1}),
         )
     layout.data_parallel_size(dist.get_world_size())
     if not _groups_match(layout):
@@ -90,7 +90,7 @@ def _groups_match(layout: ParallelLayout) -> bool:
             == layout.virtual_pipeline_model_parallel_size)
 
 
-def _free_port() -> int:
+def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]

@@ -14,7 +14,6 @@ from __future__ import annotations
 import multiprocessing
 import multiprocessing.forkserver
 import os
-import socket
 import subprocess
 import sys
 import tempfile
@@ -39,12 +38,6 @@ def _forkserver():
             if marker is not None:
                 os.environ[STRAY_MARKER] = marker
     return _context
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def forked_ranks_wanted() -> bool:
@@ -97,11 +90,13 @@ def run_ranks(argv: list[str], *, nproc: int, env: dict[str, str], cwd: Path, ti
               script: Path | None = None) -> subprocess.CompletedProcess:
     """``megatron_fixedcode.pretrain`` (or ``script``) on ``nproc`` forked ranks; stdout and stderr of all
     ranks, and the first non-zero rank exit code (0 when all succeeded), as a CompletedProcess."""
+    from megatron_fixedcode.compat.distributed import free_port  # torch and megatron-core: not at collection
+
     ctx = _forkserver()
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         if nproc > 1:
-            env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()), "WORLD_SIZE": str(nproc),
+            env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
                    "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
         ranks = [ctx.Process(target=_rank, args=(argv, {**env, **({"RANK": str(r), "LOCAL_RANK": str(r)}
                                                                    if nproc > 1 else {})}, str(cwd), out, err,

@@ -5,7 +5,6 @@ import glob
 import json
 import os
 import re
-import socket
 import subprocess
 import sys
 from argparse import Namespace
@@ -14,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from megatron_fixedcode.compat.distributed import free_port
 from megatron_fixedcode.arguments.inert_flags import INERT
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.training.batch_reader import MicrobatchReader
@@ -84,12 +84,6 @@ def test_workers_read_the_same_microbatches_as_the_training_process_from_any_ste
     assert [b["tokens"][:, 0].tolist() for b in inline.read(1)[0]] == [[10, 11], [14, 15]]
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("", 0))
-        return s.getsockname()[1]
-
-
 def _run(*args: str) -> subprocess.CompletedProcess:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
            "-m", "tests.helpers.slowed_rank", *TINY, *args]
@@ -109,9 +103,9 @@ def test_two_ranks_straggler_profiler_weight_hashes_and_workers(tmp_path):
     ck, tb = str(tmp_path / "ck"), tmp_path / "tb"
     watch = ["--slow-rank", "1", "--log-straggler", "--check-weight-hash-across-dp-replicas-interval", "1",
              "--num-workers", "1", "--save", ck, "--save-interval", "2", "--metrics-file", str(tmp_path / "r.jsonl")]
-    first = _run(*common, *watch, "--exit-interval", "2", "--straggler-ctrlr-port", str(_free_port()))
+    first = _run(*common, *watch, "--exit-interval", "2", "--straggler-ctrlr-port", str(free_port()))
     assert first.returncode == 0, first.stderr[-5000:]
-    second = _run(*common, *watch, "--load", ck, "--straggler-ctrlr-port", str(_free_port()), "--profile",
+    second = _run(*common, *watch, "--load", ck, "--straggler-ctrlr-port", str(free_port()), "--profile",
                   "--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end", "4",
                   "--profile-ranks", "1", "--tensorboard-dir", str(tb))
     assert second.returncode == 0, second.stderr[-5000:]
