@@ -50,9 +50,9 @@
 #
 # Signals (docs/SCALING.md, "Signals"):
 #   - time limit: "#SBATCH --signal=B:USR1@300" sends USR1 to this shell 5 minutes before the limit. The
-#     trap sends TERM to the job steps (scancel --signal=TERM: every process of the steps, not this shell;
-#     TERM because the trainer's --exit-signal-handler catches Megatron-LM's --exit-signal, SIGTERM);
-#     the trainer finishes the step, checkpoints and exits 0, torchrun and srun
+#     trap sends the trainer's --exit-signal (Megatron-LM's default SIGTERM) to the job steps (scancel
+#     --signal: every process of the steps, not this shell), after writing $LOG_DIR/stop-<job id>, which a
+#     rank started after that signal reads; the trainer finishes the step, checkpoints and exits 0, torchrun and srun
 #     exit 0, and this shell requeues the job ("#SBATCH --requeue", at most MAX_REQUEUES times); the next
 #     run resumes from CKPT_DIR. A checkpoint that fails (disk full, ...) does not requeue: the job ends
 #     FAILED with the trainer's line last, and the last complete checkpoint stays the one that loads.
@@ -62,10 +62,11 @@
 #   - the trainer's last word: rank 0 writes $LOG_DIR/exit-<job id>.json (its exit code, its one-line
 #     error, the step reached and the last step); torchrun exits 1 whatever its ranks returned, so this
 #     shell prints that error last and exits with the trainer's code (2 for a user error).
-#   - examples/slurm_node.sh makes torchrun and the node-log tee ignore TERM and USR1 (torchrun would
+#   - examples/slurm_node.sh makes torchrun and the node-log tee ignore TERM, USR1 and --exit-signal (torchrun would
 #     exit 1 on TERM, a tee killed by it loses every later line); the trainer ranks handle them.
 #   - a signal during start-up (before the first step: data, model, kernel build) ends the rank at once
-#     with exit 0 and nothing checkpointed: the next run starts from the last checkpoint.
+#     with exit 0 and nothing checkpointed: the next run starts from the last checkpoint. The traps are set
+#     first: a USR1 during this shell's checks requeues without starting the training, a TERM cancels.
 
 # bash's own clock (no `date` child: a signal that kills the children of this shell would blank it)
 mfc_log() { printf '[%(%F %T)T] %s\n' -1 "$*" >&2; }
@@ -78,8 +79,16 @@ mfc_on_usr1() {
         return
     fi
     MFC_REQUEUE=1
-    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit (TERM to the job steps); then requeueing once that checkpoint is complete"
-    scancel --signal=TERM "$SLURM_JOB_ID" || mfc_log "scancel failed"
+    if ((!MFC_STEP_STARTED)); then
+        mfc_log "USR1: time limit near before the training started: nothing to checkpoint; requeueing without starting it"
+        return
+    fi
+    # The stop file first: a rank that starts after the signal below (srun or torchrun still starting it)
+    # reads it and exits at once (utils/exit_signals.py); the ranks already running get the signal.
+    : >"$MFC_STOP_FILE" || mfc_log "cannot write $MFC_STOP_FILE: ranks not yet started will not see the stop"
+    mfc_log "USR1: time limit near: asking the trainer to checkpoint and exit ($MFC_EXIT_SIGNAL to the job steps); then requeueing once that checkpoint is complete"
+    scancel --signal="${MFC_EXIT_SIGNAL#SIG}" "$SLURM_JOB_ID" 2>/dev/null ||
+        mfc_log "no job step to signal yet: its ranks read $MFC_STOP_FILE when they start"
 }
 
 mfc_on_term() {
@@ -132,7 +141,12 @@ mfc_finish() {
         used=$(cat "$counter" 2>/dev/null || echo 0)
         [[ $used =~ ^[0-9]+$ ]] || used=0
         if ((used < max)); then
-            echo $((used + 1)) >"$counter.tmp" && mv -f "$counter.tmp" "$counter"
+            { echo $((used + 1)) >"$counter.tmp" && mv -f "$counter.tmp" "$counter"; } 2>/dev/null ||
+                mfc_log "cannot record the requeue count in $counter (disk full?): MAX_REQUEUES is not enforced until it can be"
+            if ((MFC_CANCELLED)); then   # a cancel that came while the exit record was read wins
+                mfc_log "training exited with code 0 (cancelled: not requeued)"
+                exit 0
+            fi
             mfc_log "requeueing job $job_id (the launcher's requeue $((used + 1)) of MAX_REQUEUES=$max); the next run resumes from $ckpt_dir"
             MFC_REQUEUED=1
             scontrol requeue "$job_id"
@@ -260,7 +274,13 @@ mfc_launch() {
         mfc_die "recipe $RECIPE not found; there are: $(cd "$MFC_ROOT/examples/recipes" && echo *.yaml)"
     fi
 
-    ((dry_run)) || mfc_check_env "${extra[@]}"
+    if ((!dry_run)); then
+        # From the first line: a signal during the checks below (seconds) is acted on, not fatal to this shell
+        MFC_REQUEUE=0 MFC_REQUEUED=0 MFC_CANCELLED=0 MFC_STEP_STARTED=0 MFC_EXIT_SIGNAL=SIGTERM
+        trap mfc_on_usr1 USR1
+        trap mfc_on_term TERM
+        mfc_check_env "${extra[@]}"
+    fi
 
     # Slurm's values; outside Slurm (--dry-run on a login node) the script's own #SBATCH defaults.
     local num_nodes=${SLURM_NNODES:-${DEFAULT_NODES:-1}}
@@ -337,6 +357,9 @@ mfc_launch() {
 
     [[ -n ${SLURM_JOB_ID:-} ]] || mfc_die "not inside a Slurm job: use sbatch, or --dry-run"
     mfc_check_config "$config" $((num_nodes * gpus_per_node)) || exit 2
+    MFC_EXIT_SIGNAL=$(MFC_CONFIG_JSON=$config python -c 'import json, os, signal
+print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).name)') || exit 2
+    export MFC_EXIT_SIGNAL   # the trainer's --exit-signal: what the time-limit path sends, what slurm_node.sh ignores
     # what the trainer would refuse in its first seconds, refused here before any rank starts (one line, exit 2):
     # every data prefix an index, the tokenizer covering the data, a checkpoint directory holding this model
     WORLD_SIZE=$((num_nodes * gpus_per_node)) python -m megatron_fixedcode.training.preflight "${trainer[@]}" || exit 2
@@ -346,11 +369,15 @@ mfc_launch() {
         "$master_addr:$master_port, checkpoints $ckpt_dir, logs $log_dir, paths passed: ${counts[*]:-none, from the recipe}"
 
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
-    MFC_REQUEUE=0 MFC_REQUEUED=0 MFC_CANCELLED=0
     export MFC_EXIT_RECORD=$log_dir/exit-$job_id.json   # the trainer's last word (rank 0), read by mfc_finish
-    rm -f "$MFC_EXIT_RECORD"
-    trap mfc_on_usr1 USR1
-    trap mfc_on_term TERM
+    export MFC_STOP_FILE=$log_dir/stop-$job_id          # written on USR1, read by ranks as they start
+    rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE"
+    if ((MFC_CANCELLED)); then
+        mfc_log "cancelled before the training started: not starting it"
+        exit 0
+    fi
+    ((MFC_REQUEUE)) && mfc_finish 0 "$job_id" "$ckpt_dir" "$log_dir"
+    MFC_STEP_STARTED=1
     "${launch[@]}" &
     local pid=$! rc=0
     # A trapped signal interrupts `wait`; keep waiting until srun itself has exited.

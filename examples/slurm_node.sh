@@ -5,18 +5,21 @@
 # $MFC_NODE_LOG_DIR/node<SLURM_NODEID>.log (still echoed to stdout, which Slurm collects into
 # slurm-<job name>-<job id>.out) and then replaces itself with the command.
 # Signals: Slurm sends TERM (scancel, preemption; the launcher too, at a time limit) to every process of
-# the step. The tee and torchrun ignore both, so the log keeps what the trainer prints after the signal
+# the step. The tee and torchrun ignore both (and the trainer's --exit-signal), so the log keeps what the trainer prints after the signal
 # and torchrun exits with its workers' status (0 after a clean checkpoint) instead of 1 on its own
 # SIGTERM handler (TORCHELASTIC_SIGNALS_TO_HANDLE); the trainer ranks install their own handlers
 # (--exit-signal-handler, megatron_fixedcode/pretrain.py), from their first import on.
 set -euo pipefail
 node=${SLURM_NODEID:-0}
-trap '' TERM USR1
+exit_signal=${MFC_EXIT_SIGNAL:-SIGTERM}   # the trainer's --exit-signal (the launcher's time-limit signal)
+trap '' TERM USR1 "${exit_signal#SIG}"
 if [[ -n ${MFC_NODE_LOG_DIR:-} ]]; then
     mkdir -p "$MFC_NODE_LOG_DIR"
-    exec > >(trap '' TERM USR1; exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
+    exec > >(trap '' TERM USR1 "${exit_signal#SIG}"; exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
 fi
-export TORCHELASTIC_SIGNALS_TO_HANDLE=${TORCHELASTIC_SIGNALS_TO_HANDLE:-SIGINT,SIGHUP,SIGQUIT}
+handled=SIGINT,SIGHUP,SIGQUIT   # torchrun's own list less the trainer's exit signal (the ranks handle that one)
+handled=$(tr , '\n' <<<"$handled" | grep -vx "$exit_signal" | paste -sd, -)
+export TORCHELASTIC_SIGNALS_TO_HANDLE=${TORCHELASTIC_SIGNALS_TO_HANDLE:-$handled}
 # torch >= 2.10's torchrun takes the list as --signals-to-handle (its default, with SIGTERM, overrides the variable)
 if [[ ${1##*/} == torchrun ]] && "$1" --help 2>/dev/null | grep -q -- --signals-to-handle; then
     set -- "$1" --signals-to-handle "$TORCHELASTIC_SIGNALS_TO_HANDLE" "${@:2}"

@@ -19,9 +19,25 @@ def _exit_at_once(signum, frame) -> None:
     os._exit(0)
 
 
+def _start_up_signals() -> set[signal.Signals]:
+    """TERM, USR1 and the launcher's --exit-signal (``MFC_EXIT_SIGNAL``, set by the Slurm launchers)."""
+    signals = {signal.SIGTERM, signal.SIGUSR1}
+    name = os.environ.get("MFC_EXIT_SIGNAL", "")
+    if name in signal.Signals.__members__:
+        signals.add(signal.Signals[name])
+    return signals
+
+
 def exit_at_once_until_training() -> None:
-    for sig in (signal.SIGTERM, signal.SIGUSR1):
+    for sig in _start_up_signals():
         _BEFORE_START_UP.setdefault(sig, signal.signal(sig, _exit_at_once))  # a second call keeps the first
+    # A rank that started after the launcher signalled the job's steps missed that signal; the launcher
+    # wrote its stop file first (examples/slurm_common.sh), so the signal or the file reaches every rank.
+    stop_file = os.environ.get("MFC_STOP_FILE")
+    if stop_file and os.path.exists(stop_file):
+        print(f"the launcher asked the job to stop ({stop_file}) before this rank started: nothing to checkpoint "
+              "yet, exiting", file=sys.stderr, flush=True)
+        os._exit(0)
 
 
 def end_start_up() -> None:
