@@ -9,7 +9,6 @@ Where each decision lives (docs/training.md, "How the trainer is put together"):
 from __future__ import annotations
 
 import gc
-import json
 import logging
 import os
 import signal
@@ -168,7 +167,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         if rank0:
             logger.info("evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"])
         if sink.metrics_file:
-            sink.metrics_file.write(json.dumps(record) + "\n")
+            sink.metrics_file.write(record)
         sink.close()
         return 0
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)

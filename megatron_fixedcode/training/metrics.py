@@ -1,19 +1,18 @@
 """One sink for training metrics: JSON Lines file, TensorBoard, optional W&B, and the log line."""
 from __future__ import annotations
 
-import json
 import logging
 import math
+import threading
 import time
 from datetime import datetime
-from pathlib import Path
 from typing import Any
 
 import psutil
 import torch
 
 from megatron_fixedcode.arguments.training_configs import LoggingConfig
-from megatron_fixedcode.training.metrics_history import drop_jsonl_after, drop_tensorboard_after
+from megatron_fixedcode.training.metrics_history import MetricsFile, drop_jsonl_after, drop_tensorboard_after
 from megatron_fixedcode.training.run_health import memory_scalars
 
 logger = logging.getLogger(__name__)
@@ -67,6 +66,14 @@ def memory_gib() -> float:
     return psutil.Process().memory_info().rss / 1024**3
 
 
+def _quiet_tensorboard_disk_errors(args: threading.ExceptHookArgs) -> None:
+    """TensorBoard's writer thread prints a traceback when its disk is full, then the next write
+    raises the same error in the trainer, which says it in one line."""
+    if isinstance(args.exc_value, OSError) and type(args.thread).__module__.startswith("tensorboard"):
+        return
+    threading.__excepthook__(args)
+
+
 class MetricsSink:
     """Written on rank 0 only; every rank may call it (others do nothing). The log line is
     Megatron-LM's ``training_log`` line, then this project's fields; TensorBoard and W&B get
@@ -88,12 +95,12 @@ class MetricsSink:
         if start_step is not None:
             self._drop_after(start_step)
         if cfg.metrics_file:
-            Path(cfg.metrics_file).parent.mkdir(parents=True, exist_ok=True)
-            self.metrics_file = open(cfg.metrics_file, "a")
+            self.metrics_file = MetricsFile(cfg.metrics_file)
         if cfg.tensorboard_dir:
             from torch.utils.tensorboard import SummaryWriter
 
             self.tensorboard = SummaryWriter(cfg.tensorboard_dir)
+            threading.excepthook = _quiet_tensorboard_disk_errors  # said once, by _tensorboard_failed
         if cfg.wandb_project:
             import wandb
 
@@ -119,19 +126,30 @@ class MetricsSink:
     def _scalars(self, values: dict[str, float], step: int) -> None:
         samples = step * self.global_batch
         if self.tensorboard:
-            for tag, value in values.items():
-                self.tensorboard.add_scalar(tag, value, step)
-                self.tensorboard.add_scalar(f"{tag} vs samples", value, samples)
+            try:
+                for tag, value in values.items():
+                    self.tensorboard.add_scalar(tag, value, step)
+                    self.tensorboard.add_scalar(f"{tag} vs samples", value, samples)
+            except OSError as e:  # a full disk: the run goes on, metrics.jsonl keeps every step
+                self._tensorboard_failed(e, step)
         if self.wandb:
             self.wandb.log(values, step=step)
+
+    def _tensorboard_failed(self, error: OSError, step: int) -> None:
+        logger.warning("TensorBoard logging to %s stops at step %d (%s); training goes on%s", self.cfg.tensorboard_dir,
+                       step, error.strerror or error, ", metrics.jsonl has every step" if self.metrics_file else "")
+        writer, self.tensorboard = self.tensorboard, None
+        try:
+            writer.close()
+        except OSError:
+            pass
 
     def record(self, record: dict[str, Any]) -> None:
         """One optimizer step (and its evaluation, if any)."""
         if not self.enabled:
             return
         if self.metrics_file:
-            self.metrics_file.write(json.dumps(record) + "\n")
-            self.metrics_file.flush()
+            self.metrics_file.write(record)
         step = record["step"]
         if math.isfinite(record["loss"]):
             self._losses.append(record["loss"])
@@ -195,7 +213,10 @@ class MetricsSink:
         if self.metrics_file:
             self.metrics_file.close()
         if self.tensorboard:
-            self.tensorboard.close()
+            try:
+                self.tensorboard.close()
+            except OSError as e:
+                self._tensorboard_failed(e, -1)
         if self.wandb:
             self.wandb.finish()
 

@@ -11,31 +11,42 @@ keeps the first attempt's values up to its last step (docs/training.md)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
+import shutil
 from pathlib import Path
 
 SAMPLES_SUFFIX = " vs samples"
+logger = logging.getLogger(__name__)
 
 
 def drop_jsonl_after(path: str | os.PathLike, step: int) -> int:
     """Keep the lines of ``path`` whose ``step`` is at most ``step`` (and none that does not parse:
-    the torn last line of a killed writer); returns how many lines were dropped."""
+    the torn last line of a killed writer); returns how many lines were dropped. Dropped lines at the
+    end (the usual case: steps are appended in order) are cut off in place, which needs no free space."""
     path = Path(path)
     if not path.exists():
         return 0
-    kept, dropped = [], 0
-    for line in path.read_text().splitlines():
+    kept, dropped, offset = [], 0, 0
+    tail = None  # where the lines after the last kept one start
+    rewrite = False  # a dropped line before a kept one
+    for line in path.read_bytes().splitlines(keepends=True):
         try:
             keep = json.loads(line).get("step", step) <= step
         except (ValueError, AttributeError):
             keep = False
         if keep:
-            kept.append(line + "\n")
+            kept.append(line if line.endswith(b"\n") else line + b"\n")
+            rewrite, tail = rewrite or (tail is not None and dropped > 0), None
         elif line.strip():
             dropped += 1
-    if dropped:
+        tail = offset if tail is None and not keep else tail
+        offset += len(line)
+    if dropped and not rewrite:
+        os.truncate(path, tail)
+    elif dropped:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_text("".join(kept))
+        tmp.write_bytes(b"".join(kept))
         os.replace(tmp, path)
     return dropped
 
@@ -72,3 +83,47 @@ def drop_tensorboard_after(directory: str | os.PathLike, step: int, samples: int
             os.replace(tmp, path)
             total += dropped
     return total
+
+
+class MetricsFile:
+    """``metrics.jsonl``, one line per step, appended whole or not at all. A full disk (or any write
+    error) does not end a multi-day run over its log: the partial line is cut off, one warning names
+    the file, the error and the free space, later steps are tried again, and the line that resumes
+    writing names the steps that are missing. Checkpoints fail on their own (SaveFailed)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._missing: list[int] | None = None  # [first, last] step not written
+
+    def write(self, record: dict) -> None:
+        data = memoryview((json.dumps(record) + "\n").encode())
+        start = os.lseek(self._fd, 0, os.SEEK_END)
+        step = record.get("step")
+        try:
+            while data:
+                data = data[os.write(self._fd, data):]
+        except OSError as e:
+            os.ftruncate(self._fd, start)
+            if self._missing is None:
+                self._missing = [step, step]
+                logger.warning("cannot write %s (%s; %s): training goes on, the steps from %s on are not recorded "
+                               "there until a write succeeds", self.path, e.strerror, _free(self.path), step)
+            else:
+                self._missing[1] = step
+            return
+        if self._missing is not None:
+            logger.warning("%s written again from step %s: steps %s-%s are missing there", self.path, step,
+                           *self._missing)
+            self._missing = None
+
+    def close(self) -> None:
+        os.close(self._fd)
+
+
+def _free(path: Path) -> str:
+    try:
+        return f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"

@@ -4,10 +4,12 @@ TensorBoard's event files, and says so in one line; the exit record a launcher r
 from __future__ import annotations
 
 import json
+import logging
 
 import pytest
 
-from megatron_fixedcode.training.metrics_history import drop_jsonl_after, drop_tensorboard_after
+from megatron_fixedcode.training.metrics_history import MetricsFile, drop_jsonl_after, drop_tensorboard_after
+from tests.helpers.disk import small_tmpfs
 from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
 
 
@@ -17,6 +19,55 @@ def test_jsonl_keeps_the_steps_up_to_the_checkpoint_and_drops_a_torn_line(tmp_pa
     assert drop_jsonl_after(path, 3) == 3
     assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3]
     assert drop_jsonl_after(path, 3) == 0 and drop_jsonl_after(tmp_path / "absent.jsonl", 3) == 0
+
+
+def test_a_full_disk_leaves_whole_lines_one_warning_and_names_the_missing_steps(tmp_path, caplog):
+    with small_tmpfs(tmp_path / "disk", "8k") as disk:
+        filler = disk / "filler"
+        filler.write_bytes(b"x" * 4096)
+        metrics = MetricsFile(disk / "metrics.jsonl")
+        record = {"step": 0, "loss": 1.0, "pad": "p" * 150}
+        with caplog.at_level(logging.WARNING):
+            for step in range(1, 41):  # 40 x ~190 bytes: the disk fills after ~21 lines
+                metrics.write({**record, "step": step})
+            full = [json.loads(line)["step"] for line in (disk / "metrics.jsonl").read_text().splitlines()]
+            filler.unlink()
+            metrics.write({**record, "step": 41})
+        metrics.close()
+        steps = [json.loads(line)["step"] for line in (disk / "metrics.jsonl").read_text().splitlines()]
+        assert full == list(range(1, len(full) + 1)) and 10 < len(full) < 40
+        assert steps == full + [41]
+        warnings = [r.getMessage() for r in caplog.records]
+        assert len(warnings) == 2, warnings
+        assert warnings[0].startswith(f"cannot write {disk / 'metrics.jsonl'} (No space left on device; ")
+        assert f"the steps from {len(full) + 1} on are not recorded" in warnings[0]
+        assert warnings[1] == f"{disk / 'metrics.jsonl'} written again from step 41: steps {len(full) + 1}-40 are missing there"
+        # a resume on that full disk cuts the dropped lines off in place (a rewrite would need room for a copy)
+        with open(filler, "wb", buffering=0) as f, pytest.raises(OSError):
+            while True:
+                f.write(b"x" * 512)
+        assert drop_jsonl_after(disk / "metrics.jsonl", 5) == len(steps) - 5
+        assert [json.loads(line)["step"] for line in (disk / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+
+
+def test_the_metrics_sink_on_a_full_disk_says_so_once_and_goes_on(tmp_path, caplog):
+    pytest.importorskip("tensorboard")
+    from megatron_fixedcode.arguments.training_configs import LoggingConfig
+    from megatron_fixedcode.training.metrics import MetricsSink
+
+    with small_tmpfs(tmp_path / "disk", "8k") as disk:
+        cfg = LoggingConfig(log_interval=1000, tensorboard_dir=str(disk / "tb"), metrics_file=str(tmp_path / "m.jsonl"),
+                            wandb_project=None)
+        sink = MetricsSink(cfg, enabled=True, max_steps=400, flops_per_token=1.0, num_gpus=1, run_config={})
+        with caplog.at_level(logging.WARNING):
+            for step in range(1, 401):  # ~50 bytes of events per step: the 8 KiB fill long before step 400
+                sink.record({"step": step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1,
+                             "tokens": step, "step_tokens": 1})
+            sink.close()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert len(warnings) == 1 and warnings[0].startswith(f"TensorBoard logging to {disk / 'tb'} stops at step "), warnings
+    assert warnings[0].endswith("(No space left on device); training goes on, metrics.jsonl has every step")
+    assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == list(range(1, 401))
 
 
 def test_tensorboard_drops_steps_after_the_checkpoint_and_keeps_the_samples_axis(tmp_path):
