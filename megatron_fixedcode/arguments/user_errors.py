@@ -59,15 +59,22 @@ class ArgumentParser(argparse.ArgumentParser):
 
 def user_errors(main: Callable[..., int]) -> Callable[..., int]:
     """The library raises ``ValueError`` for input a user can fix (it names the file, line or
-    flag): print it as ``error: ...`` and return exit code 2 instead of a traceback (shown with
-    ``MFC_TRACEBACK=1``)."""
+    flag), and a full disk is one too: print it as ``error: ...`` and return exit code 2 instead of a
+    traceback (shown with ``MFC_TRACEBACK=1``)."""
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
+        from megatron_fixedcode.utils.files import DiskFull, is_disk_full
+
         try:
             return main(*args, **kwargs)
-        except ValueError as e:
+        except (ValueError, DiskFull) as e:
             report_error(e)
+            return 2
+        except OSError as e:  # a full disk where no caller named what it was writing
+            if not is_disk_full(e):
+                raise
+            report_error(DiskFull(e.filename or os.getcwd(), e, "what was written before is as it was"))
             return 2
 
     return wrapped

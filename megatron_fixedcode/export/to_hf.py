@@ -21,6 +21,7 @@ from megatron_fixedcode.export.gpt2 import gpt2_config, is_gpt2_block, megatron_
 from megatron_fixedcode.export.gpt_neox import megatron_to_neox, neox_config
 from megatron_fixedcode.export.llama import llama_config, megatron_to_llama
 from megatron_fixedcode.models.config import ModelConfig
+from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.finite import refuse_non_finite
 
 logger = logging.getLogger(__name__)
@@ -116,8 +117,10 @@ def write_hf_model(out_dir: str | Path, state: dict[str, torch.Tensor], cfg: Mod
             else:
                 logger.warning("the checkpoint names no tokenizer (trained on pre-tokenized ids): "
                                "no tokenizer files written")
-        except BaseException:
+        except BaseException as e:
             shutil.rmtree(tmp, ignore_errors=True)  # nothing half-written stays behind
+            if is_disk_full(e):
+                raise DiskFull(tmp, e, f"the partial export was removed and {out} is as it was") from None
             raise
         return hf_io.finish_export(tmp, out)
 

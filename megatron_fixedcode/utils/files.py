@@ -2,7 +2,9 @@
 fingerprint: one streaming sha256 (bounded memory for multi-GB shards)."""
 from __future__ import annotations
 
+import errno
 import hashlib
+import os
 from pathlib import Path
 
 
@@ -33,11 +35,23 @@ def indexed_dataset_fingerprint(prefixes: list[str]) -> str:
     return h.hexdigest()[:16]
 
 
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def is_disk_full(error: BaseException) -> bool:
+    """An OSError with no space left or over quota, or safetensors' own error for it (not an OSError)."""
+    if isinstance(error, OSError):
+        return error.errno in DISK_FULL_ERRNOS
+    return type(error).__name__ == "SafetensorError" and any(f"os error {n})" in str(error) for n in DISK_FULL_ERRNOS)
+
+
 class DiskFull(Exception):
     """No space left (or over quota) while writing ``what``: one line naming it and the free space
-    of its filesystem, exit code 2, for the indexing tools (the trainer has its own, SaveFailed)."""
+    of its filesystem, exit code 2 (every command line's :func:`user_errors`; the trainer has its own,
+    SaveFailed). ``kept`` says what stays as it was."""
 
-    def __init__(self, what: str | Path, error: OSError):
+    def __init__(self, what: str | Path, error: BaseException,
+                 kept: str = "its partial outputs stay as .tmp files and nothing complete was changed"):
         import shutil
 
         directory = Path(what).parent
@@ -45,6 +59,6 @@ class DiskFull(Exception):
             free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free there"
         except OSError:
             free = "free space unknown"
-        super().__init__(f"no space left on device writing {what} ({free}; {error.strerror}): its partial "
-                         "outputs stay as .tmp files and nothing complete was changed; free space, then run the "
-                         "same command again")
+        reason = getattr(error, "strerror", None) or os.strerror(errno.ENOSPC)
+        super().__init__(f"no space left on device writing {what} ({free}; {reason}): {kept}; free space, then "
+                         "run the same command again")
