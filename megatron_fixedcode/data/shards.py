@@ -28,6 +28,7 @@ from typing import Optional, Sequence
 
 from megatron_fixedcode.data.preprocess import PreprocessConfig, expand_inputs, output_prefix_for, preprocess
 from megatron_fixedcode.data.preprocess.inputs import SUFFIXES
+from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.locks import LockHeld
 
 logger = logging.getLogger(__name__)
@@ -47,9 +48,16 @@ def shard_name(path: str | Path) -> str:
 
 
 def _write_json(path: Path, data: dict) -> None:
+    """Whole or not at all; a full disk is :class:`DiskFull` naming ``path`` (its old content kept)."""
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(json.dumps(data, indent=2) + "\n")
+        os.replace(tmp, path)
+    except OSError as e:
+        tmp.unlink(missing_ok=True)
+        if is_disk_full(e):
+            raise DiskFull(path, e, f"{path.name} is as it was (a shard without its summary is indexed again)") from None
+        raise
 
 
 def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, tokenizer_model: Optional[str],

@@ -61,3 +61,17 @@ def test_shard_indexing_task_on_a_full_disk(tmp_path, full_disk):
     line = _one_line(_run(*tool, "task", "--output-dir", str(out), "--task-id", "0"))
     assert line.startswith(f"error: task 0: no space left on device writing {out / 'books'}_* ("), line
     assert not (out / "books_summary.json").exists() and not (out / "books_failed.json").exists()
+
+
+def test_a_full_disk_at_a_shard_record_names_it_and_leaves_no_partial_record(tmp_path):
+    from megatron_fixedcode.data.shards import _write_json
+    from megatron_fixedcode.utils.files import DiskFull
+
+    with small_tmpfs(tmp_path / "disk", "4k") as disk:
+        (disk / "x_summary.json").write_text('{"old": 1}\n')
+        with pytest.raises(DiskFull) as e:
+            _write_json(disk / "x_summary.json", {"pad": "p" * 8192})
+        assert str(e.value).startswith(f"no space left on device writing {disk / 'x_summary.json'} (")
+        assert "x_summary.json is as it was (a shard without its summary is indexed again)" in str(e.value)
+        assert sorted(p.name for p in disk.iterdir()) == ["x_summary.json"]
+        assert (disk / "x_summary.json").read_text() == '{"old": 1}\n'
