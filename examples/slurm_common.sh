@@ -98,17 +98,21 @@ mfc_on_term() {
     mfc_log "SIGTERM: cancelled or preempted: the trainer checkpoints and exits; not requeueing (Slurm requeues a preempted job itself)"
 }
 
-# $1: the trainer's exit record (JSON). Sets MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_ERROR,
-# empty when the record is absent (a rank killed, a crash before the loop).
+# $1: the trainer's exit record (JSON). Sets MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY
+# MFC_EXIT_ERROR, empty when the record is absent (a rank killed, a crash before the loop).
 mfc_read_exit_record() {
-    MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_ERROR=''
+    MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_STOPPED_BY='' MFC_EXIT_ERROR=''
     [[ -s $1 ]] || return 0
     local fields
     fields=$(python -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(*("" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps")), sep="\t")
+print(*("-" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps", "stopped_by")), sep="\t")
 print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
-    IFS=$'\t' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST <<<"${fields%%$'\n'*}"
+    IFS=$'\t' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY <<<"${fields%%$'\n'*}"
+    [[ $MFC_EXIT_CODE == - ]] && MFC_EXIT_CODE=''
+    [[ $MFC_EXIT_STEP == - ]] && MFC_EXIT_STEP=''
+    [[ $MFC_EXIT_LAST == - ]] && MFC_EXIT_LAST=''
+    [[ $MFC_EXIT_STOPPED_BY == - ]] && MFC_EXIT_STOPPED_BY=''
     [[ $fields == *$'\n'* ]] && MFC_EXIT_ERROR=${fields#*$'\n'}
     return 0
 }
@@ -127,6 +131,19 @@ mfc_finish() {
     if ((rc == 16)); then   # Megatron's rerun state machine saved a checkpoint and asks for a resume (a fault
         mfc_log "training exited with code 16: the rerun state machine asks to resume from its checkpoint (a step to re-run, to tell a transient fault from a persistent one)"
         MFC_REQUEUE=1 rc=0  # to tell apart); 17 (the fault reproduced) and others end the job
+    fi
+    if ((rc == 0 && !MFC_REQUEUE)); then   # the trainer stopped itself before its last step
+        case $MFC_EXIT_STOPPED_BY in
+        --exit-duration-in-mins)   # EXIT_DURATION_MINS: the time-limit guard, handled as the time-limit signal
+            mfc_log "training stopped at step $MFC_EXIT_STEP of $MFC_EXIT_LAST by --exit-duration-in-mins: requeueing as after a time-limit checkpoint"
+            MFC_REQUEUE=1 ;;
+        --exit-interval)
+            mfc_log "training stopped at step $MFC_EXIT_STEP of $MFC_EXIT_LAST by --exit-interval, as asked: not requeued; submit the same command without it to continue" ;;
+        signal)
+            mfc_log "training exited with code 0"
+            echo "unfinished: the trainer stopped at step $MFC_EXIT_STEP of $MFC_EXIT_LAST on a signal sent to the job step, not through this launcher (neither a time-limit USR1 nor a cancel): not requeued; the checkpoint in $ckpt_dir is complete: submit the same command again to continue" >&2
+            exit 3 ;;
+        esac
     fi
     if ((MFC_REQUEUE)); then
         if ((rc != 0)); then

@@ -1,6 +1,6 @@
 """The trainer's last word for its launcher: at exit, rank 0 writes one JSON object to
 ``$MFC_EXIT_RECORD`` (set by the Slurm launchers): the exit code, the one-line error if there was
-one, the step reached and the run's last step.
+one, the step reached, the run's last step and what stopped it before that step.
 
 torchrun exits 1 whenever a rank fails, whatever the rank returned, and prints its own traceback
 after the trainer's line; with this record the launcher ends the job with the trainer's code (2 for
@@ -23,6 +23,7 @@ class ExitRecord(logging.Handler):
         self.error: str | None = None
         self.step: int | None = None
         self.max_steps: int | None = None
+        self.stopped_by: str | None = None  # before the last step: "signal", "--exit-interval" or "--exit-duration-in-mins"
 
     def emit(self, record: logging.LogRecord) -> None:
         self.error = record.getMessage().splitlines()[0] if record.getMessage() else None
@@ -39,7 +40,8 @@ class ExitRecord(logging.Handler):
         path = os.environ.get(ENV)
         if not path or int(os.environ.get("RANK", "0")) != 0:
             return
-        record = {"code": code, "error": self.error if code else None, "step": self.step, "max_steps": self.max_steps}
+        record = {"code": code, "error": self.error if code else None, "step": self.step, "max_steps": self.max_steps,
+                  "stopped_by": self.stopped_by}
         try:
             tmp = Path(f"{path}.tmp")
             tmp.parent.mkdir(parents=True, exist_ok=True)

@@ -212,10 +212,11 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             # more step and one more save inside the grace window: this checkpoint is the last.
             stop = stop or any_rank(exit_request.flag, trainer.device)
         if stop:
+            reason = "signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out else "--exit-interval"
             if rank0:
-                reason = ("signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out
-                          else "--exit-interval")
                 logger.info("exiting at step %d (%s)", trainer.step, reason)
+            if last_word is not None and trainer.step < trainer.max_steps:
+                last_word.stopped_by = reason
             break
     watch.close()
     if ck.save and saved_at != trainer.step:

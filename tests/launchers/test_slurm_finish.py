@@ -41,3 +41,32 @@ def test_rerun_exit_17_ends_the_job_with_its_code_and_line(tmp_path):
     proc, calls = _finish(tmp_path, 1, {"code": 17, "step": 5, "max_steps": 20, "error": line})
     assert proc.returncode == 17 and calls == ""
     assert proc.stderr.strip().splitlines()[-1] == f"error: {line}"
+
+
+def test_exit_duration_requeues_as_the_time_limit_does(tmp_path):
+    proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None,
+                                        "stopped_by": "--exit-duration-in-mins"})
+    assert proc.returncode == 0 and calls.splitlines() == ["requeue 7"], proc.stderr
+    assert "stopped at step 5 of 20 by --exit-duration-in-mins: requeueing" in proc.stderr
+
+
+def test_exit_interval_ends_the_job_as_asked_and_says_so(tmp_path):
+    proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None,
+                                        "stopped_by": "--exit-interval"})
+    assert proc.returncode == 0 and calls == "", proc.stderr
+    assert "stopped at step 5 of 20 by --exit-interval, as asked: not requeued" in proc.stderr
+
+
+def test_a_signal_to_the_step_alone_ends_the_job_unfinished(tmp_path):
+    """A TERM sent to the job step (not to this shell: neither the time-limit USR1 nor a cancel): the
+    trainer checkpoints and exits 0, and the job must not end COMPLETED as if the run were done."""
+    proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None, "stopped_by": "signal"})
+    assert proc.returncode == 3 and calls == "", proc.stderr
+    assert proc.stderr.strip().splitlines()[-1].startswith("unfinished: the trainer stopped at step 5 of 20 on a signal")
+
+
+def test_a_finished_run_and_a_record_without_a_step_end_with_code_0(tmp_path):
+    for record in ({"code": 0, "step": 20, "max_steps": 20, "error": None, "stopped_by": None},
+                   {"code": 0, "step": None, "max_steps": 20, "error": None}):
+        proc, calls = _finish(tmp_path, 0, record)
+        assert proc.returncode == 0 and calls == "" and "unfinished" not in proc.stderr, proc.stderr

@@ -117,7 +117,12 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
     acc.Reload()
     assert [e.step for e in acc.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in acc.Scalars("lm loss")][3:] == pytest.approx([r["loss"] for r in second[3:]])
-    assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 6, "max_steps": 6}
+    assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 6, "max_steps": 6,
+                                                   "stopped_by": None}
+    pretrain(*common, "--load", str(ckpt), "--ckpt-step", "3", "--save", str(tmp_path / "ckpt3"), "--exit-interval", "4",
+             "--metrics-file", str(tmp_path / "m3.jsonl"), "--tensorboard-dir", str(tmp_path / "tb3"))
+    assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 4, "max_steps": 6,
+                                                   "stopped_by": "--exit-interval"}
 
 
 @pytest.mark.slow
