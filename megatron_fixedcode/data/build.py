@@ -9,7 +9,7 @@ from megatron_fixedcode.data.config import DataConfig
 from megatron_fixedcode.data.document_window import DocumentWindowDataset
 from megatron_fixedcode.data.gpt_blend import build_gpt_datasets
 from megatron_fixedcode.data.sft import build_sft_datasets
-from megatron_fixedcode.data.validate import check_shards
+from megatron_fixedcode.data.validate import check_recorded_tokenizer, check_shards
 
 logger = logging.getLogger(__name__)
 
@@ -17,13 +17,15 @@ TRAIN_STREAM_ID = 0
 VALID_STREAM_ID = 1
 
 
-def check_data_shards(cfg: DataConfig, vocab_size: int | None) -> None:
-    """Every shard of the train and valid blends: ``.bin`` size matches its ``.idx`` and the
-    token dtype holds the vocabulary (index reads only; see data/validate.py). Raises a
-    ``ValueError`` naming the shard."""
-    check_shards(cfg.blend[0], vocab_size, "data_path")
-    if cfg.valid_blend is not None:
-        check_shards(cfg.valid_blend[0], vocab_size, "valid_data_path")
+def check_data_shards(cfg: DataConfig, tokenizer: Any) -> None:
+    """Every shard of the train and valid blends: ``.bin`` size matches its ``.idx``, the token
+    dtype holds the vocabulary, and a shard indexed here was indexed with this tokenizer (index and
+    summary reads only; see data/validate.py). Raises a ``ValueError`` naming the shard."""
+    vocab_size = getattr(tokenizer, "vocab_size", None)
+    for field, blend in (("data_path", cfg.blend), ("valid_data_path", cfg.valid_blend)):
+        if blend is not None:
+            check_shards(blend[0], None if vocab_size is None else int(vocab_size), field)
+            check_recorded_tokenizer(blend[0], tokenizer, field)
 
 
 def build_document_window_datasets(
@@ -78,7 +80,7 @@ def build_datasets(
         return build_sft_datasets(cfg, tokenizer, num_train_samples=num_train_samples,
                                   num_valid_samples=num_valid_samples, seed=seed)
     vocab_size = getattr(tokenizer, "vocab_size", None)
-    check_data_shards(cfg, None if vocab_size is None else int(vocab_size))
+    check_data_shards(cfg, tokenizer)
     if cfg.dataset_type == "gpt":
         return build_gpt_datasets(
             cfg,

@@ -14,6 +14,7 @@ out-of-range id is a named error and never a bare ``IndexError`` in an embedding
 
 from __future__ import annotations
 
+import json
 import os
 from typing import Iterable, Optional
 
@@ -105,4 +106,44 @@ def check_token_ids(tokens: numpy.ndarray, vocab_size: Optional[int], where) -> 
         raise TokenIdOutOfRange(
             f"{text}: token id {bad} is outside the vocabulary [0, {vocab_size}); the data was indexed "
             "with another tokenizer or is damaged"
+        )
+
+
+def recorded_tokenizer(prefix: str) -> tuple[dict, str] | None:
+    """The tokenizer this project's indexing tools recorded for ``prefix`` (``OUT_summary.json`` beside
+    ``OUT_{split}_{key}_document``) and that summary's path; None for data indexed elsewhere."""
+    if not prefix.endswith("_document"):
+        return None
+    for segments in (2, 3):  # split and key, or a key with one underscore
+        parts = prefix[: -len("_document")].rsplit("_", segments)
+        summary = f"{parts[0]}_summary.json"
+        if len(parts) != segments + 1 or not os.path.isfile(summary):
+            continue
+        try:
+            with open(summary) as f:
+                record = json.load(f)
+            outputs = {os.path.basename(p) for p in record.get("outputs", {}).values()}
+        except (OSError, ValueError, AttributeError):
+            return None  # unreadable: verify_dataset names it; the shard itself is checked above
+        if os.path.basename(prefix) in outputs and isinstance(record.get("tokenizer"), dict):
+            return record["tokenizer"], summary
+    return None
+
+
+def check_recorded_tokenizer(prefixes: Iterable[str], tokenizer, field: str) -> None:
+    """Refuse shards whose summary records another tokenizer than the run's (by content fingerprint):
+    their ids would mean other tokens, whether or not they fit the vocabulary. Runs without a
+    tokenizer file (``--vocab-size``) and data indexed by other tools are not checked."""
+    if not callable(getattr(tokenizer, "describe", None)):
+        return
+    for prefix in prefixes:
+        found = recorded_tokenizer(prefix)
+        if found is None or found[0].get("fingerprint") in (None, tokenizer.fingerprint):
+            continue
+        rec, summary = found
+        raise ValueError(
+            f"{field} {prefix}: indexed with tokenizer {rec.get('path')} ({rec.get('vocab_size')} ids, fingerprint "
+            f"{rec.get('fingerprint')}; {summary}), but this run's tokenizer {getattr(tokenizer, 'model_path', '?')} has "
+            f"{tokenizer.vocab_size} ids, fingerprint {tokenizer.fingerprint}: train with the tokenizer the data was "
+            "indexed with, or re-index it"
         )

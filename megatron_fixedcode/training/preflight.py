@@ -6,8 +6,8 @@ refuse in its first seconds, refused in one line with exit code 2 and no rank st
 * the run plan (:func:`~megatron_fixedcode.training.run_plan.plan_run`, less its CUDA and TE checks):
   the tokenizer loads, the layout fits the world size, and a checkpoint directory to resume from holds this model
   (shape, input interface, tokenizer, data stream);
-* every prefix of the train and valid blends is an index whose ``.bin`` matches it and whose token
-  dtype holds the vocabulary (data/validate.py), and the first tokens of each shard (at most
+* every prefix of the train and valid blends is an index whose ``.bin`` matches it, whose token
+  dtype holds the vocabulary and whose indexing summary (if any) names this tokenizer (data/validate.py), and the first tokens of each shard (at most
   ``SAMPLE_TOKENS``; a full scan is the data verification tool's job) lie inside the vocabulary.
 """
 from __future__ import annotations
@@ -29,7 +29,7 @@ def check_token_sample(prefix: str, dtype: str, vocab_size: int, field: str) -> 
 
 def preflight(argv: list[str]) -> None:
     """Raise ``ValueError`` (or exit 2 from the parser) on the first problem."""
-    from megatron_fixedcode.data.validate import check_shards
+    from megatron_fixedcode.data.validate import check_recorded_tokenizer, check_shards
     from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.training.run_plan import plan_run, run_data_config
 
@@ -42,6 +42,7 @@ def preflight(argv: list[str]) -> None:
     for field, blend in (("data_path", data.blend), ("valid_data_path", data.valid_blend)):
         prefixes = blend[0] if blend is not None else []
         shapes = check_shards(prefixes, vocab, field)
+        check_recorded_tokenizer(prefixes, plan.tokenizer, field)
         if vocab is not None:
             for prefix, shape in zip(prefixes, shapes):
                 check_token_sample(prefix, shape["dtype"], int(vocab), field)
