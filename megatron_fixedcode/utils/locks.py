@@ -42,6 +42,7 @@ import os
 import socket
 import sys
 import time
+import weakref
 from pathlib import Path
 from typing import Optional
 
@@ -193,6 +194,7 @@ class PathLock:
         os.pwrite(fd, (json.dumps(_holder_info()) + "\n").encode(), 0)
         os.fsync(fd)
         self._fd = fd
+        _HELD.add(self)
         return self
 
     def _refusal(self, holder: dict) -> LockHeld:
@@ -253,6 +255,7 @@ class PathLock:
 
     def release(self) -> None:
         fd, self._fd = self._fd, None
+        _HELD.discard(self)
         if fd is None:
             return
         if os.getpid() != _holder_pid(fd):  # a forked child closing its copy must not unlink
@@ -278,6 +281,25 @@ class PathLock:
             except OSError:
                 pass
 
+
+_HELD: "weakref.WeakSet[PathLock]" = weakref.WeakSet()
+
+
+def _close_in_forked_child() -> None:
+    """A forked child (DataLoader worker, checkpoint worker, pool process) gets a copy of every
+    descriptor, and a copy keeps the flock after its parent died: a killed run's orphaned worker would
+    lock its directory for good. Children do not hold their parent's locks (O_CLOEXEC covers exec)."""
+    for lock in list(_HELD):
+        fd, lock._fd = lock._fd, None
+        if fd is not None:
+            try:
+                os.close(fd)
+            except OSError:
+                pass
+    _HELD.clear()
+
+
+os.register_at_fork(after_in_child=_close_in_forked_child)
 
 _NO_FLOCK = {errno.ENOSYS, errno.ENOLCK, errno.EOPNOTSUPP, getattr(errno, "ENOTSUP", errno.EOPNOTSUPP)}
 

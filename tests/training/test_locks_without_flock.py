@@ -162,8 +162,9 @@ def test_without_flock_a_lock_recorded_without_a_start_time_is_judged_by_its_tim
 
 
 def test_a_lock_kept_by_the_child_of_a_dead_run_names_that_child(tmp_path):
-    """A run that forked a worker and died: its worker keeps the flock. The refusal names the worker's pid
-    and command, so the user can end it."""
+    """A run that died while a child it started still holds the flock through a descriptor the lock does
+    not know of (a duplicate, a fork from native code): the refusal names the child's pid and command, so the
+    user can end it."""
     import os
     import signal
     import time
@@ -172,6 +173,7 @@ def test_a_lock_kept_by_the_child_of_a_dead_run_names_that_child(tmp_path):
         "import os, time\n"
         "from megatron_fixedcode.utils.locks import lock_save_dir\n"
         f"lock = lock_save_dir({str(tmp_path)!r})\n"
+        "copy = os.dup(lock._fd)\n"
         "if os.fork() == 0:\n"
         "    time.sleep(120)\n"
         "os._exit(0)\n")
@@ -194,3 +196,31 @@ def test_a_lock_kept_by_the_child_of_a_dead_run_names_that_child(tmp_path):
     finally:
         if child:
             os.kill(child, signal.SIGKILL)
+
+
+def test_a_forked_child_of_a_dead_run_does_not_keep_its_lock(tmp_path):
+    """A DataLoader or checkpoint worker outliving a killed run: forked children close their copy of the
+    lock's descriptor, so the next run takes the lock (logged as a take-over) instead of being refused."""
+    script = (
+        "import os, sys, time\n"
+        "from megatron_fixedcode.utils.locks import lock_save_dir\n"
+        f"lock = lock_save_dir({str(tmp_path)!r})\n"
+        "child = os.fork()\n"
+        "if child == 0:\n"
+        "    null = os.open(os.devnull, os.O_WRONLY)\n"
+        "    os.dup2(null, 1), os.dup2(null, 2)  # the test reads the parent's output to its end\n"
+        "    time.sleep(60)\n"
+        "    os._exit(0)\n"
+        "print(child, flush=True)\n"
+        "os._exit(0)\n")
+    parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
+    child = int(parent.stdout.strip())
+    try:
+        lock = lock_save_dir(tmp_path)
+        assert lock.held and lock.took_over["pid"] != child
+        lock.release()
+    finally:
+        import os
+        import signal
+
+        os.kill(child, signal.SIGKILL)
