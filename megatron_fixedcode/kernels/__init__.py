@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import fcntl
 import functools
+import hashlib
 import logging
 import json
 import os
@@ -75,8 +76,15 @@ class _build_directory_guard:
     def __init__(self, name: str):
         from torch.utils.cpp_extension import get_default_build_root
 
+        import torch
+
         root = Path(os.environ.get("TORCH_EXTENSIONS_DIR") or get_default_build_root())
-        self.directory = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / name
+        # One build directory per torch installation and source path: torch's loader rebuilds whenever
+        # the compile command (torch's include paths, the source's path) differs from the last build's,
+        # so two environments or checkouts sharing one directory would rebuild each other's kernel (a
+        # minute each) on every alternation.
+        where = hashlib.sha256(f"{torch.__file__}\n{torch.__version__}\n{Path(__file__).parent}".encode()).hexdigest()[:10]
+        self.directory = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"{name}-{where}"
 
     def __enter__(self) -> str:
         self.directory.mkdir(parents=True, exist_ok=True)
