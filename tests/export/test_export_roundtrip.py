@@ -202,7 +202,9 @@ def test_a_failed_export_keeps_the_previous_one_and_leaves_no_partial_directory(
         raise OSError(28, "No space left on device", str(path))
 
     monkeypatch.setattr(hf_io, "write_json", disk_full)
-    with pytest.raises(OSError, match="No space left"):
+    from megatron_fixedcode.utils.files import DiskFull
+
+    with pytest.raises(DiskFull, match="No space left"):
         convert_checkpoint_to_hf(src, out, overwrite=True)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["hf", "src"]  # no hf.partial, no lock file
     assert (out / "model.safetensors").read_bytes() == before and (out / "config.json").exists()
