@@ -24,7 +24,8 @@
 #                     package, pip install '.[tb]'); set it empty to log without TensorBoard
 #   SEED              trainer --seed
 #   SAVE_INTERVAL     trainer --save-interval (default 1000)
-#   EXIT_DURATION_MINS  trainer --exit-duration-in-mins (a second guard besides the signal)
+#   EXIT_DURATION_MINS  trainer --exit-duration-in-mins (a second guard besides the signal: a stop by it requeues
+#                     as after the time-limit signal, within MAX_REQUEUES)
 #   WANDB_PROJECT     trainer --wandb-project
 #   GPUS_PER_NODE     default $SLURM_GPUS_ON_NODE, else 8;  MASTER_PORT  default 20000 + job id mod 20000
 #   CPUS_PER_TASK     srun --cpus-per-task of the one task per node (torchrun and its GPUS_PER_NODE workers):
