@@ -75,3 +75,19 @@ def test_a_full_disk_at_a_shard_record_names_it_and_leaves_no_partial_record(tmp
         assert "x_summary.json is as it was (a shard without its summary is indexed again)" in str(e.value)
         assert sorted(p.name for p in disk.iterdir()) == ["x_summary.json"]
         assert (disk / "x_summary.json").read_text() == '{"old": 1}\n'
+
+
+@pytest.mark.slow
+def test_a_full_disk_for_the_dataset_index_cache_is_one_line(tmp_path):
+    """megatron's GPT dataset writes its sample index cache at start-up (--data-cache-path): a full disk
+    there is one line naming the file and the free space, exit 2, before any step."""
+    from tests.helpers.pretrain import data_args, pretrain, write_corpus
+
+    corpus = write_corpus(tmp_path)
+    with small_tmpfs(tmp_path / "cache", "4k") as cache:
+        proc = pretrain(*data_args(corpus, "gpt"), "--train-iters", "2", "--data-cache-path", str(cache), check=False)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line or line.startswith("error: ")]
+    assert len(errors) == 1 and f"no space left on device writing {cache}" in errors[0], proc.stderr[-3000:]
+    assert "the index cache is rebuilt at the next start" in errors[0]
