@@ -35,7 +35,7 @@ CORE_SUBSET=(
                                                   # compat/torch_adam.py)
     tests/arguments/test_megatron_reference.py  # the dry run against Megatron-LM's parser (3 s): the same on both lines
 )
-WORKERS=(-n "${MFC_TEST_WORKERS:-2}" --dist loadfile)
+WORKERS=(-n "${MFC_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder)  # files in collection order: tests/conftest.py puts the longest first
 T0=$SECONDS
 elapsed() { printf "%dm%02ds" $(($1 / 60)) $(($1 % 60)); }
 

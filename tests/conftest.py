@@ -61,9 +61,10 @@ def _no_stray_processes():
                 pass
 
 
-# The longest test files, longest first: on two xdist workers (--dist loadfile, which hands out files in
-# collection order) a long file started last keeps one worker busy while the other idles. Measured on
-# the full command (--durations); the rest keep their order.
+# The longest test files, longest first: on two xdist workers a long file started last keeps one worker
+# busy while the other idles. scripts/test.sh passes --no-loadscope-reorder so that --dist loadfile hands
+# out files in this order (by default xdist orders them by their number of tests). Measured on the full
+# command (--durations); the rest keep their order.
 LONGEST_FIRST = ("launchers/test_slurm.py", "repository/test_wheel.py", "training/test_pretrain.py",
                  "training/test_megatron_cli.py", "training/test_checkpoint_integrity.py",
                  "training/test_distributed_optimizer.py", "repository/test_gpu_check.py",
