@@ -45,6 +45,17 @@ def is_disk_full(error: BaseException) -> bool:
     return type(error).__name__ == "SafetensorError" and any(f"os error {n})" in str(error) for n in DISK_FULL_ERRNOS)
 
 
+def disk_full_cause(error: BaseException) -> BaseException | None:
+    """The disk-full error in ``error``'s chain of causes (a library may wrap it in its own exception)."""
+    seen: set[int] = set()
+    while error is not None and id(error) not in seen:
+        if is_disk_full(error):
+            return error
+        seen.add(id(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
 class DiskFull(Exception):
     """No space left (or over quota) while writing ``what``: one line naming it and the free space
     of its filesystem, exit code 2 (every command line's :func:`user_errors`; the trainer has its own,
