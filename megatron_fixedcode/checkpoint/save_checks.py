@@ -98,7 +98,7 @@ def free_space_warning(save_dir: str | os.PathLike, checkpoint_bytes: int, copie
     return message
 
 
-def _find_os_error(exc: BaseException) -> Optional[OSError]:
+def find_os_error(exc: BaseException) -> Optional[OSError]:
     """The OSError behind ``exc``: along its cause/context chain and, for torch's
     ``CheckpointException``, in the failures it gathered from the writer ranks."""
     todo, seen = [exc], set()
@@ -142,7 +142,7 @@ def is_write_failure(exc: BaseException) -> bool:
     """Whether an exception raised while saving is the filesystem's (an OS error, torch's
     short-write report, a distributed-checkpoint write failure) rather than a bug, which keeps
     its traceback."""
-    return isinstance(exc, _CHECKPOINT_EXCEPTIONS) or _find_os_error(exc) is not None or _short_write(exc)
+    return isinstance(exc, _CHECKPOINT_EXCEPTIONS) or find_os_error(exc) is not None or _short_write(exc)
 
 
 def _last_line(exc: BaseException) -> str:
@@ -152,7 +152,7 @@ def _last_line(exc: BaseException) -> str:
 
 def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> ValueError:
     """A one-line ``ValueError`` for an exception raised while writing a checkpoint to ``path``."""
-    os_error = _find_os_error(exc)
+    os_error = find_os_error(exc)
     if os_error is not None:
         reason = _os_reason(os_error)
         name = os_error.filename or path

@@ -13,8 +13,9 @@ from __future__ import annotations
 import json
 import logging
 import os
-import shutil
 from pathlib import Path
+
+from megatron_fixedcode.utils.files import free_space_text
 
 SAMPLES_SUFFIX = " vs samples"
 logger = logging.getLogger(__name__)
@@ -109,7 +110,7 @@ class MetricsFile:
             if self._missing is None:
                 self._missing = [step, step]
                 logger.warning("cannot write %s (%s; %s): training goes on, the steps from %s on are not recorded "
-                               "there until a write succeeds", self.path, e.strerror, _free(self.path), step)
+                               "there until a write succeeds", self.path, e.strerror, free_space_text(self.path), step)
             else:
                 self._missing[1] = step
             return
@@ -121,9 +122,3 @@ class MetricsFile:
     def close(self) -> None:
         os.close(self._fd)
 
-
-def _free(path: Path) -> str:
-    try:
-        return f"{shutil.disk_usage(path.parent).free / 2**20:.1f} MiB free there"
-    except OSError:
-        return "free space unknown"

@@ -34,7 +34,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
-from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
+from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, find_os_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.data import build_datasets
@@ -61,7 +61,7 @@ from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, f
 from megatron_fixedcode.training.rerun import restore_from, start_rerun
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
-from megatron_fixedcode.utils.files import DiskFull, disk_full_cause
+from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
 
 logger = logging.getLogger(__name__)
@@ -166,8 +166,8 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     except ValueError as e:
         raise DataError(str(e)) from None
     except Exception as e:  # megatron writes its sample index cache beside the data or in --data-cache-path
-        full = disk_full_cause(e)  # (and wraps the OSError in an Exception of its own)
-        if full is None:
+        full = find_os_error(e)  # (and wraps the OSError in an Exception of its own)
+        if full is None or not is_disk_full(full):
             raise
         raise DataError(str(DiskFull(getattr(full, "filename", None) or a.data_cache_path or "the dataset index cache",
                                      full, "the index cache is rebuilt at the next start"))) from None

@@ -45,17 +45,6 @@ def is_disk_full(error: BaseException) -> bool:
     return type(error).__name__ == "SafetensorError" and any(f"os error {n})" in str(error) for n in DISK_FULL_ERRNOS)
 
 
-def disk_full_cause(error: BaseException) -> BaseException | None:
-    """The disk-full error in ``error``'s chain of causes (a library may wrap it in its own exception)."""
-    seen: set[int] = set()
-    while error is not None and id(error) not in seen:
-        if is_disk_full(error):
-            return error
-        seen.add(id(error))
-        error = error.__cause__ or error.__context__
-    return None
-
-
 class DiskFull(Exception):
     """No space left (or over quota) while writing ``what``: one line naming it and the free space
     of its filesystem, exit code 2 (every command line's :func:`user_errors`; the trainer has its own,
@@ -63,13 +52,16 @@ class DiskFull(Exception):
 
     def __init__(self, what: str | Path, error: BaseException,
                  kept: str = "its partial outputs stay as .tmp files and nothing complete was changed"):
-        import shutil
-
-        directory = Path(what).parent
-        try:
-            free = f"{shutil.disk_usage(directory).free / 2**20:.1f} MiB free there"
-        except OSError:
-            free = "free space unknown"
         reason = getattr(error, "strerror", None) or os.strerror(errno.ENOSPC)
-        super().__init__(f"no space left on device writing {what} ({free}; {reason}): {kept}; free space, then "
-                         "run the same command again")
+        super().__init__(f"no space left on device writing {what} ({free_space_text(what)}; {reason}): {kept}; "
+                         "free space, then run the same command again")
+
+
+def free_space_text(path: str | Path) -> str:
+    """'N MiB free there' for the filesystem of ``path``'s directory, for messages about a full disk."""
+    import shutil
+
+    try:
+        return f"{shutil.disk_usage(Path(path).parent).free / 2**20:.1f} MiB free there"
+    except OSError:
+        return "free space unknown"

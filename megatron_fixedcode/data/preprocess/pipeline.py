@@ -6,7 +6,6 @@ goes through the tokenizer's native batch path, which is where the speed comes f
 """
 
 import collections
-import errno
 import json
 import logging
 import math
@@ -24,7 +23,7 @@ from megatron_fixedcode.data.preprocess.config import PreprocessConfig, output_p
 from megatron_fixedcode.data.preprocess.encode import encode_chunk, init_worker, sentence_splitter
 from megatron_fixedcode.data.preprocess.inputs import expand_inputs, iter_chunks
 from megatron_fixedcode.data.preprocess.outputs import AtomicIndexedOutputs
-from megatron_fixedcode.utils.files import DiskFull
+from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.tokenizers import build_tokenizer
 from megatron_fixedcode.utils.locks import lock_output_prefix
 
@@ -105,7 +104,7 @@ def preprocess(cfg: PreprocessConfig) -> dict:
         with lock_output_prefix(cfg.output_prefix):
             return _preprocess(cfg)
     except OSError as e:
-        if e.errno in (errno.ENOSPC, errno.EDQUOT):
+        if is_disk_full(e):
             raise DiskFull(f"{cfg.output_prefix}_*", e) from None
         raise
 
