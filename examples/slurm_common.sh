@@ -105,15 +105,12 @@ mfc_read_exit_record() {
     MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_STOPPED_BY='' MFC_EXIT_ERROR=''
     [[ -s $1 ]] || return 0
     local fields
+    # fields joined by the unit separator: unlike a tab, read keeps an empty field between two of them
     fields=$(python -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(*("-" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps", "stopped_by")), sep="\t")
+print(*("" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps", "stopped_by")), sep="\x1f")
 print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
-    IFS=$'\t' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY <<<"${fields%%$'\n'*}"
-    [[ $MFC_EXIT_CODE == - ]] && MFC_EXIT_CODE=''
-    [[ $MFC_EXIT_STEP == - ]] && MFC_EXIT_STEP=''
-    [[ $MFC_EXIT_LAST == - ]] && MFC_EXIT_LAST=''
-    [[ $MFC_EXIT_STOPPED_BY == - ]] && MFC_EXIT_STOPPED_BY=''
+    IFS=$'\x1f' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY <<<"${fields%%$'\n'*}"
     [[ $fields == *$'\n'* ]] && MFC_EXIT_ERROR=${fields#*$'\n'}
     return 0
 }

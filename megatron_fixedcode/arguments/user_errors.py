@@ -12,6 +12,8 @@ import time
 import traceback
 from typing import Callable, NoReturn, TextIO
 
+from megatron_fixedcode.utils.files import DiskFull, is_disk_full
+
 
 RANK0_REPORT_GRACE_S = 30.0
 TRACEBACK_ENV = "MFC_TRACEBACK"
@@ -64,8 +66,6 @@ def user_errors(main: Callable[..., int]) -> Callable[..., int]:
 
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
-        from megatron_fixedcode.utils.files import DiskFull, is_disk_full
-
         try:
             return main(*args, **kwargs)
         except (ValueError, DiskFull) as e:

@@ -135,9 +135,10 @@ class MetricsSink:
         if self.wandb:
             self.wandb.log(values, step=step)
 
-    def _tensorboard_failed(self, error: OSError, step: int) -> None:
-        logger.warning("TensorBoard logging to %s stops at step %d (%s); training goes on%s", self.cfg.tensorboard_dir,
-                       step, error.strerror or error, ", metrics.jsonl has every step" if self.metrics_file else "")
+    def _tensorboard_failed(self, error: OSError, step: int | None) -> None:
+        logger.warning("TensorBoard logging to %s stops %s (%s); training goes on%s", self.cfg.tensorboard_dir,
+                       f"at step {step}" if step is not None else "at its close", error.strerror or error,
+                       ", metrics.jsonl has every step" if self.metrics_file else "")
         writer, self.tensorboard = self.tensorboard, None
         try:
             writer.close()
@@ -216,7 +217,7 @@ class MetricsSink:
             try:
                 self.tensorboard.close()
             except OSError as e:
-                self._tensorboard_failed(e, -1)
+                self._tensorboard_failed(e, None)
         if self.wandb:
             self.wandb.finish()
 

@@ -23,33 +23,33 @@ logger = logging.getLogger(__name__)
 
 def drop_jsonl_after(path: str | os.PathLike, step: int) -> int:
     """Keep the lines of ``path`` whose ``step`` is at most ``step`` (and none that does not parse:
-    the torn last line of a killed writer); returns how many lines were dropped. Dropped lines at the
-    end (the usual case: steps are appended in order) are cut off in place, which needs no free space."""
+    the torn last line of a killed writer); returns how many lines were dropped. Dropped lines that all
+    follow the last kept one (the usual case: steps are appended in order) are cut off in place, which
+    needs no free space."""
     path = Path(path)
     if not path.exists():
         return 0
-    kept, dropped, offset = [], 0, 0
-    tail = None  # where the lines after the last kept one start
-    rewrite = False  # a dropped line before a kept one
-    for line in path.read_bytes().splitlines(keepends=True):
-        try:
-            keep = json.loads(line).get("step", step) <= step
-        except (ValueError, AttributeError):
-            keep = False
-        if keep:
-            kept.append(line if line.endswith(b"\n") else line + b"\n")
-            rewrite, tail = rewrite or (tail is not None and dropped > 0), None
-        elif line.strip():
-            dropped += 1
-        tail = offset if tail is None and not keep else tail
-        offset += len(line)
-    if dropped and not rewrite:
-        os.truncate(path, tail)
-    elif dropped:
+    lines = path.read_bytes().splitlines(keepends=True)
+    keep = [_at_most(line, step) for line in lines]
+    dropped = [i for i, (line, k) in enumerate(zip(lines, keep)) if not k and line.strip()]
+    if not dropped:
+        return 0
+    last_kept = max((i for i, k in enumerate(keep) if k), default=-1)
+    if dropped[0] > last_kept:
+        os.truncate(path, sum(len(line) for line in lines[:last_kept + 1]))
+    else:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(kept))
+        tmp.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n"
+                                 for line, k in zip(lines, keep) if k))
         os.replace(tmp, path)
-    return dropped
+    return len(dropped)
+
+
+def _at_most(line: bytes, step: int) -> bool:
+    try:
+        return json.loads(line).get("step", step) <= step
+    except (ValueError, AttributeError):
+        return False
 
 
 def drop_tensorboard_after(directory: str | os.PathLike, step: int, samples: int) -> int:
