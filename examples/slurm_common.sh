@@ -337,9 +337,11 @@ mfc_launch() {
     # One torchrun per node (examples/slurm_node.sh: per-node log, then exec); the global batch
     # comes from the recipe whatever the node count, the trainer derives gradient accumulation from it.
     # --cpu-bind=none where the cluster binds tasks (a task plugin with affinity or cgroup); elsewhere srun
-    # would print "cluster configuration lacks support for cpu binding" for every job
+    # would print "cluster configuration lacks support for cpu binding" for every job. Asked inside the job
+    # only: a login node's dry run need not wait on the controller (seconds when it is down).
     local -a bind=()
-    if command -v scontrol >/dev/null && scontrol show config 2>/dev/null | grep -qE '^TaskPlugin +=.*(affinity|cgroup)'; then
+    if [[ -n ${SLURM_JOB_ID:-} ]] && command -v scontrol >/dev/null &&
+        scontrol show config 2>/dev/null | grep -qE '^TaskPlugin +=.*(affinity|cgroup)'; then
         bind=(--cpu-bind=none)
     fi
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"
