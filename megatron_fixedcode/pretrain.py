@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(cfg.as_dict(), sort_keys=True))
         _print_plan(cfg.args)
         return 0
-    if cfg.args.exit_signal_handler:  # also when called as a function (a recipe may set the flag)
+    if cfg.checkpoint.exit_signal_handler:  # also when called as a function (a recipe may set the flag)
         exit_at_once_until_training()
     from megatron_fixedcode.training.loop import run_pretraining
 

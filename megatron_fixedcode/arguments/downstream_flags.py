@@ -3,8 +3,25 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 from megatron_fixedcode.arguments.user_errors import is_rank0
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class DownstreamConfig:
+    """The flags below, as the trainer reads them (``tasks`` None: no downstream evaluation)."""
+
+    tasks: str | None = None
+    interval: int | None = None
+    limit: float | None = None
+    batch_size: int = 8
+    sbatch: str | None = None
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "DownstreamConfig":
+        return cls(tasks=a.downstream_eval_tasks, interval=a.downstream_eval_interval, limit=a.downstream_eval_limit,
+                   batch_size=a.downstream_eval_batch_size, sbatch=a.downstream_eval_sbatch)
 
 
 def add_downstream_args(p: argparse.ArgumentParser) -> None:

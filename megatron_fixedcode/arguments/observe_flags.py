@@ -6,6 +6,7 @@ across data-parallel replicas and ``--num-workers``. What they do: ``training/st
 from __future__ import annotations
 
 import argparse
+import dataclasses
 
 
 def add_observe_args(p: argparse.ArgumentParser) -> None:
@@ -56,10 +57,26 @@ def refuse_observe(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error("--profile --use-pytorch-profiler writes its traces into --tensorboard-dir: give one")
 
 
-def observe_settings(a) -> argparse.Namespace:
-    """These flags of ``a``, each at its default where ``a`` lacks it (a test's stand-in runs with all off)."""
-    p = argparse.ArgumentParser()
-    add_observe_args(p)
-    defaults = vars(p.parse_args([]))
-    return argparse.Namespace(**{k: getattr(a, k, v) for k, v in defaults.items()},
-                              log_interval=getattr(a, "log_interval", 1))
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class WatchConfig:
+    """These flags (``--num-workers`` aside: the data's), each default the parser's (a test checks they agree):
+    ``WatchConfig()`` watches nothing."""
+
+    log_straggler: bool = False
+    straggler_minmax_count: int = 1
+    disable_straggler_on_startup: bool = False
+    straggler_ctrlr_port: int = 65535
+    profile: bool = False
+    use_pytorch_profiler: bool = False
+    profile_step_start: int = 10
+    profile_step_end: int = 12
+    profile_ranks: tuple[int, ...] = (0,)
+    record_memory_history: bool = False
+    memory_snapshot_path: str = "snapshot.pickle"
+    check_weight_hash_across_dp_replicas_interval: int | None = None
+    log_interval: int = 1  # when the straggler report and the memory snapshot are written
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "WatchConfig":
+        return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if f.name != "profile_ranks"},
+                   profile_ranks=tuple(a.profile_ranks))

@@ -17,13 +17,17 @@ from typing import Any
 from megatron_fixedcode.arguments import derivations, refusals
 from megatron_fixedcode.arguments.core_flags import build_parser
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
+from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.inert_flags import inert_in_use
+from megatron_fixedcode.arguments.observe_flags import WatchConfig
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE, out_of_scope
 from megatron_fixedcode.arguments.recipe import load_recipe
-from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS
-from megatron_fixedcode.arguments.training_configs import CheckpointConfig, LoggingConfig, OptimConfig, ScheduleConfig
+from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS, TokenizerConfig
+from megatron_fixedcode.arguments.training_configs import (CheckpointConfig, HealthConfig, LoggingConfig, OptimConfig,
+                                                           PerformanceConfig, ScheduleConfig)
 from megatron_fixedcode.arguments.user_errors import is_rank0
 from megatron_fixedcode.compat.layout import ParallelLayout
+from megatron_fixedcode.data.config import DataConfig, SFTFields
 from megatron_fixedcode.models.code_matrix_file import CodeMatrixFile, load_code_matrix
 from megatron_fixedcode.models.config import ModelConfig
 from megatron_fixedcode.tokenizers.base import tokenizer_files
@@ -31,7 +35,8 @@ from megatron_fixedcode.tokenizers.base import tokenizer_files
 
 @dataclasses.dataclass(kw_only=True)
 class PretrainConfig:
-    """Everything one training run needs, each part owned by its component."""
+    """Everything one training run needs, each part owned by its component. ``args`` is the parsed command
+    line: the model config and the run's record (:meth:`as_dict`) read it; the trainer reads the parts."""
 
     args: argparse.Namespace
     layout: ParallelLayout
@@ -39,6 +44,12 @@ class PretrainConfig:
     schedule: ScheduleConfig
     checkpoint: CheckpointConfig
     logging: LoggingConfig
+    data: DataConfig | None  # None: a dry run given no data
+    tokenizer: TokenizerConfig
+    performance: PerformanceConfig
+    health: HealthConfig
+    watch: WatchConfig = WatchConfig()
+    downstream: DownstreamConfig = DownstreamConfig()
     code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
     inert: list[str] = dataclasses.field(default_factory=list)  # Megatron flags set here that have no effect
 
@@ -86,7 +97,19 @@ class PretrainConfig:
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run", "transformer_impl_given")}
+        """The resolved flags, as a checkpoint records them (with the tokenizer in force: maybe the checkpoint's)."""
+        flags = {k: v for k, v in vars(self.args).items() if k not in ("config", "dry_run", "transformer_impl_given")}
+        return {**flags, **dataclasses.asdict(self.tokenizer)}
+
+
+def data_config(a: argparse.Namespace) -> DataConfig:
+    """The data the run reads, as the dataset builders take it."""
+    return DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
+                      seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
+                      samples_per_shard_visit=a.samples_per_shard_visit, mmap_bin_files=a.mmap_bin_files,
+                      sft_fields=SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key,
+                                           messages=a.sft_messages_key),
+                      mock=a.mock_data, num_workers=a.num_workers)
 
 
 def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
@@ -187,7 +210,10 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
         cfg = PretrainConfig(
             args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
             checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
-            code_matrix=_read_code_matrix(a),
+            data=data_config(a) if train_paths(a) or a.mock_data else None,
+            tokenizer=TokenizerConfig.from_args(a), performance=PerformanceConfig.from_args(a),
+            health=HealthConfig.from_args(a), watch=WatchConfig.from_args(a),
+            downstream=DownstreamConfig.from_args(a), code_matrix=_read_code_matrix(a),
         )
         if a.vocab_size or a.dry_run:
             cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early

@@ -3,6 +3,8 @@ here (no tokenizer library imported: parsers use it). Which files they name is
 :func:`megatron_fixedcode.tokenizers.base.tokenizer_files`."""
 from __future__ import annotations
 
+import dataclasses
+
 
 # Megatron-LM's --tokenizer-type values read here: tokenizers.registry.TOKENIZER_TYPES (a test checks they agree;
 # not imported: the dry run needs no tokenizer library)
@@ -30,3 +32,23 @@ def add_tokenizer_args(p, *, type_default: str | None = None, trainer: bool = Fa
     p.add_argument("--tokenizer-model", default=None, help=model_help)
     p.add_argument("--vocab-file", default=None, help="GPT2BPETokenizer: GPT-2's vocab.json")
     p.add_argument("--merge-file", default=None, help="GPT2BPETokenizer: GPT-2's merges.txt")
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class TokenizerConfig:
+    """The tokenizer the trainer's flags name, after parsing (or the checkpoint's own: training/run_plan.py);
+    its fields are the flags' dests, which ``tokenizers.base.tokenizer_files`` reads."""
+
+    tokenizer_type: str
+    tokenizer_model: str | None = None
+    vocab_file: str | None = None
+    merge_file: str | None = None
+    vocab_size: int | None = None  # pre-tokenized data with no tokenizer file
+
+    @classmethod
+    def from_args(cls, a) -> "TokenizerConfig":
+        return cls(tokenizer_type=a.tokenizer_type, tokenizer_model=a.tokenizer_model, vocab_file=a.vocab_file,
+                   merge_file=a.merge_file, vocab_size=a.vocab_size)
+
+    def names_file(self) -> bool:
+        return bool(self.tokenizer_model or self.vocab_file)

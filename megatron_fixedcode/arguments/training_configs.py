@@ -1,11 +1,20 @@
-"""Small typed configs of the training components (optimizer, schedule, checkpoints, logging), built from
-parsed arguments (refused, if at all, at parse time: ``refusals.py``). Here, not in ``training/``, so that
-parsing does not import the trainer's room (training reads them; arguments does not import training)."""
+"""Small typed configs of the training components (optimizer, schedule, checkpoints, logging, performance,
+run health), built from parsed arguments (refused, if at all, at parse time: ``refusals.py``). Here, not in
+``training/``, so that parsing does not import the trainer's room (training reads them; arguments does not
+import training). Code after parsing reads these, never the Namespace (tests/repository checks it)."""
 from __future__ import annotations
 
 import argparse
 import signal
 import dataclasses
+from typing import TypeVar
+
+C = TypeVar("C")
+
+
+def from_dests(cls: type[C], a: argparse.Namespace) -> C:
+    """``cls`` with each field read from the parsed flag of the same dest (Megatron-LM's names)."""
+    return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls)})
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -54,13 +63,15 @@ class ScheduleConfig:
     eval_interval: int | None
     eval_iters: int
     seed: int
+    skip_train: bool = False
+
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScheduleConfig":
         return cls(micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
                    seq_length=a.seq_length, train_iters=a.train_iters, train_tokens=a.train_tokens,
                    train_samples=a.train_samples,
-                   eval_interval=a.eval_interval, eval_iters=a.eval_iters, seed=a.seed)
+                   eval_interval=a.eval_interval, eval_iters=a.eval_iters, seed=a.seed, skip_train=a.skip_train)
 
     def resolve_global_batch(self, data_parallel_size: int) -> int:
         gbs = self.global_batch_size or self.micro_batch_size * data_parallel_size
@@ -100,6 +111,10 @@ class CheckpointConfig:
     retain_interval: int | None = None  # --save-retain-interval
     no_load_optim: bool = False
     no_load_rng: bool = False
+    async_save: bool = False
+    fully_reshardable: bool = True  # --dist-ckpt-optim-fully-reshardable
+    hf_export_interval: int | None = None  # a Hugging Face export of every N-th checkpoint, in the background
+    hf_export_dir: str | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
@@ -111,7 +126,9 @@ class CheckpointConfig:
                    verify=getattr(a, "verify_checkpoint", True),
                    exit_signal=signal.Signals(a.exit_signal).name,
                    retain_interval=a.save_retain_interval, no_load_optim=bool(a.no_load_optim),
-                   no_load_rng=bool(a.no_load_rng))
+                   no_load_rng=bool(a.no_load_rng), async_save=a.async_save,
+                   fully_reshardable=a.dist_ckpt_optim_fully_reshardable,
+                   hf_export_interval=a.hf_export_interval, hf_export_dir=a.hf_export_dir)
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -129,6 +146,7 @@ class LoggingConfig:
     timing_log_option: str = "minmax"
     log_timers_to_tensorboard: bool = False
     log_progress: bool = False
+    log_throughput: bool = False
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
@@ -138,4 +156,54 @@ class LoggingConfig:
                    log_params_norm=a.log_params_norm, log_num_zeros_in_grad=a.log_num_zeros_in_grad,
                    log_memory_to_tensorboard=a.log_memory_to_tensorboard, timing_log_level=a.timing_log_level,
                    timing_log_option=a.timing_log_option, log_timers_to_tensorboard=a.log_timers_to_tensorboard,
-                   log_progress=a.log_progress)
+                   log_progress=a.log_progress, log_throughput=a.log_throughput)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class PerformanceConfig:
+    """How a step runs on the hardware: precision, Transformer Engine or local layers, fused kernels and
+    communication overlap (checked against the machine at launch: training/gpu_features.py)."""
+
+    precision: str
+    bf16: bool
+    fp8: str | None
+    fp8_recipe: str
+    tf32: bool
+    transformer_impl: str
+    tp_comm_overlap: bool
+    gradient_accumulation_fusion: bool
+    bias_gelu_fusion: bool
+    bias_swiglu_fusion: bool
+    bias_dropout_fusion: bool
+    apply_rope_fusion: bool
+    masked_softmax_fusion: bool
+    overlap_grad_reduce: bool
+    overlap_param_gather: bool
+    transformer_impl_given: bool = True  # False: Megatron-LM's default, which may fall back to local layers
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "PerformanceConfig":
+        return from_dests(cls, a)
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class HealthConfig:
+    """Megatron-LM's run-health flags: the rerun state machine (training/rerun.py), the NaN/spike/large-grad
+    checks, skipped iterations, garbage collection and the collectives' timeout."""
+
+    rerun_mode: str
+    error_injection_rate: int
+    error_injection_type: str
+    result_rejected_tracker_filename: str | None
+    check_for_nan_in_loss_and_grad: bool
+    check_for_spiky_loss: bool
+    check_for_large_grads: bool
+    iterations_to_skip: tuple[int, ...]
+    manual_gc: bool
+    manual_gc_interval: int
+    empty_unused_memory_level: int
+    distributed_timeout_minutes: int
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "HealthConfig":
+        return dataclasses.replace(from_dests(cls, a), iterations_to_skip=tuple(a.iterations_to_skip))

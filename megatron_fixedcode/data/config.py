@@ -126,6 +126,9 @@ class DataConfig:
     mock: bool = False
     """megatron-core's MockGPTDataset (Megatron-LM's ``--mock-data``): no data paths, split 1,1,1."""
 
+    num_workers: int = 2
+    """DataLoader worker processes reading the training batches ahead (``--num-workers``)."""
+
     blend: tuple[list[str], list[float] | None] = field(init=False)
     valid_blend: tuple[list[str], list[float] | None] | None = field(init=False)
 

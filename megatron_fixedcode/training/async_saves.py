@@ -25,11 +25,10 @@ class AsyncSaves:
     is what :meth:`Trainer.save` hands to ``save_checkpoint`` (None: synchronous saves)."""
 
     def __init__(self, trainer):
-        a = trainer.cfg.args
         self.trainer, self.queue = trainer, None
         self.on_finalized = lambda step: None  # the loop's: progress.txt, downstream evaluations
         self.rank0 = trainer.ranks["rank"] == 0
-        if getattr(a, "async_save", False) and trainer.cfg.checkpoint.save:
+        if trainer.cfg.checkpoint.async_save and trainer.cfg.checkpoint.save:
             from megatron_fixedcode.checkpoint.async_save import AsyncSaveQueue
 
             self.queue = AsyncSaveQueue()
@@ -71,8 +70,8 @@ class AsyncSaves:
 
     def before_export(self, final: bool) -> None:
         """A Hugging Face export converts a complete checkpoint: finalize this one first."""
-        a = self.trainer.cfg.args
-        if a.hf_export_interval and (final or self.trainer.step % a.hf_export_interval == 0):
+        interval = self.trainer.cfg.checkpoint.hf_export_interval
+        if interval and (final or self.trainer.step % interval == 0):
             self.finalize(blocking=True)
 
     def close(self) -> None:

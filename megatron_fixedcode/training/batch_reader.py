@@ -100,12 +100,11 @@ def reader_of(trainer, dataset) -> MicrobatchReader:
     ``--num-workers`` workers, the validation batches (a few, the same each time) in the training process."""
     readers = trainer.__dict__.setdefault("_readers", {})
     if id(dataset) not in readers:
-        a = trainer.cfg.args
         readers[id(dataset)] = MicrobatchReader(
-            dataset, global_batch=trainer.global_batch, micro_batch_size=a.micro_batch_size,
+            dataset, global_batch=trainer.global_batch, micro_batch_size=trainer.cfg.schedule.micro_batch_size,
             dp_rank=trainer.ranks["dp_rank"], dp_size=trainer.ranks["dp_size"],
             num_microbatches=trainer.num_microbatches, total_samples=trainer.max_steps * trainer.global_batch,
-            num_workers=a.num_workers if dataset is trainer.train_ds else 0,
+            num_workers=trainer.cfg.data.num_workers if dataset is trainer.train_ds else 0,
             exit_signal=trainer.cfg.checkpoint.exit_signal)
     return readers[id(dataset)]
 

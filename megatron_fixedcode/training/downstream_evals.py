@@ -50,20 +50,20 @@ def _job_alive(record: dict) -> bool:
 
 class DownstreamEvals:
     def __init__(self, trainer):
-        a = trainer.cfg.args
-        tasks = getattr(a, "downstream_eval_tasks", None)  # a test's stand-in trainer may lack the flags
-        self.enabled = bool(tasks) and trainer.ranks["rank"] == 0 and not a.skip_train
+        cfg = trainer.cfg
+        self.enabled = bool(cfg.downstream.tasks) and trainer.ranks["rank"] == 0 and not cfg.schedule.skip_train
         if not self.enabled:
             return
-        self.a, self.max_steps = a, trainer.max_steps
-        self.scores = scores_file(a.save, a.metrics_file)
+        self.a, self.logging, self.max_steps = cfg.downstream, cfg.logging, trainer.max_steps
+        self.save = cfg.checkpoint.save
+        self.scores = scores_file(self.save, self.logging.metrics_file)
         self.wandb_run_id = trainer.wandb_run_id
         self.slurm = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("sbatch") is not None
         self.started: set[int] = set()  # by this process
         self.procs: list[subprocess.Popen] = []
 
     def due(self, step: int) -> bool:
-        return step % self.a.downstream_eval_interval == 0 or step == self.max_steps
+        return step % self.a.interval == 0 or step == self.max_steps
 
     def start(self, step: int) -> None:
         """A run's start at ``step``: drop the scores of later checkpoints (trained again), start the missing."""
@@ -80,10 +80,10 @@ class DownstreamEvals:
         if not self.enabled:
             return
         self.procs = [p for p in self.procs if p.poll() is None]  # reap the finished
-        latest = min(latest_step(self.a.save) or 0, step)
-        root = Path(self.a.save)
+        latest = min(latest_step(self.save) or 0, step)
+        root = Path(self.save)
         steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
-        done = scored_steps(self.scores, self.a.downstream_eval_tasks, self.a.downstream_eval_limit)
+        done = scored_steps(self.scores, self.a.tasks, self.a.limit)
         for s in steps:
             if s > latest or not self.due(s) or s in done or s in self.started:
                 continue
@@ -97,21 +97,21 @@ class DownstreamEvals:
                              "next start tries again)", s, e)
 
     def _has_job(self, step: int) -> bool:
-        record = job_file(self.a.save, step, ".job")
+        record = job_file(self.save, step, ".job")
         try:
             alive = _job_alive(json.loads(record.read_text())) if record.is_file() else False
         except (OSError, ValueError, subprocess.SubprocessError):
             alive = False
-        return alive or is_running(self.a.save, step)
+        return alive or is_running(self.save, step)
 
     def _command(self, step: int) -> list[str]:
-        a = self.a
-        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.checkpoint_scores", "--save", str(Path(a.save).resolve()),
-               "--step", str(step), "--tasks", a.downstream_eval_tasks, "--scores", str(self.scores.resolve()),
-               "--batch-size", str(a.downstream_eval_batch_size)]
-        optional = (("--limit", a.downstream_eval_limit), ("--tensorboard-dir", a.tensorboard_dir),
-                    ("--wandb-project", a.wandb_project), ("--wandb-run-id", self.wandb_run_id),
-                    ("--wandb-exp-name", a.wandb_exp_name))
+        a, log = self.a, self.logging
+        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.checkpoint_scores", "--save", str(Path(self.save).resolve()),
+               "--step", str(step), "--tasks", a.tasks, "--scores", str(self.scores.resolve()),
+               "--batch-size", str(a.batch_size)]
+        optional = (("--limit", a.limit), ("--tensorboard-dir", log.tensorboard_dir),
+                    ("--wandb-project", log.wandb_project), ("--wandb-run-id", self.wandb_run_id),
+                    ("--wandb-exp-name", log.wandb_exp_name))
         for flag, value in optional:
             if value is not None:
                 cmd += [flag, str(Path(value).resolve()) if flag == "--tensorboard-dir" else str(value)]
@@ -119,15 +119,15 @@ class DownstreamEvals:
 
     def _launch(self, step: int) -> None:
         env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
-        log = job_file(self.a.save, step, ".log")
+        log = job_file(self.save, step, ".log")
         log.parent.mkdir(parents=True, exist_ok=True)
         if self.slurm:
-            script = job_file(self.a.save, step, ".sh")
+            script = job_file(self.save, step, ".sh")
             script.write_text(f"#!/bin/bash\n# the downstream evaluation of checkpoint step {step} "
                               f"(--downstream-eval-tasks)\nexec {shlex.join(self._command(step))}\n")
             env = {k: v for k, v in env.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
             cmd = ["sbatch", "--parsable", f"--job-name=eval-iter_{step:07d}", f"--output={log}", "--nodes=1",
-                   "--ntasks=1", *shlex.split(self.a.downstream_eval_sbatch or ""), str(script)]
+                   "--ntasks=1", *shlex.split(self.a.sbatch or ""), str(script)]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise ValueError(f"{shlex.join(cmd)} failed: {res.stderr.strip()}")
@@ -139,6 +139,6 @@ class DownstreamEvals:
                                         stdin=subprocess.DEVNULL, env=env, start_new_session=True)
             self.procs.append(proc)
             record, how = {"pid": proc.pid}, "started process"
-        job_file(self.a.save, step, ".job").write_text(json.dumps(record) + "\n")
+        job_file(self.save, step, ".job").write_text(json.dumps(record) + "\n")
         logger.info("downstream evaluation of checkpoint step %d: %s %s (log %s; scores to %s)", step, how,
                     next(iter(record.values())), log, self.scores)

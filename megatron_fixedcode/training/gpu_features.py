@@ -7,7 +7,6 @@ GPU-only flags there (exit 2 before any process group, model or data exists).
 """
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import importlib.util
@@ -17,6 +16,8 @@ from typing import Mapping
 
 import torch
 
+from megatron_fixedcode.arguments.parse import PretrainConfig
+from megatron_fixedcode.arguments.training_configs import PerformanceConfig
 from megatron_fixedcode.models.builder import TE_INSTALL_HINT
 from megatron_fixedcode.models.config import BLOCKS
 
@@ -36,12 +37,12 @@ def _fp8_support(recipe: str) -> tuple[bool, str]:
     return False, f"this Transformer Engine has no {name}()"
 
 
-def check_gpu_features(a: argparse.Namespace) -> None:
+def check_gpu_features(a: PerformanceConfig) -> None:
     """Refuse, naming what to install or change, GPU/TE features this machine cannot run."""
     on_gpu = torch.cuda.is_available()
     has_te = importlib.util.find_spec("transformer_engine") is not None
     wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"
-                                       and getattr(a, "transformer_impl_given", True)),
+                                       and a.transformer_impl_given),
                                       (f"--fp8-format {a.fp8}", a.fp8 is not None),
                                       ("--tp-comm-overlap", a.tp_comm_overlap)) if on]
     if not on_gpu:  # overlap of grad reduce / param gather runs on gloo too (async collectives, no streams)
@@ -63,15 +64,16 @@ def check_gpu_features(a: argparse.Namespace) -> None:
                              f"{torch.cuda.get_device_name()}: {reason}")
 
 
-def initialize_tp_comm_overlap(a: argparse.Namespace) -> None:
+def initialize_tp_comm_overlap(cfg: PretrainConfig, hidden_size: int) -> None:
     """TE userbuffers for overlapping TP all-gather/reduce-scatter with GEMMs (as Megatron-LM does)."""
-    if not a.tp_comm_overlap:
+    if not cfg.performance.tp_comm_overlap:
         return
     from transformer_engine.pytorch import module as te_module
 
-    shape = [a.seq_length * a.micro_batch_size // a.context_parallel_size, a.hidden_size]
-    te_module.base.initialize_ub(shape=shape, tp_size=a.tensor_model_parallel_size,
-                                 use_fp8=a.fp8 is not None)
+    s, layout = cfg.schedule, cfg.layout
+    shape = [s.seq_length * s.micro_batch_size // layout.context_parallel_size, hidden_size]
+    te_module.base.initialize_ub(shape=shape, tp_size=layout.tensor_model_parallel_size,
+                                 use_fp8=cfg.performance.fp8 is not None)
 
 
 def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
@@ -127,7 +129,8 @@ def _importable(module: str) -> bool:
         return False
 
 
-def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit: bool) -> dict[str, bool]:
+def fusion_settings(a: PerformanceConfig, *, te_layers: bool, gated_linear_unit: bool,
+                    squared_relu: bool) -> dict[str, bool]:
     """TransformerConfig fusion fields as Megatron-LM sets them on GPUs: each on unless its
     ``--no-...`` flag is given or this machine lacks the kernel (then off, and the log says so).
     Empty on CPU, where ``cpu_transformer_config_overrides`` turns them all off."""
@@ -139,7 +142,7 @@ def fusion_settings(a: argparse.Namespace, *, te_layers: bool, gated_linear_unit
         # as Megatron-LM: SwiGLU's fused kernel, or bias-GELU's (off without linear biases, validate_args);
         # megatron-core fuses no other activation (squared ReLU)
         "bias_activation_fusion": (a.bias_swiglu_fusion if gated_linear_unit else a.bias_gelu_fusion,
-                                   gated_linear_unit or not a.squared_relu),
+                                   gated_linear_unit or not squared_relu),
         "bias_dropout_fusion": (a.bias_dropout_fusion, True),
         "apply_rope_fusion": (a.apply_rope_fusion, _importable("transformer_engine")),
         # only the local attention uses it; TE attention (flash / cuDNN fused) always fuses
@@ -170,7 +173,7 @@ def settle_gelu_approximation(model_cfg, fusions: dict[str, bool], *, resumed: b
                     "its tanh approximation")
 
 
-def te_wgrad_fusion(a: argparse.Namespace, *, te_layers: bool) -> bool:
+def te_wgrad_fusion(a: PerformanceConfig, *, te_layers: bool) -> bool:
     """TE's ``fuse_wgrad_accumulation`` for the TE layers: their weight-gradient GEMM writes into
     megatron's FP32 ``main_grad`` (no apex needed, BF16 or FP32 inputs, so under autocast too).
     ``fusion_settings``' ``gradient_accumulation_fusion`` stays apex's, for megatron's own linear
@@ -203,7 +206,7 @@ def tf32_refusal(*, tf32: bool, fp32_gemms: bool, te_layers: bool, environ: Mapp
     return None
 
 
-def configure_tf32(a: argparse.Namespace) -> bool:
+def configure_tf32(a: PerformanceConfig) -> bool:
     """Let FP32 matmuls and convolutions use TF32 tensor cores when ``--tf32`` is given (off by default,
     torch's matmul default; Megatron-LM has no TF32 flag). Returns it; False without CUDA."""
     if not torch.cuda.is_available():

@@ -72,7 +72,7 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
     save_lock = None
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
-        if cfg.checkpoint.save and not cfg.args.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
+        if cfg.checkpoint.save and not cfg.schedule.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
             check_save_dir(cfg.checkpoint.save, rank0)  # a read-only filesystem or a path under a file: now, not at the first save
         if rank0 and cfg.checkpoint.save:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
@@ -95,7 +95,7 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
 def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
-        start_memory_history(cfg.args)  # --record-memory-history: before the model is built (profiling.py)
+        start_memory_history(cfg.watch)  # --record-memory-history: before the model is built (profiling.py)
         trainer = Trainer(cfg, plan)
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
@@ -118,13 +118,13 @@ def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = No
 def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
     ``--exit-interval``; evaluate and save on their intervals and always at the end."""
-    cfg, a, ck = trainer.cfg, trainer.cfg.args, trainer.cfg.checkpoint
+    cfg, ck, perf, skip_train = trainer.cfg, trainer.cfg.checkpoint, trainer.cfg.performance, trainer.cfg.schedule.skip_train
     rank0 = trainer.ranks["rank"] == 0
     if rank0:
         logger.info(format_parameter_report(trainer.report))
-        overlap = [what for what, on in (("grad reduce", a.overlap_grad_reduce), ("param gather", a.overlap_param_gather)) if on]
+        overlap = [what for what, on in (("grad reduce", perf.overlap_grad_reduce), ("param gather", perf.overlap_param_gather)) if on]
         impl = trainer.chunks[0].config.transformer_impl
-        if impl == "local" and a.transformer_impl == "transformer_engine":
+        if impl == "local" and perf.transformer_impl == "transformer_engine":
             logger.info("--transformer-impl transformer_engine (Megatron-LM's default, not named) needs CUDA and "
                         "Transformer Engine, absent here: building megatron-core's local layers; name "
                         "--transformer-impl local to say so, or install TE on the GPU machine")
@@ -132,37 +132,38 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
         if trainer.plan.stream_change:
             logger.warning("%s", trainer.plan.stream_change)
-        if trainer.step >= trainer.max_steps and not a.skip_train:
+        if trainer.step >= trainer.max_steps and not skip_train:
             logger.warning("nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
                            "further give a larger --train-iters, --train-samples or --train-tokens", trainer.step,
                            trainer.max_steps)
         logger.info("layers: %s%s; optimizer: %s; overlap: %s", impl,
-                    f", FP8 {a.fp8}/{a.fp8_recipe}" if a.fp8 else "", trainer.optimizer_kind,
+                    f", FP8 {perf.fp8}/{perf.fp8_recipe}" if perf.fp8 else "", trainer.optimizer_kind,
                     ", ".join(overlap) or "none")
         if trainer.device.type == "cuda":
             on = [k for k, v in trainer.fusions.items() if v]
             logger.info("GPU fusions: %s; TF32 %s", ", ".join(on) or "none", "on" if trainer.tf32 else "off")
         logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
-                    trainer.global_batch, a.micro_batch_size, trainer.num_microbatches, trainer.ranks["dp_size"],
+                    trainer.global_batch, cfg.schedule.micro_batch_size, trainer.num_microbatches, trainer.ranks["dp_size"],
                     trainer.max_steps, trainer.step)
         sch = trainer.scheduler  # after loading: the values actually in force
         logger.info("%s", describe_schedule({k: getattr(sch, k) for k in trainer.plan.schedule}, trainer.plan.schedule_source))
-        if ck.save and not a.skip_train:  # a warning, logged: room for fewer than two checkpoints
+        if ck.save and not skip_train:  # a warning, logged: room for fewer than two checkpoints
             free_space_warning(ck.save, estimate_checkpoint_bytes(
-                trainer.report["total_params"], bf16=a.bf16, distributed_optimizer=a.use_distributed_optimizer,
-                fully_reshardable=a.dist_ckpt_optim_fully_reshardable))
-    flops_per_token = model_flops_per_token(trainer.report, a.num_layers, a.hidden_size, a.seq_length)
+                trainer.report["total_params"], bf16=perf.bf16, distributed_optimizer=cfg.optim.use_distributed_optimizer,
+                fully_reshardable=ck.fully_reshardable))
+    flops_per_token = model_flops_per_token(trainer.report, trainer.model_cfg.num_layers, trainer.model_cfg.hidden_size,
+                                            cfg.schedule.seq_length)
     sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=trainer.max_steps, flops_per_token=flops_per_token,
                        num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
                        run_config=cfg.as_dict(), global_batch=trainer.global_batch,
-                       matmul=matmul_precision(a.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
-                       log_throughput=a.log_throughput, wandb_run_id=trainer.wandb_run_id,
-                       start_step=None if a.skip_train else trainer.step)
+                       matmul=matmul_precision(perf.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
+                       log_throughput=cfg.logging.log_throughput, wandb_run_id=trainer.wandb_run_id,
+                       start_step=None if skip_train else trainer.step)
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
     health.start()
     saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
     saves.on_finalized = health.async_save_finalized
-    if a.skip_train:
+    if skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
             logger.info("evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"])
@@ -175,12 +176,13 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     watch.start()
     started = time.time()
     saved_at = trainer.step
-    if a.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
+    health_flags = cfg.health
+    if health_flags.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
         gc.disable()
         gc.collect()
     while trainer.step < trainer.max_steps:
         saves.poll()
-        if trainer.step + 1 in a.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
+        if trainer.step + 1 in trainer.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
             skip_step(trainer)
             continue
         watch.before_step()
@@ -192,9 +194,9 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             saves.close()  # its checkpoint complete before the exit (the launcher requeues on 16)
             return code
         health.after_step(record)
-        if a.manual_gc and a.manual_gc_interval and trainer.step % a.manual_gc_interval == 0:
+        if health_flags.manual_gc and health_flags.manual_gc_interval and trainer.step % health_flags.manual_gc_interval == 0:
             gc.collect()
-        if a.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
+        if health_flags.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
             torch.cuda.empty_cache()
         schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
         if schedule and schedule.eval_interval and schedule.eval_iters and (
@@ -229,5 +231,5 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     if last_word is not None:
         last_word.step, last_word.max_steps = trainer.step, trainer.max_steps
     if rank0:
-        logger.info("done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, a.train_tokens)
+        logger.info("done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, cfg.schedule.train_tokens)
     return 0

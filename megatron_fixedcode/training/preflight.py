@@ -31,13 +31,13 @@ def preflight(argv: list[str]) -> None:
     """Raise ``ValueError`` (or exit 2 from the parser) on the first problem."""
     from megatron_fixedcode.data.validate import check_recorded_tokenizer, check_shards
     from megatron_fixedcode.arguments.parse import parse_pretrain_args
-    from megatron_fixedcode.training.run_plan import plan_run, run_data_config
+    from megatron_fixedcode.training.run_plan import plan_run
 
     cfg = parse_pretrain_args(argv)
     plan = plan_run(cfg, check_machine=False)  # the batch shell may see no GPU: the ranks check that
-    if cfg.args.mock_data or cfg.args.dataset_type == "sft":
+    data = cfg.data
+    if data.mock or data.dataset_type == "sft":
         return
-    data = run_data_config(cfg)
     vocab = getattr(plan.tokenizer, "vocab_size", None)
     for field, blend in (("data_path", data.blend), ("valid_data_path", data.valid_blend)):
         prefixes = blend[0] if blend is not None else []

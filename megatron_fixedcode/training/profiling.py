@@ -20,6 +20,8 @@ import pickle
 import torch
 import torch.distributed as dist
 
+from megatron_fixedcode.arguments.observe_flags import WatchConfig
+
 NEEDS_CUDA = {
     "nsys": "--profile without --use-pytorch-profiler is the CUDA profiler range for nsys, and this machine has no "
             "CUDA: add --use-pytorch-profiler for torch.profiler traces",
@@ -27,23 +29,23 @@ NEEDS_CUDA = {
 }
 
 
-def cuda_refusal(args) -> str | None:
+def cuda_refusal(watch: WatchConfig) -> str | None:
     """The one-line refusal of a flag that needs CUDA on a machine without it."""
     if torch.cuda.is_available():
         return None
-    if args.profile and not args.use_pytorch_profiler:
+    if watch.profile and not watch.use_pytorch_profiler:
         return NEEDS_CUDA["nsys"]
-    return NEEDS_CUDA["memory"] if args.record_memory_history else None
+    return NEEDS_CUDA["memory"] if watch.record_memory_history else None
 
 
-def start_memory_history(args) -> None:
+def start_memory_history(watch: WatchConfig) -> None:
     """Megatron-LM's model_provider: before the model is built, so its allocations are in the snapshots."""
-    if not (args.record_memory_history and torch.cuda.is_available()):
+    if not (watch.record_memory_history and torch.cuda.is_available()):
         return
     torch.cuda.memory._record_memory_history(True, trace_alloc_max_entries=100000, trace_alloc_record_context=True)
 
     def oom_observer(device, alloc, device_alloc, device_free):
-        with open(f"oom_rank-{dist.get_rank()}_{args.memory_snapshot_path}", "wb") as f:
+        with open(f"oom_rank-{dist.get_rank()}_{watch.memory_snapshot_path}", "wb") as f:
             pickle.dump(torch.cuda.memory._snapshot(), f)
 
     torch._C._cuda_attach_out_of_memory_observer(oom_observer)
@@ -53,17 +55,17 @@ class Profiler:
     """Megatron-LM's profiling hooks of the loop: ``before_step`` at the top of each iteration, ``after_step``
     after it, ``close`` at the end (a run that ends inside the window still writes its trace)."""
 
-    def __init__(self, args, rank: int, world_size: int, start_step: int, tensorboard_dir: str | None):
-        self.args, self.start_step = args, start_step
-        self.on = args.profile and rank in args.profile_ranks and start_step < args.profile_step_end
-        self.snapshot = args.record_memory_history and torch.cuda.is_available() and rank == world_size - 1
+    def __init__(self, watch: WatchConfig, rank: int, world_size: int, start_step: int, tensorboard_dir: str | None):
+        self.watch, self.start_step = watch, start_step
+        self.on = watch.profile and rank in watch.profile_ranks and start_step < watch.profile_step_end
+        self.snapshot = watch.record_memory_history and torch.cuda.is_available() and rank == world_size - 1
         self.prof, self.nvtx = None, None
-        if self.on and args.use_pytorch_profiler:
+        if self.on and watch.use_pytorch_profiler:
             # Megatron-LM's schedule, on the global step count: ProfilerStep#N is step N, also after a resume
             self.prof = torch.profiler.profile(
-                schedule=torch.profiler.schedule(wait=max(args.profile_step_start - 1, 0),
-                                                 warmup=1 if args.profile_step_start > 0 else 0,
-                                                 active=args.profile_step_end - args.profile_step_start, repeat=1),
+                schedule=torch.profiler.schedule(wait=max(watch.profile_step_start - 1, 0),
+                                                 warmup=1 if watch.profile_step_start > 0 else 0,
+                                                 active=watch.profile_step_end - watch.profile_step_start, repeat=1),
                 on_trace_ready=torch.profiler.tensorboard_trace_handler(tensorboard_dir), record_shapes=True,
                 with_stack=True)
             self.prof.step_num, self.prof.current_action = start_step, self.prof.schedule(start_step)
@@ -75,16 +77,16 @@ class Profiler:
             return
         if self.prof is not None:
             self.prof.step()
-        elif step == self.args.profile_step_start:
+        elif step == self.watch.profile_step_start:
             torch.cuda.check_error(torch.cuda.cudart().cudaProfilerStart())
             self.nvtx = torch.autograd.profiler.emit_nvtx(record_shapes=True)
             self.nvtx.__enter__()
 
     def after_step(self, step: int) -> None:
-        if self.snapshot and step % self.args.log_interval == 0:
-            with open(self.args.memory_snapshot_path, "wb") as f:
+        if self.snapshot and step % self.watch.log_interval == 0:
+            with open(self.watch.memory_snapshot_path, "wb") as f:
                 pickle.dump(torch.cuda.memory._snapshot(), f)
-        if self.on and step == self.args.profile_step_end:
+        if self.on and step == self.watch.profile_step_end:
             self.close()
 
     def close(self) -> None:

@@ -31,6 +31,7 @@ from megatron.core.rerun_state_machine import (
 )
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
+from megatron_fixedcode.arguments.training_configs import HealthConfig
 from megatron_fixedcode.training.errors import NonFiniteTraining
 
 logger = logging.getLogger(__name__)
@@ -43,16 +44,16 @@ _CHECKS = {"nan": False, "spiky": False}  # what the loss function validates (Me
 _FLAGS = ("rerun_requested", "checkpoint_requested", "restart_again_requested", "continue_requested")
 
 
-def check_rerun_flags(args) -> None:
+def check_rerun_flags(health: HealthConfig) -> None:
     """User errors, before anything is built (a ValueError: one line on rank 0, exit code 2)."""
-    if args.error_injection_rate < 0:
-        raise ValueError(f"--error-injection-rate {args.error_injection_rate}: give 0 (no injection) or more")
-    if args.result_rejected_tracker_filename:
+    if health.error_injection_rate < 0:
+        raise ValueError(f"--error-injection-rate {health.error_injection_rate}: give 0 (no injection) or more")
+    if health.result_rejected_tracker_filename:
         try:
-            with open(args.result_rejected_tracker_filename, "a"):
+            with open(health.result_rejected_tracker_filename, "a"):
                 pass
         except OSError as e:
-            raise ValueError(f"--result-rejected-tracker-filename {args.result_rejected_tracker_filename}: "
+            raise ValueError(f"--result-rejected-tracker-filename {health.result_rejected_tracker_filename}: "
                              f"cannot be appended to ({e.strerror})") from None
 
 
@@ -78,24 +79,23 @@ if "filename" not in Caller._fields:
     RerunStateMachine._maybe_report_stats = _report_stats
 
 
-def start_rerun(args) -> RerunStateMachine:
-    """megatron-core's state machine for this run (Megatron-LM's ``initialize_megatron``), and the
-    iterations the tracker file says to skip added to ``--iterations-to-skip`` (Megatron-LM's validate_args)."""
+def start_rerun(health: HealthConfig) -> tuple[int, ...]:
+    """megatron-core's state machine for this run (Megatron-LM's ``initialize_megatron``); the iterations to
+    skip: ``--iterations-to-skip`` and those the tracker file names (Megatron-LM's validate_args)."""
     destroy_rerun_state_machine()  # one per process; an in-process test may build several trainers
     machine_logger.setLevel(logging.INFO)  # its verdicts and report_stats' lines (megatron's INFO is hidden)
     tracker = get_cuda_rng_tracker()
     initialize_rerun_state_machine(
         state_save_func=lambda: {"rng_tracker_states": tracker.get_states()},
         state_restore_func=lambda s: s["rng_tracker_states"] and tracker.set_states(s["rng_tracker_states"]),
-        mode=MODES[args.rerun_mode],
-        error_injector=RerunErrorInjector(error_injection_rate=args.error_injection_rate,
-                                          error_injection_type=RerunDiagnostic(args.error_injection_type)),
-        result_rejected_tracker_filename=args.result_rejected_tracker_filename)
-    _CHECKS.update(nan=args.check_for_nan_in_loss_and_grad, spiky=args.check_for_spiky_loss)
-    if args.result_rejected_tracker_filename:
-        args.iterations_to_skip = [*args.iterations_to_skip, *RerunStateMachine.get_skipped_iterations_from_tracker_file(
-            args.result_rejected_tracker_filename)]
-    return get_rerun_state_machine()
+        mode=MODES[health.rerun_mode],
+        error_injector=RerunErrorInjector(error_injection_rate=health.error_injection_rate,
+                                          error_injection_type=RerunDiagnostic(health.error_injection_type)),
+        result_rejected_tracker_filename=health.result_rejected_tracker_filename)
+    _CHECKS.update(nan=health.check_for_nan_in_loss_and_grad, spiky=health.check_for_spiky_loss)
+    tracked = (RerunStateMachine.get_skipped_iterations_from_tracker_file(health.result_rejected_tracker_filename)
+               if health.result_rejected_tracker_filename else [])
+    return (*health.iterations_to_skip, *tracked)
 
 
 def validate_loss(loss: torch.Tensor) -> None:
@@ -254,7 +254,7 @@ def end_on_rerun(trainer, health, record: dict) -> int:
         health.save(final=True)
     if trainer.ranks["rank"] == 0:
         logger.error("exiting at step %d with code %d (rerun state machine, --rerun-mode %s)%s", trainer.step,
-                     record["rerun_exit"], trainer.cfg.args.rerun_mode,
+                     record["rerun_exit"], trainer.cfg.health.rerun_mode,
                      "; resume from the checkpoint saved to re-run step %d" % (trainer.step + 1)
                      if record["rerun_exit"] == 16 and record["rerun_save"] else "")
     return record["rerun_exit"]

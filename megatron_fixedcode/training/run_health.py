@@ -66,10 +66,10 @@ class RunHealth:
                                                         wandb_project=None)
         self.timers = getattr(trainer, "timers", None)
         self.rank0 = trainer.ranks["rank"] == 0
-        a = trainer.cfg.args
+        seq_length = trainer.cfg.schedule.seq_length
         self.progress = ProgressLog(trainer.cfg.checkpoint.save, enabled=self.cfg.log_progress, rank0=self.rank0,
                                     world_size=trainer.ranks["world_size"],
-                                    flops_per_sample=flops_per_token * a.seq_length, seq_length=a.seq_length)
+                                    flops_per_sample=flops_per_token * seq_length, seq_length=seq_length)
         self._logged_at = trainer.step
         self.downstream = DownstreamEvals(trainer)  # --downstream-eval-*: a job per checkpoint (rank 0)
 
@@ -80,7 +80,7 @@ class RunHealth:
             timeouts = {str(collective_timeout(g)) for g in (None, parallel_state.get_data_parallel_group(),
                                                               parallel_state.get_model_parallel_group())}
             logger.info("collectives time out after %s (--distributed-timeout-minutes %d)", ", ".join(sorted(timeouts)),
-                        self.trainer.cfg.args.distributed_timeout_minutes)
+                        self.trainer.cfg.health.distributed_timeout_minutes)
         self.progress.start(self.trainer.step * self.trainer.global_batch)
         self.downstream.start(self.trainer.step)
 

@@ -19,11 +19,11 @@ import types
 from pathlib import Path
 
 from megatron_fixedcode import checkpoint
-from megatron_fixedcode.arguments.parse import PretrainConfig, train_paths, valid_paths
+from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.data.config import is_blend_weight
 from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
-from megatron_fixedcode.training.runtime_checks import check_runtime
+from megatron_fixedcode.training.runtime_checks import check_model_runtime, check_runtime
 from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 
 logger = logging.getLogger(__name__)
@@ -46,19 +46,20 @@ def data_fingerprint(*blends: list[str] | None) -> str | None:
     return indexed_dataset_fingerprint(prefixes) if prefixes else None
 
 
-def stream_identity(a, global_batch: int, max_steps: int) -> dict:
+def stream_identity(cfg: PretrainConfig, global_batch: int, max_steps: int) -> dict:
     """What fixes the sample stream; a resume must match it to continue exactly."""
-    ident = {"global_batch_size": global_batch, "seq_length": a.seq_length, "seed": a.seed,
-             "dataset_type": a.dataset_type, "data_path": resolve_data_paths(train_paths(a)),
-             "valid_data_path": resolve_data_paths(valid_paths(a))}
-    if a.mock_data:  # megatron's mock samples: fixed by the seed, the length and the vocabulary
+    data = cfg.data
+    ident = {"global_batch_size": global_batch, "seq_length": data.seq_length, "seed": cfg.schedule.seed,
+             "dataset_type": data.dataset_type, "data_path": resolve_data_paths(data.data_path),
+             "valid_data_path": resolve_data_paths(data.valid_data_path)}
+    if data.mock:  # megatron's mock samples: fixed by the seed, the length and the vocabulary
         return {**ident, "mock_data": True, "num_train_samples": max_steps * global_batch}
-    if a.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
-        ident["data_fingerprint"] = data_fingerprint(train_paths(a), valid_paths(a))
-    if a.dataset_type == "document_windows":
-        ident["samples_per_shard_visit"] = a.samples_per_shard_visit
-    elif a.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
-        ident["sft_fields"] = [a.sft_prompt_key, a.sft_response_key, a.sft_messages_key]
+    if data.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
+        ident["data_fingerprint"] = data_fingerprint(data.data_path, data.valid_data_path)
+    if data.dataset_type == "document_windows":
+        ident["samples_per_shard_visit"] = data.samples_per_shard_visit
+    elif data.dataset_type == "sft":  # records are drawn per epoch: the stream does not depend on the run's length
+        ident["sft_fields"] = [data.sft_fields.prompt, data.sft_fields.response, data.sft_fields.messages]
     else:  # megatron's GPT shuffle is sized by the total number of samples
         ident["num_train_samples"] = max_steps * global_batch
     return ident
@@ -125,42 +126,28 @@ class RunPlan:
     stream_change: str | None = None  # a resume whose sample stream does not continue exactly: what changes
 
 
-def sft_fields(a):
-    from megatron_fixedcode.data.sft import SFTFields
-
-    return SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key, messages=a.sft_messages_key)
-
-
-def run_data_config(cfg: PretrainConfig):
-    """The data the run reads, as the dataset builders take it."""
-    from megatron_fixedcode.data.config import DataConfig
-
-    a = cfg.args
-    return DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
-                      seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
-                      samples_per_shard_visit=a.samples_per_shard_visit, sft_fields=sft_fields(a),
-                      mmap_bin_files=a.mmap_bin_files, mock=a.mock_data)
-
-
 def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     """``check_machine=False``: skip what depends on the machine (CUDA, TE), for a launcher's batch shell."""
-    a, ck = cfg.args, cfg.checkpoint
+    ck, data = cfg.checkpoint, cfg.data
     if check_machine:
         check_runtime(cfg)
-    if ck.load and not (a.tokenizer_model or a.vocab_file or a.vocab_size):
+    if ck.load and not (cfg.tokenizer.names_file() or cfg.tokenizer.vocab_size):
         take_checkpoint_tokenizer(cfg)
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
-    tokenizer = (tokenizer_from_args(a) if a.tokenizer_model or a.vocab_file
-                 else types.SimpleNamespace(vocab_size=a.vocab_size, eod=0, bos=None, pad=None,
-                                            fingerprint=f"vocab{a.vocab_size}"))
-    if a.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
+    vocab_size = cfg.tokenizer.vocab_size
+    tokenizer = (tokenizer_from_args(cfg.tokenizer) if cfg.tokenizer.names_file()
+                 else types.SimpleNamespace(vocab_size=vocab_size, eod=0, bos=None, pad=None,
+                                            fingerprint=f"vocab{vocab_size}"))
+    if data.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
         from megatron_fixedcode.data.sft import fit_to_window, load_sft_examples
 
-        for flag, paths in (("--data-path", train_paths(a)), ("--valid-data-path", valid_paths(a))):
+        for flag, paths in (("--data-path", data.data_path), ("--valid-data-path", data.valid_data_path)):
             if paths:
-                fit_to_window(load_sft_examples(paths, sft_fields(a), tokenizer), a.seq_length, flag)
+                fit_to_window(load_sft_examples(paths, data.sft_fields, tokenizer), data.seq_length, flag)
     model_cfg = cfg.model_config(tokenizer.vocab_size)
+    if check_machine:
+        check_model_runtime(model_cfg)
     code = model_cfg.code_spec()
     identity = {"input_embedding": model_cfg.input_embedding,
                 "code_fingerprint": code.fingerprint if code else "learned",
@@ -185,20 +172,19 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
 def take_checkpoint_tokenizer(cfg: PretrainConfig) -> None:
     """``--load`` and no tokenizer flag (nor --vocab-size): the checkpoint's own tokenizer, from the copy
     it carries (else the path it recorded), set on the flags, so that this run records and carries it too."""
-    a, load = cfg.args, cfg.checkpoint.load
+    load = cfg.checkpoint.load
     step = resolve_load_step(cfg)
     record = (checkpoint.read_trainer_state(load, step).get("tokenizer") or {}) if step is not None else {}
     model, merges = checkpoint_tokenizer_files(record, load, f"--load {load}")
     if model is None:
         what = "holds no checkpoint yet" if step is None else "names no tokenizer (trained on pre-tokenized ids)"
         raise ValueError(f"--load {load} {what}: give --tokenizer-model (or --vocab-size for pre-tokenized data)")
-    a.tokenizer_type = record.get("type") or "HuggingFaceTokenizer"
-    if a.tokenizer_type == "GPT2BPETokenizer":
-        a.vocab_file, a.merge_file = os.path.abspath(model), os.path.abspath(merges)
-    else:
-        a.tokenizer_model = os.path.abspath(model)
+    kind = record.get("type") or "HuggingFaceTokenizer"
+    files = ({"vocab_file": os.path.abspath(model), "merge_file": os.path.abspath(merges)}
+             if kind == "GPT2BPETokenizer" else {"tokenizer_model": os.path.abspath(model)})
+    cfg.tokenizer = dataclasses.replace(cfg.tokenizer, tokenizer_type=kind, **files)
     if int(os.environ.get("RANK", "0")) == 0:
-        logger.info("tokenizer: the checkpoint's own, %s (--load %s)", a.vocab_file or a.tokenizer_model, load)
+        logger.info("tokenizer: the checkpoint's own, %s (--load %s)", os.path.abspath(model), load)
 
 
 def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
@@ -206,7 +192,7 @@ def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
     (the run it starts from, with --load X --save X, or any other) it would write among them and
     move ``latest`` back, leaving two runs in one directory. Refused, naming the way out."""
     ck = cfg.checkpoint
-    if not (ck.finetune and ck.save and not cfg.args.skip_train):
+    if not (ck.finetune and ck.save and not cfg.schedule.skip_train):
         return
     try:
         latest = checkpoint.latest_step(ck.save)
@@ -247,7 +233,7 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
 def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
     """Refuse a resume that would not continue the checkpoint's run, naming what differs; the checkpoint's
     model config."""
-    load, a = cfg.checkpoint.load, cfg.args
+    load, tok = cfg.checkpoint.load, cfg.tokenizer
     saved = checkpoint.read_trainer_state(load, plan.load_step)
     where = f"--load {checkpoint.checkpoint_dir(load, plan.load_step)}"
     now_model = dataclasses.asdict(plan.model_cfg)
@@ -276,10 +262,10 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
         rec = saved.get("tokenizer") or {}
         raise ValueError(
             f"{where}: checkpoint was trained with tokenizer {rec.get('model') or '(none, --vocab-size)'} "
-            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {a.tokenizer_model or a.vocab_file or '(none, --vocab-size)'} "
+            f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {tok.tokenizer_model or tok.vocab_file or '(none, --vocab-size)'} "
             f"(fingerprint {plan.identity['tokenizer_fingerprint']}); refusing to resume with another tokenizer "
             "(to start from these weights with it, give --finetune)")
-    for key, now in stream_identity(a, plan.global_batch, plan.max_steps).items():
+    for key, now in stream_identity(cfg, plan.global_batch, plan.max_steps).items():
         before = saved.get(key)
         if key in ("data_path", "valid_data_path"):
             before = resolve_data_paths(before)  # checkpoints that recorded them as given

@@ -16,7 +16,6 @@ import torch
 import torch.distributed as dist
 from megatron.core.utils import check_param_hashes_across_dp_replicas
 
-from megatron_fixedcode.arguments.observe_flags import observe_settings
 from megatron_fixedcode.training.errors import ReplicasDiverged
 from megatron_fixedcode.training.gpu_features import params_synced
 from megatron_fixedcode.training.profiling import Profiler
@@ -56,14 +55,14 @@ class RunWatch:
 
     def __init__(self, trainer, flops_per_token: float):
         self.trainer, self.flops_per_token = trainer, flops_per_token
-        self.args, self.rank0 = observe_settings(trainer.cfg.args), trainer.ranks["rank"] == 0
+        self.watch, self.rank0 = trainer.cfg.watch, trainer.ranks["rank"] == 0
         self.flops, self.reported_at = 0.0, trainer.step
-        self.profiler = Profiler(self.args, trainer.ranks["rank"], trainer.ranks["world_size"], trainer.step,
+        self.profiler = Profiler(self.watch, trainer.ranks["rank"], trainer.ranks["world_size"], trainer.step,
                                  trainer.cfg.logging.tensorboard_dir if trainer.cfg.logging else None)
 
     def start(self) -> None:
-        configure_straggler(self.args, self.trainer.ranks["world_size"], self.trainer.ranks["rank"])
-        if self.args.check_weight_hash_across_dp_replicas_interval is not None:
+        configure_straggler(self.watch, self.trainer.ranks["world_size"], self.trainer.ranks["rank"])
+        if self.watch.check_weight_hash_across_dp_replicas_interval is not None:
             logging.getLogger("megatron.core.utils").setLevel(logging.INFO)  # the ranks name the differing weights
             check_weight_hashes(self.trainer.chunks, self.trainer.step, self.rank0)
 
@@ -74,9 +73,9 @@ class RunWatch:
         """Megatron-LM's post_training_step_callbacks, before the step's checkpoint."""
         step = self.trainer.step
         self.flops += self.flops_per_token * record.get("step_tokens", 0)  # the step's model FLOPs (fwd + bwd)
-        if report_straggler(self.args, step, self.flops, step - self.reported_at):
+        if report_straggler(self.watch, step, self.flops, step - self.reported_at):
             self.flops, self.reported_at = 0.0, step
-        interval = self.args.check_weight_hash_across_dp_replicas_interval
+        interval = self.watch.check_weight_hash_across_dp_replicas_interval
         if interval is not None and step % interval == 0:
             check_weight_hashes(self.trainer.chunks, step, self.rank0)
         self.profiler.after_step(step)

@@ -18,6 +18,8 @@ import time
 import torch
 from megatron.core.utils import StragglerDetector
 
+from megatron_fixedcode.arguments.observe_flags import WatchConfig
+
 
 class CpuStragglerDetector(StragglerDetector):
     """megatron-core's detector with wall-clock timers: the same reports, without CUDA events or GPU readings."""
@@ -63,18 +65,18 @@ class CpuStragglerDetector(StragglerDetector):
 stimer = StragglerDetector() if torch.cuda.is_available() else CpuStragglerDetector()
 
 
-def configure_straggler(args, world: int, rank: int) -> None:
+def configure_straggler(watch: WatchConfig, world: int, rank: int) -> None:
     """Megatron-LM's train(): the detector's settings from the flags, once per process."""
-    if not args.log_straggler:
+    if not watch.log_straggler:
         return
     logging.getLogger("megatron.core.utils").setLevel(logging.INFO)  # its report lines (the loop quiets megatron)
-    stimer.configure(world, rank, mmcnt=args.straggler_minmax_count, enabled=not args.disable_straggler_on_startup,
-                     port=args.straggler_ctrlr_port)
+    stimer.configure(world, rank, mmcnt=watch.straggler_minmax_count, enabled=not watch.disable_straggler_on_startup,
+                     port=watch.straggler_ctrlr_port)
 
 
-def report_straggler(args, step: int, flops_since_report: float, interval: int) -> bool:
+def report_straggler(watch: WatchConfig, step: int, flops_since_report: float, interval: int) -> bool:
     """Every rank, every --log-interval: megatron-core's report (a gather and a broadcast); True when it is due."""
-    if not args.log_straggler or step % args.log_interval:
+    if not watch.log_straggler or step % watch.log_interval:
         return False
     stimer.report(flops_since_report, interval)
     return True

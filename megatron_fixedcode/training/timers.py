@@ -14,6 +14,8 @@ import logging
 
 from megatron.core.timers import Timers
 
+from megatron_fixedcode.arguments.training_configs import LoggingConfig
+
 logger = logging.getLogger(__name__)
 
 # Megatron-LM's training_log (core_v0.16.1): the timers logged at each level, in its order.
@@ -27,8 +29,8 @@ LEVEL2_TIMERS = ("batch-generator", "forward-compute", "backward-compute", "forw
                  "forward-backward-send-forward-backward-recv")
 
 
-def build_timers(args) -> Timers:
-    return Timers(args.timing_log_level, args.timing_log_option)
+def build_timers(logging_cfg: LoggingConfig) -> Timers:
+    return Timers(logging_cfg.timing_log_level, logging_cfg.timing_log_option)
 
 
 def timers_to_log(level: int) -> list[str]:

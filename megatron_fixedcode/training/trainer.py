@@ -59,7 +59,7 @@ from megatron_fixedcode.training.gpu_features import (
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, forward_backward_step
 from megatron_fixedcode.training.rerun import restore_from, start_rerun
-from megatron_fixedcode.training.run_plan import RunPlan, plan_run, run_data_config, scheduler_settings, stream_identity
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
 from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
@@ -70,20 +70,21 @@ logger = logging.getLogger(__name__)
 def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.Module], dict]:
     """This rank's model chunks in megatron's DDP, and the fusion settings in force. Transformer
     Engine or local layers is decided here, once, and passed to both the fusions and the config."""
-    a = cfg.args
-    te_layers = use_transformer_engine(plan.model_cfg)
-    fusions = fusion_settings(a, te_layers=te_layers, gated_linear_unit=BLOCKS[plan.model_cfg.block]["gated_linear_unit"])
+    perf, health, model = cfg.performance, cfg.health, plan.model_cfg
+    te_layers = use_transformer_engine(model)
+    fusions = fusion_settings(perf, te_layers=te_layers, gated_linear_unit=BLOCKS[model.block]["gated_linear_unit"],
+                              squared_relu=model.squared_relu)
     settle_gelu_approximation(plan.model_cfg, fusions, resumed=plan.load_step is not None)
-    te_wgrad = te_wgrad_fusion(a, te_layers=te_layers)
+    te_wgrad = te_wgrad_fusion(perf, te_layers=te_layers)
     config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
-                                      **loss_config_fields(a.dataset_type),
-                                      **({"tp_comm_overlap": True} if a.tp_comm_overlap else {}))
+                                      **loss_config_fields(cfg.data.dataset_type),
+                                      **({"tp_comm_overlap": True} if perf.tp_comm_overlap else {}))
     chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
                                 use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
-                                overlap_grad_reduce=a.overlap_grad_reduce,
-                                overlap_param_gather=a.overlap_param_gather,
-                                check_for_nan_in_grad=a.check_for_nan_in_loss_and_grad,
-                                check_for_large_grads=a.check_for_large_grads,
+                                overlap_grad_reduce=perf.overlap_grad_reduce,
+                                overlap_param_gather=perf.overlap_param_gather,
+                                check_for_nan_in_grad=health.check_for_nan_in_loss_and_grad,
+                                check_for_large_grads=health.check_for_large_grads,
                                 te_wgrad_fusion=te_wgrad)
     return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
 
@@ -92,13 +93,13 @@ def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | Non
     """megatron's optimizer over ``chunks``. Resuming, it is built with the checkpoint's lr/min-lr
     (newer megatron-core keys its param groups by them when loading); --override-opt-param-scheduler
     sets the new ones after the load."""
-    o, a = cfg.optim, cfg.args
+    o = cfg.optim
     resumed = checkpoint_schedule or {}
     config = OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
                              decoupled_lr=resumed.get("decoupled_lr", o.decoupled_lr),
                              decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
                              weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
-                             adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=a.bf16, params_dtype=torch.float32,
+                             adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=cfg.performance.bf16, params_dtype=torch.float32,
                              use_distributed_optimizer=o.use_distributed_optimizer, timers=timers,
                              log_num_zeros_in_grad=cfg.logging.log_num_zeros_in_grad, barrier_with_L1_time=True)
     overrides = get_standard_config_overrides(config)  # what get_megatron_optimizer would use
@@ -155,11 +156,10 @@ def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch
 def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_batch: int):
     """(train, valid) datasets; the shard checks run alike on every rank, before megatron's
     rank-0-first build, and a bad shard is a :class:`DataError`."""
-    a = cfg.args
     try:
         return build_datasets(
-            run_data_config(cfg), tokenizer, num_train_samples=max_steps * global_batch,
-            num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or a.skip_train)
+            cfg.data, tokenizer, num_train_samples=max_steps * global_batch,
+            num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or cfg.schedule.skip_train)
             else 0,
             seed=cfg.schedule.seed,
         )
@@ -169,7 +169,7 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
         full = find_os_error(e)  # (and wraps the OSError in an Exception of its own)
         if full is None or not is_disk_full(full):
             raise
-        raise DataError(str(DiskFull(getattr(full, "filename", None) or a.data_cache_path or "the dataset index cache",
+        raise DataError(str(DiskFull(getattr(full, "filename", None) or cfg.data.cache_path or "the dataset index cache",
                                      full, "the index cache is rebuilt at the next start"))) from None
 
 
@@ -214,27 +214,26 @@ class Trainer:
     The loop that decides when to do each is :func:`megatron_fixedcode.training.loop.train`."""
 
     def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None):
-        a = cfg.args
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
-        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * a.distributed_timeout_minutes)
-        start_rerun(a)  # megatron-core's rerun state machine (training/rerun.py)
-        self.timers = build_timers(a)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
+        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * cfg.health.distributed_timeout_minutes)
+        self.iterations_to_skip = start_rerun(cfg.health)  # megatron-core's rerun state machine (rerun.py)
+        self.timers = build_timers(cfg.logging)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
         self.async_saves = None  # --async-save: the loop's training/async_saves.AsyncSaves
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
         # what the checkpoints record of it, and where its one copy goes under --save (rank 0, first save)
-        self.tokenizer_record = carried_record(tokenizer_record(a), getattr(self.tokenizer, "fingerprint", None))
+        self.tokenizer_record = carried_record(tokenizer_record(cfg.tokenizer), getattr(self.tokenizer, "fingerprint", None))
         self.model_cfg = plan.model_cfg
         self.identity = plan.identity
         assert plan.dp_size == self.ranks["dp_size"], (plan.dp_size, self.ranks["dp_size"])
         self.global_batch = plan.global_batch
-        self.num_microbatches = self.global_batch // (a.micro_batch_size * self.ranks["dp_size"])
+        self.num_microbatches = self.global_batch // (cfg.schedule.micro_batch_size * self.ranks["dp_size"])
         self.max_steps = plan.max_steps
         seed_streams(cfg.schedule.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
-        initialize_tp_comm_overlap(a)
-        self.tf32 = configure_tf32(a)
+        initialize_tp_comm_overlap(cfg, self.model_cfg.hidden_size)
+        self.tf32 = configure_tf32(cfg.performance)
         self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
         self.chunks[0].config.timers = self.timers  # megatron-core's schedule and grad sync time themselves
         # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
@@ -249,7 +248,7 @@ class Trainer:
         self.train_iter = restore_from(self, plan)  # the rerun data iterator; the spike statistics saved
 
     def _stream_identity(self) -> dict:
-        return stream_identity(self.cfg.args, self.global_batch, self.max_steps)
+        return stream_identity(self.cfg, self.global_batch, self.max_steps)
 
     def trainer_state(self) -> dict:
         r = self.ranks
@@ -259,7 +258,7 @@ class Trainer:
                 "tokenizer": self.tokenizer_record,
                 "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id, "rerun": checkpoint_state(),
                 "optimizer_format": checkpoint.optimizer_format(self.optimizer,
-                                                                self.cfg.args.dist_ckpt_optim_fully_reshardable),
+                                                                self.cfg.checkpoint.fully_reshardable),
                 "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
@@ -271,7 +270,7 @@ class Trainer:
     def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
         """(mean NLL over the global batch, prediction targets of the global batch)."""
         out = forward_backward(self.chunks, microbatches, num_microbatches=self.num_microbatches,
-                               seq_length=self.cfg.args.seq_length, micro_batch_size=self.cfg.args.micro_batch_size,
+                               seq_length=self.cfg.schedule.seq_length, micro_batch_size=self.cfg.schedule.micro_batch_size,
                                forward_only=forward_only, pg_collection=self.pg, device=self.device)
         # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
         owns = out is not None and self.ranks["tp_rank"] == 0
@@ -283,7 +282,7 @@ class Trainer:
         loss, targets, (save, stop, code) = forward_backward_step(self)  # re-runs it as the rerun state machine says
         if stop:
             return {"step": self.step, "rerun_exit": code, "rerun_save": save}
-        check = self.cfg.args.check_for_nan_in_loss_and_grad
+        check = self.cfg.health.check_for_nan_in_loss_and_grad
         if check and not math.isfinite(loss):  # the same all-reduced value on every rank
             raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
                                     "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)")
@@ -346,7 +345,7 @@ class Trainer:
         how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
         message = (f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
                    f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
-                   f"--load {self.cfg.args.save} --ckpt-step {step} --output {out}")
+                   f"--load {self.cfg.checkpoint.save} --ckpt-step {step} --output {out}")
         if self._export_final:
             raise ExportFailed(message)
         logger.error("%s (training goes on)", message)
@@ -354,16 +353,16 @@ class Trainer:
     def _export_to_hf(self, final: bool) -> None:
         """On rank 0, convert the checkpoint just saved in a background process (training goes on;
         the next save waits for it, so pruning never removes a checkpoint being exported)."""
-        a = self.cfg.args
-        if not a.hf_export_interval or self.ranks["rank"] != 0 or not (final or self.step % a.hf_export_interval == 0):
+        ck = self.cfg.checkpoint
+        if not ck.hf_export_interval or self.ranks["rank"] != 0 or not (final or self.step % ck.hf_export_interval == 0):
             return
-        out_root = Path(a.hf_export_dir or Path(a.save) / "hf")
+        out_root = Path(ck.hf_export_dir or Path(ck.save) / "hf")
         out_root.mkdir(parents=True, exist_ok=True)
         out = out_root / f"iter_{self.step:07d}"
         self._export_log = out_root / f"iter_{self.step:07d}.log"
         self._export_step, self._export_out, self._export_final = self.step, out, final
         cmd = [sys.executable, "-m", "megatron_fixedcode.cli.convert_checkpoint_to_hf",
-               "--load", a.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
+               "--load", ck.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
         env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
         # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
         env["CUDA_VISIBLE_DEVICES"] = ""

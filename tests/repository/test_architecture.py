@@ -141,3 +141,17 @@ def test_rooms_below_training_do_not_import_it(room):
     offenders = {m: sorted(t for t in targets if t.startswith("megatron_fixedcode.training"))
                  for m, targets in graph.items() if _room(m) == f"megatron_fixedcode.{room}"}
     assert {m: t for m, t in offenders.items() if t} == {}
+
+
+def test_training_reads_typed_configs_not_the_namespace():
+    """After parsing, the trainer's room reads the typed parts of PretrainConfig (``cfg.optim``, ``cfg.data``,
+    ``cfg.health`` ...): no ``<x>.args`` attribute read and no ``argparse`` import in ``training/``."""
+    offenders = []
+    for path in sorted((PACKAGE / "training").rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            reads_args = isinstance(node, ast.Attribute) and node.attr == "args" and isinstance(node.ctx, ast.Load)
+            imports_argparse = isinstance(node, ast.Import) and any(a.name == "argparse" for a in node.names)
+            if reads_args or imports_argparse:
+                offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
+    assert offenders == []

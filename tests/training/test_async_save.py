@@ -118,9 +118,8 @@ class _FailingQueue:
 def test_a_failed_background_write_is_one_line_and_removes_the_partial_directory(tmp_path):
     target = tmp_path / "iter_0000004"
     target.mkdir()
-    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(args=types.SimpleNamespace(async_save=False),
-                                                              checkpoint=types.SimpleNamespace(save=str(tmp_path))),
-                                    ranks={"rank": 0})
+    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(
+        save=str(tmp_path), async_save=False)), ranks={"rank": 0})
     saves = AsyncSaves(trainer)
     saves.queue = _FailingQueue(target)
     with pytest.raises(SaveFailed) as failed:

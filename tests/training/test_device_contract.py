@@ -212,15 +212,15 @@ def test_no_gpu_under_the_slurm_launchers_is_refused(monkeypatch, caplog):
 
 
 def test_transformer_engine_missing_on_a_gpu_is_an_exact_message(monkeypatch):
-    import argparse
-
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.models.builder import TE_INSTALL_HINT
+    from tests.helpers.pretrain import TINY
     from megatron_fixedcode.training import gpu_features
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: None)
-    a = argparse.Namespace(transformer_impl="transformer_engine", fp8=None, fp8_recipe="delayed",
-                           tp_comm_overlap=False, overlap_grad_reduce=False, overlap_param_gather=False)
+    a = parse_pretrain_args([*TINY, "--data-path", "x", "--train-iters", "1",
+                             "--transformer-impl", "transformer_engine"]).performance
     with pytest.raises(ValueError) as e:
         gpu_features.check_gpu_features(a)
     assert str(e.value) == f"--transformer-impl transformer_engine needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}"
@@ -242,25 +242,30 @@ def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
     from tests.helpers.pretrain import TINY
 
     argv = [*TINY, "--data-path", "x", "--train-iters", "1"]
+
+    def fusions(argv, te_layers, gated_linear_unit):
+        cfg = parse_pretrain_args(argv)
+        return gpu_features.fusion_settings(cfg.performance, te_layers=te_layers, gated_linear_unit=gated_linear_unit,
+                                            squared_relu=cfg.args.squared_relu)
+
     if not torch.cuda.is_available():  # the CPU overrides turn every fusion off
-        assert gpu_features.fusion_settings(parse_pretrain_args(argv).args, te_layers=False, gated_linear_unit=True) == {}
+        assert fusions(argv, te_layers=False, gated_linear_unit=True) == {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features, "_importable", lambda name: True)
-    on = gpu_features.fusion_settings(parse_pretrain_args(argv).args, te_layers=True, gated_linear_unit=True)
+    on = fusions(argv, te_layers=True, gated_linear_unit=True)
     assert on == dict.fromkeys(["gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
                                 "apply_rope_fusion", "masked_softmax_fusion"], True)
-    off = gpu_features.fusion_settings(parse_pretrain_args([*argv, "--no-gradient-accumulation-fusion", "--no-rope-fusion"]).args,
-                                       te_layers=True, gated_linear_unit=False)
+    off = fusions([*argv, "--no-gradient-accumulation-fusion", "--no-rope-fusion"], te_layers=True,
+                  gated_linear_unit=False)
     assert (off["gradient_accumulation_fusion"], off["apply_rope_fusion"], off["bias_activation_fusion"]) == (False, False, False)
     # Megatron-LM's GPT-2 block (GELU with linear biases) fuses bias-GELU; squared ReLU has no fused kernel
     gpt2 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--lr", "1e-3",
             "--vocab-size", "1024", "--data-path", "x", "--train-iters", "1"]
-    fused = lambda *f: gpu_features.fusion_settings(  # noqa: E731
-        parse_pretrain_args([*gpt2, *f]).args, te_layers=True, gated_linear_unit=False)["bias_activation_fusion"]
+    fused = lambda *f: fusions([*gpt2, *f], te_layers=True, gated_linear_unit=False)["bias_activation_fusion"]  # noqa: E731
     assert (fused(), fused("--no-bias-gelu-fusion"), fused("--disable-bias-linear"), fused("--squared-relu")) == (
         True, False, False, False)
     monkeypatch.setattr(gpu_features, "_importable", lambda name: False)
-    missing = gpu_features.fusion_settings(parse_pretrain_args(argv).args, te_layers=False, gated_linear_unit=True)
+    missing = fusions(argv, te_layers=False, gated_linear_unit=True)
     assert (missing["gradient_accumulation_fusion"], missing["apply_rope_fusion"], missing["masked_softmax_fusion"],
             missing["bias_activation_fusion"]) == (False, False, False, True)
 

@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
+from megatron_fixedcode.arguments.training_configs import LoggingConfig
 from megatron_fixedcode.eval import checkpoint_scores as cs
 from megatron_fixedcode.training.downstream_evals import DownstreamEvals
 from tests.helpers import REPO, SMOLLM2_TOKENIZER
@@ -86,10 +88,12 @@ def _stand_in(tmp_path, steps, latest, **args):
         (save / f"iter_{s:07d}").mkdir(parents=True)
         (save / f"iter_{s:07d}" / "checksums.json").write_text("{}")
     (save / "latest_checkpointed_iteration.txt").write_text(str(latest))
-    a = types.SimpleNamespace(downstream_eval_tasks=TASKS, downstream_eval_interval=2, downstream_eval_limit=2.0,
-                              skip_train=False, save=str(save), metrics_file=None, **args)
-    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(args=a), ranks={"rank": 0}, max_steps=5,
-                                    wandb_run_id=None)
+    logging_flags = {k: args.pop(k, None) for k in ("tensorboard_dir", "wandb_project", "wandb_exp_name")}
+    cfg = types.SimpleNamespace(
+        downstream=DownstreamConfig(tasks=TASKS, interval=2, limit=2.0, **args),
+        schedule=types.SimpleNamespace(skip_train=False), checkpoint=types.SimpleNamespace(save=str(save)),
+        logging=LoggingConfig(log_interval=1, metrics_file=None, **logging_flags))
+    trainer = types.SimpleNamespace(cfg=cfg, ranks={"rank": 0}, max_steps=5, wandb_run_id=None)
     evals = DownstreamEvals(trainer)
     evals.launched = []
     evals._launch = evals.launched.append

@@ -4,7 +4,6 @@ statistics survive a checkpoint, --iterations-to-skip reads its batch without an
 run checks the wiring (the loss function, megatron DDP's checks, the loop's exit codes and checkpoint)."""
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from types import SimpleNamespace
@@ -12,6 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from megatron_fixedcode.arguments.training_configs import HealthConfig
 from megatron_fixedcode.training.errors import NonFiniteTraining
 from megatron_fixedcode.training import rerun
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
@@ -23,9 +23,10 @@ def corpus(tmp_path_factory):
 
 
 def _args(mode="validate_results", rate=0, kind="transient_error", spiky=False, tracker=None, skip=()):
-    return argparse.Namespace(rerun_mode=mode, error_injection_rate=rate, error_injection_type=kind,
-                              check_for_nan_in_loss_and_grad=True, check_for_spiky_loss=spiky,
-                              result_rejected_tracker_filename=tracker, iterations_to_skip=list(skip))
+    return HealthConfig(rerun_mode=mode, error_injection_rate=rate, error_injection_type=kind,
+                        check_for_nan_in_loss_and_grad=True, check_for_spiky_loss=spiky, check_for_large_grads=False,
+                        result_rejected_tracker_filename=tracker, iterations_to_skip=tuple(skip), manual_gc=False,
+                        manual_gc_interval=0, empty_unused_memory_level=0, distributed_timeout_minutes=10)
 
 
 class _Trainer:

@@ -7,7 +7,6 @@ import os
 import re
 import subprocess
 import sys
-from argparse import Namespace
 from pathlib import Path
 
 import pytest
@@ -15,6 +14,7 @@ import torch
 
 from megatron_fixedcode.compat.distributed import free_port
 from megatron_fixedcode.arguments.inert_flags import INERT
+from megatron_fixedcode.arguments.observe_flags import WatchConfig
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.training.batch_reader import MicrobatchReader
 from megatron_fixedcode.training.profiling import NEEDS_CUDA, Profiler, cuda_refusal
@@ -44,16 +44,13 @@ def test_the_flags_act_with_megatrons_defaults_and_refuse_in_one_line(capsys):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the refusals of a machine without CUDA")
 def test_cuda_only_profiling_is_refused_without_cuda():
-    args = Namespace(profile=True, use_pytorch_profiler=False, record_memory_history=False)
-    assert cuda_refusal(args) == NEEDS_CUDA["nsys"]
-    assert cuda_refusal(Namespace(profile=False, use_pytorch_profiler=False, record_memory_history=True)) == \
-        NEEDS_CUDA["memory"]
-    assert cuda_refusal(Namespace(profile=True, use_pytorch_profiler=True, record_memory_history=False)) is None
+    assert cuda_refusal(WatchConfig(profile=True)) == NEEDS_CUDA["nsys"]
+    assert cuda_refusal(WatchConfig(record_memory_history=True)) == NEEDS_CUDA["memory"]
+    assert cuda_refusal(WatchConfig(profile=True, use_pytorch_profiler=True)) is None
 
 
 def _profiled_steps(tb_dir: Path, start_step: int, last_step: int, rank: int = 0) -> set[int]:
-    args = Namespace(profile=True, use_pytorch_profiler=True, profile_step_start=3, profile_step_end=5,
-                     profile_ranks=[0], record_memory_history=False, log_interval=1)
+    args = WatchConfig(profile=True, use_pytorch_profiler=True, profile_step_start=3, profile_step_end=5)
     profiler = Profiler(args, rank=rank, world_size=1, start_step=start_step, tensorboard_dir=str(tb_dir))
     for step in range(start_step, last_step):
         profiler.before_step(step)

@@ -9,6 +9,9 @@ import pytest
 import torch
 import torch.distributed as dist
 
+from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
+from megatron_fixedcode.arguments.observe_flags import WatchConfig
+from megatron_fixedcode.arguments.training_configs import LoggingConfig
 from megatron_fixedcode.training import loop
 
 
@@ -17,14 +20,17 @@ class _FakeTrainer:
     comes."""
 
     def __init__(self, save_dir: str, signal_at_save: int):
-        args = types.SimpleNamespace(skip_train=False, eval_interval=None, num_layers=2, hidden_size=64,
-                                     seq_length=32, bf16=False, precision="fp32", log_throughput=False,
-                                     manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0,
-                                     iterations_to_skip=[])
+        schedule = types.SimpleNamespace(skip_train=False, eval_interval=None, seq_length=32, train_tokens=None)
         checkpoint = types.SimpleNamespace(save=save_dir, save_interval=2, exit_duration_in_mins=None,
-                                           exit_interval=None, exit_signal_handler=True,
-                                           exit_signal="SIGTERM")
-        self.cfg = types.SimpleNamespace(args=args, checkpoint=checkpoint, logging=None, as_dict=lambda: {})
+                                           exit_interval=None, exit_signal_handler=True, exit_signal="SIGTERM",
+                                           async_save=False, hf_export_interval=None)
+        self.cfg = types.SimpleNamespace(
+            schedule=schedule, checkpoint=checkpoint, as_dict=lambda: {}, watch=WatchConfig(),
+            downstream=DownstreamConfig(), performance=types.SimpleNamespace(precision="fp32"),
+            logging=LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None, wandb_project=None),
+            health=types.SimpleNamespace(manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0))
+        self.model_cfg = types.SimpleNamespace(num_layers=2, hidden_size=64)
+        self.iterations_to_skip = ()
         self.ranks = {"rank": 1, "world_size": 1}  # not rank 0: no start-up report
         self.report, self.device, self.valid_ds = {}, torch.device("cpu"), None
         self.step, self.max_steps, self.tokens = 0, 10, 0

@@ -3,7 +3,6 @@ TransformerConfig receive, the fixed code's dtype under FP8, the fused optimizer
 CUDA machine with TE, the TE spec choice and real FP8 / overlapped training steps."""
 from __future__ import annotations
 
-import argparse
 import importlib.util
 import json
 import types
@@ -17,6 +16,7 @@ from megatron_fixedcode.models import builder
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training import gpu_features
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
+from megatron_fixedcode.arguments.training_configs import PerformanceConfig
 from tests.helpers.pretrain import TINY
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None
@@ -63,10 +63,12 @@ def test_cpu_refuses_gpu_features_at_launch_with_what_to_install(caplog, flags):
     assert "pip install" in text and "transformer_engine[pytorch]" in text
 
 
-def _args(**kw) -> argparse.Namespace:
+def _args(**kw) -> PerformanceConfig:
     base = dict(transformer_impl="auto", fp8=None, fp8_recipe="delayed", tp_comm_overlap=False,
-                overlap_grad_reduce=False, overlap_param_gather=False, tf32=True, precision="fp32")
-    return argparse.Namespace(**{**base, **kw})
+                overlap_grad_reduce=False, overlap_param_gather=False, tf32=True, precision="fp32", bf16=False,
+                gradient_accumulation_fusion=True, bias_gelu_fusion=True, bias_swiglu_fusion=True,
+                bias_dropout_fusion=True, apply_rope_fusion=True, masked_softmax_fusion=True)
+    return PerformanceConfig(**{**base, **kw})
 
 
 def test_gpu_without_te_refuses_with_install_hint(monkeypatch):
@@ -144,7 +146,8 @@ def test_wgrad_fusion_is_tes_own_where_te_is_used_and_apexs_for_local_layers(mon
     a = _args(gradient_accumulation_fusion=True, bias_swiglu_fusion=True, bias_dropout_fusion=True,
               apply_rope_fusion=True, masked_softmax_fusion=True)
     for te_layers in (True, False):
-        assert gpu_features.fusion_settings(a, te_layers=te_layers, gated_linear_unit=True)["gradient_accumulation_fusion"] is False
+        assert gpu_features.fusion_settings(a, te_layers=te_layers, gated_linear_unit=True,
+                                            squared_relu=False)["gradient_accumulation_fusion"] is False
     assert gpu_features.te_wgrad_fusion(a, te_layers=True) is True
     assert gpu_features.te_wgrad_fusion(a, te_layers=False) is False
     assert gpu_features.te_wgrad_fusion(_args(gradient_accumulation_fusion=False), te_layers=True) is False
