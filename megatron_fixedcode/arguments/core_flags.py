@@ -1,6 +1,7 @@
-"""The flags that act in every run, grouped by concern: model and input interface, parallelism and
-precision, batch/optimizer/schedule, data, checkpoints and logging; and :func:`build_parser`, which adds
-the architecture extras (``architecture_flags``) and the accepted-but-inert ones (``inert_flags``).
+"""The flags that act in every run, grouped by concern: model and input interface, batch/optimizer/schedule,
+data here; parallelism and precision (``parallel_flags``), checkpoints and logging (``checkpoint_flags``);
+and :func:`build_parser`, which adds the architecture extras (``architecture_flags``) and the
+accepted-but-inert ones (``inert_flags``).
 
 Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
 command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
@@ -10,16 +11,17 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_fixedcode.arguments.downstream_flags import add_downstream_args
+from megatron_fixedcode.arguments.checkpoint_flags import add_checkpoint_and_logging_args
 from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAction, add_accepted_args
 from megatron_fixedcode.arguments.derivations import Default
 from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
 from megatron_fixedcode.arguments.inert_flags import add_inert_args
 from megatron_fixedcode.arguments.observe_flags import add_observe_args
+from megatron_fixedcode.arguments.parallel_flags import add_parallel_and_precision_args
 from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
 from megatron_fixedcode.arguments.user_errors import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
-from megatron_fixedcode.models.config import CODE_KERNELS, FP8_FORMATS, FP8_RECIPES, INPUT_EMBEDDINGS, TRANSFORMER_IMPLS
+from megatron_fixedcode.models.config import CODE_KERNELS, INPUT_EMBEDDINGS
 
 
 # `python -m megatron_fixedcode.pretrain -h` opens with this.
@@ -75,86 +77,6 @@ def _add_model(p: argparse.ArgumentParser) -> None:
     g.add_argument("--code-norm-match", action="store_true",
                    help="scale the code so its input RMS equals the learned table's at init (--init-method-std)")
     g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
-
-
-
-PRECISIONS = ("fp32", "bf16", "fp32-autocast-bf16")
-
-
-def _add_parallel_and_precision(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("parallelism and precision")
-    g.add_argument("--tensor-model-parallel-size", type=int, default=1, help="tensor-parallel ranks")
-    g.add_argument("--pipeline-model-parallel-size", type=int, default=1, help="pipeline stages")
-    g.add_argument("--virtual-pipeline-model-parallel-size", type=int, default=None,
-                   help="model chunks per pipeline rank (interleaved schedule); this project's name for the value "
-                        "Megatron-LM derives from the two flags below")
-    g.add_argument("--num-layers-per-virtual-pipeline-stage", type=int, default=None,
-                   help="interleaved schedule: layers per model chunk (Megatron-LM)")
-    g.add_argument("--num-virtual-stages-per-pipeline-rank", type=int, default=None,
-                   help="interleaved schedule: model chunks per pipeline rank (Megatron-LM)")
-    g.add_argument("--context-parallel-size", type=int, default=1, help="context-parallel ranks")
-    g.add_argument("--sequence-parallel", action="store_true", help="shard norms/dropout over the sequence (TP > 1)")
-    g.add_argument("--use-distributed-optimizer", action="store_true",
-                   help="megatron's distributed optimizer: Adam state and FP32 main weights sharded over DP ranks")
-    g.add_argument("--no-dist-ckpt-optim-fully-reshardable", dest="dist_ckpt_optim_fully_reshardable",
-                   action="store_false", default=True,
-                   help="save the distributed optimizer's state in megatron's dp_reshardable format (no gather "
-                        "at save time, but a resume keeps Adam's state only on the same TP and PP sizes); "
-                        "default here: fully_reshardable, which resumes on any layout (docs/training.md)")
-    g.add_argument("--dist-ckpt-optim-fully-reshardable", dest="dist_ckpt_optim_fully_reshardable",
-                   action="store_true", help="Megatron-LM's flag for this project's default")
-    g.add_argument("--precision", choices=PRECISIONS, default="fp32",
-                   help="fp32; bf16 (megatron's BF16 mode: BF16 weights, FP32 master weights in the optimizer); "
-                        "fp32-autocast-bf16 (paper 2: FP32 parameters, residual stream and norms, matmuls under "
-                        "torch.autocast(bf16)). docs/training.md, 'Precision modes'")
-    g.add_argument("--bf16", dest="precision", action="store_const", const="bf16", help="= --precision bf16")
-    g.add_argument("--transformer-impl", choices=[*TRANSFORMER_IMPLS, "inference_optimized"],
-                   default=Default("transformer_engine"),
-                   help="transformer_engine (Megatron-LM's default): TE layers; left at its default on a machine "
-                        "without CUDA + Transformer Engine, local layers are built and a startup line says so; "
-                        "named explicitly there, refused. local: megatron-core's local layers")
-    g.add_argument("--recompute-activations", action="store_true", help="= --recompute-granularity selective")
-    g.add_argument("--recompute-granularity", choices=["full", "selective"], default=None,
-                   help="activation recompute: full blocks (needs --recompute-method) or the core attention only")
-    g.add_argument("--recompute-method", choices=["uniform", "block"], default=None,
-                   help="full recompute: uniform (groups of --recompute-num-layers) or block (the first N per stage)")
-    g.add_argument("--recompute-num-layers", type=int, default=None, help="full recompute: layers per group / per stage")
-    g = p.add_argument_group("transformer engine, FP8, communication overlap (CUDA GPUs)")
-    g.add_argument("--fp8-format", dest="fp8", choices=FP8_FORMATS, default=None,
-                   help="FP8 GEMMs in the TE layers (needs --bf16 and Transformer Engine); the fixed-code "
-                        "input stays in the activation dtype, TE quantizes it")
-    g.add_argument("--fp8-recipe", choices=[*FP8_RECIPES, "custom"], default="delayed",
-                   help="TE scaling recipe (mxfp8: Blackwell only; custom quantizers are refused)")
-    g.add_argument("--fp8-amax-history-len", type=int, default=1, help="delayed scaling: amax history length")
-    g.add_argument("--fp8-amax-compute-algo", choices=["most_recent", "max"], default="most_recent",
-                   help="delayed scaling: how the amax is taken from the history")
-    g.add_argument("--fp8-param-gather", action="store_true",
-                   help="keep TE weights in FP8 and all-gather them in FP8 (needs --use-distributed-optimizer)")
-    g.add_argument("--overlap-grad-reduce", action="store_true",
-                   help="overlap DP gradient reduction with backward (async collectives; on gloo too)")
-    g.add_argument("--no-overlap-grad-reduce", dest="overlap_grad_reduce", action="store_false",
-                   help="turn it off (the paper-2 recipes turn it on)")
-    g.add_argument("--overlap-param-gather", action="store_true",
-                   help="overlap the distributed optimizer's parameter all-gather with the next forward")
-    g.add_argument("--no-overlap-param-gather", dest="overlap_param_gather", action="store_false",
-                   help="turn it off (the paper-2 recipes turn it on)")
-    g.add_argument("--tp-comm-overlap", action="store_true",
-                   help="overlap TP communication with GEMMs (TE userbuffers; needs TP > 1 and --sequence-parallel)")
-    g = p.add_argument_group("GPU kernel fusions (Megatron-LM's defaults: on where this machine has the kernel; "
-                             "ignored on CPU) and TF32")
-    for flag, dest, what in (
-        ("--no-gradient-accumulation-fusion", "gradient_accumulation_fusion", "weight-gradient GEMM accumulating into main_grad (apex)"),
-        ("--no-bias-swiglu-fusion", "bias_swiglu_fusion", "fused SwiGLU (SwiGLU blocks; a bias-free GELU has none)"),
-        ("--no-bias-gelu-fusion", "bias_gelu_fusion", "fused bias-GELU (GELU blocks with linear biases)"),
-        ("--no-bias-dropout-fusion", "bias_dropout_fusion", "fused bias-dropout-add"),
-        ("--no-rope-fusion", "apply_rope_fusion", "fused RoPE (Transformer Engine)"),
-        ("--no-masked-softmax-fusion", "masked_softmax_fusion", "fused scale-mask-softmax of the local attention"),
-    ):
-        g.add_argument(flag, dest=dest, action="store_false", help=f"turn off: {what}")
-    g.add_argument("--tf32", dest="tf32", action="store_true", default=False,
-                   help="TF32 tensor cores for FP32 matmuls and convolutions (off: torch's default, which "
-                        "Megatron-LM keeps)")
-    g.add_argument("--no-tf32", dest="tf32", action="store_false", help="TF32 off (the default)")
 
 
 def _add_training(p: argparse.ArgumentParser) -> None:
@@ -252,63 +174,6 @@ def _add_data(p: argparse.ArgumentParser) -> None:
                    "are refused in one line")
 
 
-def _add_checkpoint_and_logging(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("checkpoints")
-    g.add_argument("--save", default=None, help="checkpoint directory to write")
-    g.add_argument("--load", default=None, help="checkpoint directory to resume from")
-    g.add_argument("--save-interval", "--persistent-save-interval", dest="save_interval", type=int, default=None,
-                   help="steps between checkpoints")
-    g.add_argument("--ckpt-keep-last", type=int, default=None,
-                   help="delete all but the newest N checkpoints (default: keep all, as Megatron-LM)")
-    g.add_argument("--ckpt-step", type=int, default=None, help="load this iteration instead of the latest")
-    g.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
-                   help="load --load without checking its recorded checksums (a checkpoint whose record is missing "
-                        "or incomplete is refused otherwise)")
-    g.add_argument("--hf-export-interval", type=int, default=None,
-                   help="also write a Hugging Face export of every N-th saved checkpoint (and the last)")
-    g.add_argument("--hf-export-dir", default=None, help="where the exports go: DIR/iter_0000N (default SAVE/hf)")
-    g.add_argument("--finetune", action="store_true",
-                   help="load only the model weights from --load (any layout) and start at step 0")
-    g.add_argument("--exit-duration-in-mins", type=int, default=None, help="save and exit after this many minutes")
-    g.add_argument("--exit-signal-handler", action="store_true",
-                   help="on --exit-signal, save at the end of the step and exit")
-    g.add_argument("--exit-interval", type=int, default=None, help="save and exit at a step that is a multiple of N")
-    g.add_argument("--async-save", action="store_true",
-                   help="with --use-persistent-ckpt-worker (else off, as Megatron-LM): write the checkpoint files in "
-                        "a background worker while training goes on; 'latest' moves once every rank's files and "
-                        "checksums are complete, checked at each step; a save, the run's end, a signal or a time "
-                        "limit waits for the one in flight")
-    g.add_argument("--use-persistent-ckpt-worker", action="store_true",
-                   help="--async-save's writer: one persistent process per rank (megatron-core's), which dies with it")
-    g = p.add_argument_group("logging")
-    g.add_argument("--log-interval", type=int, default=100, help="steps between log lines")
-    g.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (default: none)")
-    g.add_argument("--eval-iters", type=int, default=100, help="global batches per evaluation")
-    g.add_argument("--skip-train", action="store_true", help="load, evaluate once, exit")
-    g.add_argument("--tensorboard-dir", default=None, help="TensorBoard event directory (Megatron-LM's tags)")
-    g.add_argument("--metrics-file", default=None, help="JSON Lines file: one record per step")
-    g.add_argument("--wandb-project", default=None, help="W&B project (needs wandb)")
-    g = p.add_argument_group("run health (Megatron-LM's log lines and TensorBoard tags; docs/training.md)")
-    g.add_argument("--log-params-norm", action="store_true",
-                   help="'params norm' in the iteration line, TensorBoard 'params-norm' (each weight counted once)")
-    g.add_argument("--log-num-zeros-in-grad", action="store_true",
-                   help="'num zeros' (gradient entries equal to zero) in the iteration line, TensorBoard 'num-zeros'")
-    g.add_argument("--log-memory-to-tensorboard", action="store_true",
-                   help="TensorBoard 'mem-reserved-bytes', 'mem-allocated-bytes', 'mem-max-allocated-bytes' (CUDA); "
-                        "'mem-rss-bytes' on the CPU")
-    g.add_argument("--timing-log-level", type=int, choices=(0, 1, 2), default=0,
-                   help="megatron-core timers: 0 save/evaluate, 1 + the step's phases, 2 + compute and batches")
-    g.add_argument("--timing-log-option", choices=("max", "minmax", "all"), default="minmax",
-                   help="the timers' lines: max over ranks, (min, max), or every rank")
-    g.add_argument("--log-timers-to-tensorboard", action="store_true",
-                   help="each timer as TensorBoard '<name>-time' (max over ranks) every --log-interval")
-    g.add_argument("--log-progress", action="store_true",
-                   help="append Megatron-LM's job and checkpoint lines (throughput, FLOPs, tokens) to SAVE/progress.txt")
-    g.add_argument("--distributed-timeout-minutes", type=int, default=10,
-                   help="timeout of the process groups' collectives (torch's and megatron-core's groups)")
-    add_downstream_args(p)
-
-
 def build_parser() -> argparse.ArgumentParser:
     p = ArgumentParser(prog="python -m megatron_fixedcode.pretrain", description=DESCRIPTION,
                                 usage="%(prog)s [--config RECIPE.yaml] [--dry-run] [flags]  (see --help)",
@@ -317,13 +182,12 @@ def build_parser() -> argparse.ArgumentParser:
                    "command-line flags override it")
     p.add_argument("--dry-run", action="store_true", help="validate and print the resolved config as JSON, then exit")
     _add_model(p)
-    _add_parallel_and_precision(p)
+    add_parallel_and_precision_args(p)
     _add_training(p)
     _add_data(p)
-    _add_checkpoint_and_logging(p)
+    add_checkpoint_and_logging_args(p)
     add_observe_args(p)
     add_accepted_args(p)
     add_inert_args(p)
     add_default_only_args(p)
     return p
-

@@ -22,6 +22,8 @@ class Flag(NamedTuple):
     why: str
 
 
+# A table: one row per flag, as in docs/flags.md, not one argument per line.
+# fmt: off
 INERT_FLAGS = (
     Flag(("--attention-backend",), "attention_backend",
          {"choices": ["flash", "fused", "unfused", "local", "auto"], "default": "auto"},
@@ -243,6 +245,7 @@ INERT_FLAGS = (
     Flag(("--app-tag-run-version",), "app_tag_run_version", {"default": "0.0.0"}, "no one-logger"),
     Flag(("--disable-msc",), "enable_msc", "false", "data are read from local files"),
 )
+# fmt: on
 INERT = {flag.dest: flag.why for flag in INERT_FLAGS}  # dest -> why it has no effect here
 
 

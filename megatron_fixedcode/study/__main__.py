@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
-from megatron_fixedcode.study.graph import (STAGES, StudyOptions, build_graph, check_fixed_options, format_graph,
-                                            save_options, submit)
+from megatron_fixedcode.study.graph import STAGES, StudyOptions, build_graph, check_fixed_options, format_graph, save_options
+from megatron_fixedcode.study.slurm_submit import submit
 from megatron_fixedcode.study.layout import VARIANTS
 
 

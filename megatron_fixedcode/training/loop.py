@@ -30,7 +30,8 @@ from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
 from megatron_fixedcode.training.profiling import start_memory_history
-from megatron_fixedcode.training.run_plan import RunPlan, describe_schedule, plan_run
+from megatron_fixedcode.training.lr_schedule import describe_schedule
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run
 from megatron_fixedcode.training.run_watch import RunWatch
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up

@@ -4,7 +4,7 @@ parsed flags and the checkpoint's metadata (testable without torch.distributed).
 * :func:`plan_run` — tokenizer, model config, data-parallel size, global batch, token budget
   (``max_steps``), the load step, and the refusals of a resume that would not continue its run;
 * :func:`stream_identity` — what fixes the sample stream (a resume must match it);
-* :func:`reconcile_schedule` — Megatron-LM's rules for a checkpoint's LR schedule against the flags;
+* the LR schedule, and Megatron-LM's rules for a checkpoint's against the flags: ``lr_schedule.py``;
 * what a load restores on another layout (Adam's state, the scheduler, the RNG) is decided in
   :mod:`megatron_fixedcode.checkpoint.resume_scope`, which the checkpoint room applies.
 
@@ -23,6 +23,7 @@ from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
 from megatron_fixedcode.data.config import is_blend_weight
 from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
+from megatron_fixedcode.training.lr_schedule import reconcile_schedule, scheduler_settings
 from megatron_fixedcode.training.runtime_checks import check_model_runtime, check_runtime
 from megatron_fixedcode.utils.files import indexed_dataset_fingerprint
 
@@ -71,24 +72,6 @@ ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention
                        "add_bias_linear", "add_qkv_bias", "position_embedding_type", "max_position_embeddings",
                        "share_embeddings_and_output_weights", "qk_layernorm", "squared_relu", "rope_scaling",
                        "rope_scaling_factor")  # the input interface: its own check below
-# The scheduler's state → the flags that set it.
-SCHEDULE_FLAGS = {"max_lr": "--lr", "min_lr": "--min-lr", "lr_warmup_steps": "--lr-warmup-iters",
-                  "lr_decay_steps": "--lr-decay-iters (default: the run's length from --train-iters/--train-tokens)",
-                  "lr_decay_style": "--lr-decay-style", "start_wd": "--weight-decay", "end_wd": "--weight-decay",
-                  "decoupled_lr": "--decoupled-lr", "decoupled_min_lr": "--decoupled-min-lr"}
-
-
-def scheduler_settings(o, max_steps: int, global_batch: int = 1) -> dict:
-    """In steps. Sample-based flags (--lr-*-samples) become steps of ``global_batch`` samples, and
-    --lr-warmup-fraction a fraction of the decay steps, as Megatron-LM's scheduler counts them."""
-    warmup = o.lr_warmup_iters or o.lr_warmup_samples // global_batch
-    decay = o.lr_decay_iters or (o.lr_decay_samples // global_batch if o.lr_decay_samples else None) or max_steps
-    if o.lr_warmup_fraction is not None:
-        warmup = int(o.lr_warmup_fraction * decay)
-    return {"max_lr": o.lr, "min_lr": o.min_lr, "lr_warmup_steps": warmup,
-            "lr_decay_steps": max(decay, warmup + 1),
-            "lr_decay_style": o.lr_decay_style, "start_wd": o.weight_decay, "end_wd": o.weight_decay,
-            "decoupled_lr": o.decoupled_lr, "decoupled_min_lr": o.decoupled_min_lr}
 
 
 def planned_layout(cfg: PretrainConfig, dp_size: int) -> dict:
@@ -295,47 +278,9 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
-        reconcile_schedule(cfg, plan, saved_schedule=checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler"))
+        saved_schedule = checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler")
+        if saved_schedule:  # a checkpoint from before --decoupled-lr was accepted had none
+            plan.checkpoint_schedule = {"decoupled_lr": None, "decoupled_min_lr": None, **saved_schedule}
+            plan.schedule, plan.schedule_source = reconcile_schedule(cfg.checkpoint, plan.schedule,
+                                                                     plan.checkpoint_schedule)
     return saved.get("model_config") or {}
-
-
-def reconcile_schedule(cfg: PretrainConfig, plan: RunPlan, saved_schedule: dict | None) -> None:
-    """Megatron-LM's semantics: the checkpoint's schedule and this run's flags must agree, unless
-    --override-opt-param-scheduler (the flags win) or --use-checkpoint-opt-param-scheduler (the checkpoint wins)."""
-    if not saved_schedule:
-        return
-    # a checkpoint from before --decoupled-lr was accepted had none
-    saved_schedule = {"decoupled_lr": None, "decoupled_min_lr": None, **saved_schedule}
-    plan.checkpoint_schedule = saved_schedule
-    ck = cfg.checkpoint
-    if (saved_schedule["decoupled_lr"] is None) != (plan.schedule["decoupled_lr"] is None):
-        had = "no --decoupled-lr" if saved_schedule["decoupled_lr"] is None else f"--decoupled-lr {saved_schedule['decoupled_lr']}"
-        raise ValueError(f"--load {ck.load}: the checkpoint's optimizer was built with {had}, this run "
-                         f"{'with' if saved_schedule['decoupled_lr'] is None else 'without'} it: its parameter groups "
-                         "differ, so Adam's state cannot be loaded into them; keep it as it was, or give "
-                         "--no-load-optim to start the optimizer and the schedule afresh")
-    differ = {k: (saved_schedule[k], v) for k, v in plan.schedule.items() if k in saved_schedule and saved_schedule[k] != v}
-    if not differ:
-        plan.schedule_source = "checkpoint = command line"
-    elif ck.override_opt_param_scheduler:
-        plan.schedule_source = "command line (--override-opt-param-scheduler)"
-    elif ck.use_checkpoint_opt_param_scheduler:
-        plan.schedule.update({k: before for k, (before, _) in differ.items()})
-        plan.schedule_source = "checkpoint (--use-checkpoint-opt-param-scheduler)"
-    else:
-        what = "; ".join(f"{k} {before} in the checkpoint, {now} in this run ({SCHEDULE_FLAGS[k]})"
-                         for k, (before, now) in differ.items())
-        raise ValueError(f"--load {cfg.checkpoint.load}: the LR schedule differs: {what}; give "
-                         "--override-opt-param-scheduler to use this run's values or "
-                         "--use-checkpoint-opt-param-scheduler to keep the checkpoint's")
-
-
-def describe_schedule(schedule: dict, source: str) -> str:
-    return (f"LR schedule in force (from {source}): lr {schedule['max_lr']:g}, min-lr {schedule['min_lr']:g}, "
-            f"warmup {schedule['lr_warmup_steps']} steps, {schedule['lr_decay_style']} decay over "
-            f"{schedule['lr_decay_steps']} steps, weight decay {schedule['start_wd']:g}"
-            + (f"; input table and output layer: lr {schedule['decoupled_lr']:g}, min-lr "
-               f"{schedule['min_lr'] if schedule['decoupled_min_lr'] is None else schedule['decoupled_min_lr']:g}"
-               if schedule["decoupled_lr"] is not None else ""))
-
-

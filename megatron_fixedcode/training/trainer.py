@@ -5,7 +5,7 @@ A sample is a pure function of (seed, global sample index) and step ``n`` reads 
 ``[n·G, (n+1)·G)`` (G = global batch), so the data position *is* the step counter: resuming
 restores model, optimizer, scheduler, RNG and step, and continues the exact stream.
 
-The parts, in the order :class:`Trainer` builds them (each decided once, here or in the run plan):
+The parts, in the order :class:`Trainer` builds them (each decided once, in ``run_parts.py`` or the run plan):
 
 * :func:`build_chunks` — megatron's TransformerConfig (TE or local layers, decided once by
   ``use_transformer_engine``), the model chunks wrapped in megatron's DDP;
@@ -24,189 +24,37 @@ import shutil
 import subprocess
 import sys
 import time
-import uuid
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
-from megatron.core.optimizer import OptimizerConfig, get_megatron_optimizer, get_standard_config_overrides
-from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
-from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, find_os_error, is_write_failure
+from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
-from megatron_fixedcode.data import build_datasets
-from megatron_fixedcode.models import build_transformer_config, parameter_report
-from megatron_fixedcode.models.builder import use_transformer_engine
-from megatron_fixedcode.models.config import BLOCKS
+from megatron_fixedcode.models import parameter_report
 from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
 from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
-from megatron_fixedcode.training.forward_backward import forward_backward, loss_config_fields
+from megatron_fixedcode.training.forward_backward import forward_backward
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
-    fusion_settings,
-    settle_gelu_approximation,
     initialize_tp_comm_overlap,
     params_synced,
-    te_wgrad_fusion,
     use_fused_adamw,
 )
-from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, forward_backward_step
 from megatron_fixedcode.training.rerun import restore_from, start_rerun
-from megatron_fixedcode.training.run_plan import RunPlan, plan_run, scheduler_settings, stream_identity
+from megatron_fixedcode.training.run_parts import (build_chunks, build_optimizer, build_run_datasets, build_scheduler,
+                                                   canonical_lr, decoupled_lr, resume, wandb_run_id)
+from megatron_fixedcode.training.run_plan import RunPlan, plan_run, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
-from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
 
 logger = logging.getLogger(__name__)
-
-
-def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.Module], dict]:
-    """This rank's model chunks in megatron's DDP, and the fusion settings in force. Transformer
-    Engine or local layers is decided here, once, and passed to both the fusions and the config."""
-    perf, health, model = cfg.performance, cfg.health, plan.model_cfg
-    te_layers = use_transformer_engine(model)
-    fusions = fusion_settings(perf, te_layers=te_layers, gated_linear_unit=BLOCKS[model.block]["gated_linear_unit"],
-                              squared_relu=model.squared_relu)
-    settle_gelu_approximation(plan.model_cfg, fusions, resumed=plan.load_step is not None)
-    te_wgrad = te_wgrad_fusion(perf, te_layers=te_layers)
-    config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
-                                      **loss_config_fields(cfg.data.dataset_type),
-                                      **({"tp_comm_overlap": True} if perf.tp_comm_overlap else {}))
-    chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
-                                use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
-                                overlap_grad_reduce=perf.overlap_grad_reduce,
-                                overlap_param_gather=perf.overlap_param_gather,
-                                check_for_nan_in_grad=health.check_for_nan_in_loss_and_grad,
-                                check_for_large_grads=health.check_for_large_grads,
-                                te_wgrad_fusion=te_wgrad)
-    return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
-
-
-def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | None = None, timers=None):
-    """megatron's optimizer over ``chunks``. Resuming, it is built with the checkpoint's lr/min-lr
-    (newer megatron-core keys its param groups by them when loading); --override-opt-param-scheduler
-    sets the new ones after the load."""
-    o = cfg.optim
-    resumed = checkpoint_schedule or {}
-    config = OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
-                             decoupled_lr=resumed.get("decoupled_lr", o.decoupled_lr),
-                             decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
-                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
-                             adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=cfg.performance.bf16, params_dtype=torch.float32,
-                             use_distributed_optimizer=o.use_distributed_optimizer, timers=timers,
-                             log_num_zeros_in_grad=cfg.logging.log_num_zeros_in_grad, barrier_with_L1_time=True)
-    overrides = get_standard_config_overrides(config)  # what get_megatron_optimizer would use
-    for override in overrides.values():
-        if "max_lr" in override:  # --decoupled-lr's group: megatron-core 0.16 tells groups apart on load by
-            override["is_decoupled_lr"] = True  # (wd_mult, lr_mult, is_expert_parallel, is_decoupled_lr) only
-    return get_megatron_optimizer(config, chunks, config_overrides=overrides)
-
-
-class ParamScheduler(OptimizerParamScheduler):
-    """megatron's scheduler, whose saved state also holds --decoupled-lr/--decoupled-min-lr: they shape the
-    optimizer's parameter groups (megatron-core keeps them in no state of its own), which a resume rebuilds."""
-
-    def __init__(self, *args, decoupled_lr: float | None, decoupled_min_lr: float | None, **kwargs) -> None:
-        self.decoupled_lr, self.decoupled_min_lr = decoupled_lr, decoupled_min_lr
-        super().__init__(*args, **kwargs)
-
-    def state_dict(self) -> dict:
-        return {**super().state_dict(), "decoupled_lr": self.decoupled_lr, "decoupled_min_lr": self.decoupled_min_lr}
-
-    def load_state_dict(self, state_dict: dict) -> None:
-        super().load_state_dict(state_dict)
-        if not self.override_opt_param_scheduler:  # the groups were built with the checkpoint's values
-            self.decoupled_lr, self.decoupled_min_lr = state_dict.get("decoupled_lr"), state_dict.get("decoupled_min_lr")
-
-
-def canonical_lr(optimizer) -> float:
-    """The learning rate Megatron-LM logs: the first group on the default schedule (not --decoupled-lr's)."""
-    groups = optimizer.param_groups
-    return next((g["lr"] for g in groups if g.get("default_config", True)), groups[0]["lr"])
-
-
-def decoupled_lr(optimizer) -> float | None:
-    """The current learning rate of --decoupled-lr's group (the input table and output layer), if any."""
-    return next((g["lr"] for g in optimizer.param_groups if not g.get("default_config", True)), None)
-
-
-def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch: int = 1) -> OptimizerParamScheduler:
-    """megatron's LR/WD scheduler from this run's flags; a resume's mismatches were resolved (or
-    refused) in the run plan, so the checkpoint's values load unless overridden."""
-    o, ck = cfg.optim, cfg.checkpoint
-    sched = scheduler_settings(o, max_steps, global_batch)
-    return ParamScheduler(
-        optimizer, decoupled_lr=sched["decoupled_lr"], decoupled_min_lr=sched["decoupled_min_lr"],
-        init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
-        lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
-        lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
-        wd_incr_steps=max_steps, wd_incr_style="constant",
-        use_checkpoint_opt_param_scheduler=not ck.override_opt_param_scheduler,
-        override_opt_param_scheduler=ck.override_opt_param_scheduler,
-    )
-
-
-def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_batch: int):
-    """(train, valid) datasets; the shard checks run alike on every rank, before megatron's
-    rank-0-first build, and a bad shard is a :class:`DataError`."""
-    try:
-        return build_datasets(
-            cfg.data, tokenizer, num_train_samples=max_steps * global_batch,
-            num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or cfg.schedule.skip_train)
-            else 0,
-            seed=cfg.schedule.seed,
-        )
-    except ValueError as e:
-        raise DataError(str(e)) from None
-    except Exception as e:  # megatron writes its sample index cache beside the data or in --data-cache-path
-        full = find_os_error(e)  # (and wraps the OSError in an Exception of its own)
-        if full is None or not is_disk_full(full):
-            raise
-        raise DataError(str(DiskFull(getattr(full, "filename", None) or cfg.data.cache_path or "the dataset index cache",
-                                     full, "the index cache is rebuilt at the next start"))) from None
-
-
-def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> tuple[int, int]:
-    """Load ``plan.load_step`` into the parts; returns (step, prediction targets) to continue from
-    ((0, 0) for a fresh start or a --finetune)."""
-    ck, o = cfg.checkpoint, cfg.optim
-    if plan.load_step is None:
-        return 0, 0
-    rank, world = dist.get_rank(), dist.get_world_size()
-    target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
-    error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
-    raise_if_any_rank_failed(error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
-                             runtime_device(), checkpoint.CorruptCheckpoint)
-    state = checkpoint.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
-                                       load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
-    if ck.finetune:
-        return 0, 0
-    if ck.override_opt_param_scheduler:
-        decoupled = (o.decoupled_lr, o.min_lr if o.decoupled_min_lr is None else o.decoupled_min_lr)
-        for group in optimizer.param_groups:  # megatron-core >= 0.17 reads them per group
-            peak, final = (o.lr, o.min_lr) if group.get("default_config", True) else decoupled
-            group.update({k: v for k, v in (("max_lr", peak), ("min_lr", final)) if k in group})
-        scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
-    return state["step"], state["tokens"]
-
-
-def wandb_run_id(cfg: PretrainConfig, plan: RunPlan) -> str | None:
-    """The W&B run of this training run: the checkpoint's on a resume (a requeued job continues
-    it), a new one otherwise (also for --finetune, a new run)."""
-    if not cfg.logging.wandb_project:
-        return None
-    if plan.load_step is not None and not cfg.checkpoint.finetune:
-        saved = checkpoint.read_trainer_state(cfg.checkpoint.load, plan.load_step) or {}
-        if saved.get("wandb_run_id"):
-            return saved["wandb_run_id"]
-    return uuid.uuid4().hex[:8]
 
 
 class Trainer:

@@ -12,7 +12,8 @@ import pytest
 from megatron.core.datasets.indexed_dataset import IndexedDataset
 
 from megatron_fixedcode import quickstart_pipeline
-from megatron_fixedcode.quickstart_pipeline import MIN_STEPS, choose_steps, main, stdlib_documents
+from megatron_fixedcode.data.quickstart_corpus import stdlib_documents
+from megatron_fixedcode.quickstart_pipeline import MIN_STEPS, choose_steps, main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_ARGS = ["--data-only", "--corpus-mb", "0.3", "--vocab-size", "1024", "--valid-fraction", "0.2"]

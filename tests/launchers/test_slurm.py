@@ -288,7 +288,7 @@ def test_two_nodes_train_with_a_log_each(slurm, shards, tmp_path):
 
 
 def test_study_state_reads_every_array_task_and_falls_back_without_accounting(slurm, tmp_path):
-    from megatron_fixedcode.study.graph import slurm_state
+    from megatron_fixedcode.study.slurm_submit import slurm_state
 
     script = tmp_path / "task.sh"
     script.write_text("#!/bin/bash\n[[ $SLURM_ARRAY_TASK_ID == 0 ]] || sleep 60\n")

@@ -6,8 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.study import graph, stages
-from megatron_fixedcode.study.graph import StudyOptions, build_graph, format_graph, save_options, submit
+from megatron_fixedcode.study import slurm_submit, stages
+from megatron_fixedcode.study.graph import StudyOptions, build_graph, format_graph, save_options
+from megatron_fixedcode.study.slurm_submit import submit
 from megatron_fixedcode.study.layout import StudyLayout
 from megatron_fixedcode.study.record import sha256_json, write_json_atomic
 from tests.helpers import REPO
@@ -55,7 +56,7 @@ def test_a_corrupt_record_is_named_and_the_stage_is_redone(tmp_path, monkeypatch
     assert _eval_job(opts, "learned").done
     assert f"(redo: {layout.record('binary')}" in format_graph(build_graph(opts))
     logged: list[str] = []
-    monkeypatch.setattr(graph, "_sbatch", lambda args: "4242")
+    monkeypatch.setattr(slurm_submit, "_sbatch", lambda args: "4242")
     submit(opts, [job], log=logged.append)
     assert logged[0].startswith(f"eval-binary: {layout.record('binary')}") and logged[0].endswith("redoing it"), logged
 

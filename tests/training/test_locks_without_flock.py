@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from megatron_fixedcode.utils import locks
+from megatron_fixedcode.utils import lock_holders, locks
 from megatron_fixedcode.utils.locks import LockHeld, lock_save_dir
 
 
@@ -90,7 +90,7 @@ def test_without_flock_an_empty_or_unparsable_lock_is_taken_over_after_a_grace(t
     lock_file = _lock_file(tmp_path, content)
     with pytest.raises(LockHeld, match=rf"an unknown process.*if that run is gone, remove {lock_file}"):
         lock_save_dir(tmp_path / "ckpt")  # a run that is creating it right now: refused
-    _lock_file_age(lock_file, locks.EMPTY_LOCK_GRACE_S + 5)
+    _lock_file_age(lock_file, lock_holders.EMPTY_LOCK_GRACE_S + 5)
     caplog.set_level(logging.WARNING)
     lock = lock_save_dir(tmp_path / "ckpt")
     assert "records no holder" in caplog.text and str(lock_file) in caplog.text
@@ -109,7 +109,7 @@ def _lock_file_age(lock_file, age_s: float) -> None:
 def test_without_flock_a_reused_pid_is_taken_over_and_a_live_holder_is_refused(tmp_path, no_flock, caplog):
     """pid 1 is alive, but it is not the process that recorded itself (another start time)."""
     lock_file = _lock_file(tmp_path, json.dumps({"host": socket.gethostname(), "pid": 1,
-                                                 "pid_start": locks._pid_start_time(1) + 12345}))
+                                                 "pid_start": lock_holders.pid_start_time(1) + 12345}))
     caplog.set_level(logging.WARNING)
     lock = lock_save_dir(tmp_path / "ckpt")
     assert "pid 1 is now another process" in caplog.text
@@ -117,7 +117,7 @@ def test_without_flock_a_reused_pid_is_taken_over_and_a_live_holder_is_refused(t
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:  # a live holder with the start time it recorded: refused, naming it and the file to remove
         lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
-                                         "pid_start": locks._pid_start_time(sleeper.pid)}))
+                                         "pid_start": lock_holders.pid_start_time(sleeper.pid)}))
         with pytest.raises(LockHeld, match=rf"pid {sleeper.pid} on host .*if that run is gone, remove {lock_file}"):
             lock_save_dir(tmp_path / "ckpt")
         assert json.loads(lock_file.read_text())["pid"] == sleeper.pid
@@ -138,7 +138,7 @@ def test_without_flock_the_same_slurm_job_requeued_on_another_node_takes_over(tm
     lock = lock_save_dir(tmp_path / "ckpt")
     assert "this Slurm job (777) on node node-elsewhere" in caplog.text
     recorded = json.loads(lock_file.read_text())
-    assert recorded["slurm_job_id"] == "777" and recorded["pid_start"] == locks._pid_start_time(recorded["pid"])
+    assert recorded["slurm_job_id"] == "777" and recorded["pid_start"] == lock_holders.pid_start_time(recorded["pid"])
     lock.release()
 
 

@@ -160,7 +160,7 @@ def test_llama3_example_flags_have_megatron_meaning(corpus, tmp_path, capsys, ca
     assert resolved["block"] == "layernorm_swiglu"  # LayerNorm (1p) + SwiGLU, as Megatron-LM builds it
     # the LR schedule in steps of the global batch, as Megatron-LM counts samples
     cfg = parse_pretrain_args(argv)
-    from megatron_fixedcode.training.run_plan import scheduler_settings
+    from megatron_fixedcode.training.lr_schedule import scheduler_settings
 
     assert cfg.schedule.max_steps(8) == 8
     assert {k: scheduler_settings(cfg.optim, 8, 8)[k] for k in ("lr_warmup_steps", "lr_decay_steps")} == \
@@ -465,13 +465,13 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
 
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
     from megatron_fixedcode import checkpoint
-    from megatron_fixedcode.training import metrics, trainer
+    from megatron_fixedcode.training import metrics, run_parts
     from megatron_fixedcode.arguments.training_configs import LoggingConfig
 
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
     monkeypatch.setattr(checkpoint, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})
-    assert trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=3)) == "run42"
-    fresh = trainer.wandb_run_id(cfg, types.SimpleNamespace(load_step=None))
+    assert run_parts.wandb_run_id(cfg, types.SimpleNamespace(load_step=3)) == "run42"
+    fresh = run_parts.wandb_run_id(cfg, types.SimpleNamespace(load_step=None))
     assert fresh and fresh != "run42"
     calls = []
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw)))
