@@ -17,6 +17,7 @@ collective reduces or gathers, which is what crosses the interconnect up to the 
 
 Run: ``python benchmarks/comm.py [--smoke] [--json]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,15 +46,25 @@ PAPER2_SEQUENCES_PER_STEP = 128  # 2 GPUs x 8 sequences x 8 accumulation steps
 
 
 def model_config(shape: dict, inp: str, seq: int) -> ModelConfig:
-    return ModelConfig(num_layers=1, hidden_size=shape["hidden_size"], num_attention_heads=shape["num_attention_heads"],
-                       ffn_hidden_size=4 * shape["hidden_size"], seq_length=seq, vocab_size=shape["vocab_size"],
-                       input_embedding=inp, transformer_impl="local")
+    return ModelConfig(
+        num_layers=1,
+        hidden_size=shape["hidden_size"],
+        num_attention_heads=shape["num_attention_heads"],
+        ffn_hidden_size=4 * shape["hidden_size"],
+        seq_length=seq,
+        vocab_size=shape["vocab_size"],
+        input_embedding=inp,
+        transformer_impl="local",
+    )
 
 
 def summarize(counts) -> dict:
     ops = {k: v for k, v in counts.items() if not k.endswith(":bytes") and not k.startswith("device:")}
-    return {"calls": num_collective_calls(counts), "bytes": sum(v for k, v in counts.items() if k.endswith(":bytes")),
-            "ops": ops}
+    return {
+        "calls": num_collective_calls(counts),
+        "bytes": sum(v for k, v in counts.items() if k.endswith(":bytes")),
+        "ops": ops,
+    }
 
 
 def tp_phase(shape: dict, micro: int) -> dict:
@@ -64,22 +75,29 @@ def tp_phase(shape: dict, micro: int) -> dict:
         cfg = model_config(shape, inp, shape["seq"])
         chunks = build_model_chunks(cfg, build_transformer_config(cfg, layout), layout, pg)
         embedding = chunks[0].module.embedding
-        tokens_BS = torch.randint(0, cfg.vocab_size, (micro, cfg.seq_length), generator=torch.Generator().manual_seed(0))
+        tokens_BS = torch.randint(
+            0, cfg.vocab_size, (micro, cfg.seq_length), generator=torch.Generator().manual_seed(0)
+        )
         with count_collectives() as fwd:
             x_SBH = embedding(tokens_BS, None)
         with count_collectives() as bwd:
             if x_SBH.requires_grad:
                 x_SBH.backward(torch.ones_like(x_SBH))
-        out[inp] = {"forward": summarize(fwd), "backward": summarize(bwd),
-                    "local_output_shape": list(x_SBH.shape),
-                    "trainable_params": sum(p.numel() for p in embedding.parameters())}
+        out[inp] = {
+            "forward": summarize(fwd),
+            "backward": summarize(bwd),
+            "local_output_shape": list(x_SBH.shape),
+            "trainable_params": sum(p.numel() for p in embedding.parameters()),
+        }
         out[inp]["calls"] = out[inp]["forward"]["calls"] + out[inp]["backward"]["calls"]
         out[inp]["bytes"] = out[inp]["forward"]["bytes"] + out[inp]["backward"]["bytes"]
         del chunks, embedding, x_SBH
     full = shape["seq"] * micro * shape["hidden_size"] * 4
     for inp in INPUTS:
         out[inp]["full_activation_bytes"] = full * out[inp]["calls"]
-        out[inp]["full_activation_bytes_per_paper2_step"] = full * out[inp]["calls"] * PAPER2_SEQUENCES_PER_STEP // micro
+        out[inp]["full_activation_bytes_per_paper2_step"] = (
+            full * out[inp]["calls"] * PAPER2_SEQUENCES_PER_STEP // micro
+        )
     return out
 
 
@@ -92,13 +110,17 @@ def dp_phase(shape: dict) -> dict:
         cfg = model_config(shape, inp, shape["dp_seq"])
         chunks = build_model_chunks(cfg, build_transformer_config(cfg, layout), layout, pg)
         seq_BS = torch.randint(0, cfg.vocab_size, (1, cfg.seq_length + 1), generator=torch.Generator().manual_seed(0))
-        batch = [{"tokens": seq_BS[:, :-1].contiguous(), "labels": seq_BS[:, 1:].contiguous(),
-                  "loss_mask": torch.ones(1, cfg.seq_length)}]
+        batch = [
+            {
+                "tokens": seq_BS[:, :-1].contiguous(),
+                "labels": seq_BS[:, 1:].contiguous(),
+                "loss_mask": torch.ones(1, cfg.seq_length),
+            }
+        ]
         with count_collectives() as counts:
             forward_backward(chunks, batch, num_microbatches=1, seq_length=cfg.seq_length, micro_batch_size=1)
         grads = sum(b.grad_data.numel() * b.grad_data.element_size() for c in chunks for b in c.buffers)
-        out[inp] = {**summarize(counts), "grad_buffer_bytes": grads,
-                    "padded_vocab_size": cfg.padded_vocab_size()}
+        out[inp] = {**summarize(counts), "grad_buffer_bytes": grads, "padded_vocab_size": cfg.padded_vocab_size()}
         del chunks
     out["bytes_saved"] = out["learned"]["bytes"] - out["binary"]["bytes"]
     out["table_grad_bytes"] = out["learned"]["padded_vocab_size"] * shape["hidden_size"] * 4
@@ -107,9 +129,14 @@ def dp_phase(shape: dict) -> dict:
 
 def worker(a) -> None:
     shape = SHAPES["smoke" if a.smoke else "paper2"]
-    result = {"benchmark": "comm", "shape": "smoke" if a.smoke else "paper2", "micro_batch_size": a.micro_batch_size,
-              **{k: shape[k] for k in ("vocab_size", "hidden_size", "seq", "dp_seq")},
-              "tp2_sp": tp_phase(shape, a.micro_batch_size), "dp2": dp_phase(shape)}
+    result = {
+        "benchmark": "comm",
+        "shape": "smoke" if a.smoke else "paper2",
+        "micro_batch_size": a.micro_batch_size,
+        **{k: shape[k] for k in ("vocab_size", "hidden_size", "seq", "dp_seq")},
+        "tp2_sp": tp_phase(shape, a.micro_batch_size),
+        "dp2": dp_phase(shape),
+    }
     if int(os.environ["RANK"]) == 0:
         result["machine"] = machine()
         result["fixed_input_layer_calls"] = max(result["tp2_sp"][i]["calls"] for i in ("binary", "gf2"))
@@ -120,19 +147,29 @@ def worker(a) -> None:
 
 
 def table(r: dict) -> str:
-    lines = [f"input layer under TP=2 + sequence parallelism, V={r['vocab_size']} H={r['hidden_size']} "
-             f"{r['micro_batch_size']}x{r['seq']} tokens per microbatch (gloo, 2 ranks)"]
+    lines = [
+        f"input layer under TP=2 + sequence parallelism, V={r['vocab_size']} H={r['hidden_size']} "
+        f"{r['micro_batch_size']}x{r['seq']} tokens per microbatch (gloo, 2 ranks)"
+    ]
     for inp in INPUTS:
         t = r["tp2_sp"][inp]
-        lines.append(f"  {inp:8s} calls {t['calls']} (fwd {t['forward']['ops']}, bwd {t['backward']['ops']}); counted "
-                     f"{t['bytes'] / MIB:.3f} MiB; [s,b,h] reduced/gathered {t['full_activation_bytes'] / MIB:.3f} MiB "
-                     f"per microbatch, {t['full_activation_bytes_per_paper2_step'] / 2**30:.2f} GiB per paper-2 step")
+        lines.append(
+            f"  {inp:8s} calls {t['calls']} (fwd {t['forward']['ops']}, bwd {t['backward']['ops']}); counted "
+            f"{t['bytes'] / MIB:.3f} MiB; [s,b,h] reduced/gathered {t['full_activation_bytes'] / MIB:.3f} MiB "
+            f"per microbatch, {t['full_activation_bytes_per_paper2_step'] / 2**30:.2f} GiB per paper-2 step"
+        )
     d = r["dp2"]
-    lines.append(f"data-parallel collectives per step (gradient all-reduce + loss reductions) (DP=2, 1 layer, H={r['hidden_size']}):")
+    lines.append(
+        f"data-parallel collectives per step (gradient all-reduce + loss reductions) (DP=2, 1 layer, H={r['hidden_size']}):"
+    )
     for inp in ("learned", "binary"):
-        lines.append(f"  {inp:8s} {d[inp]['bytes'] / MIB:.3f} MiB in {d[inp]['ops']} "
-                     f"(grad buffer {d[inp]['grad_buffer_bytes'] / MIB:.3f} MiB)")
-    lines.append(f"  saved {d['bytes_saved'] / MIB:.3f} MiB; table gradient V_pad x H x 4 = {d['table_grad_bytes'] / MIB:.3f} MiB")
+        lines.append(
+            f"  {inp:8s} {d[inp]['bytes'] / MIB:.3f} MiB in {d[inp]['ops']} "
+            f"(grad buffer {d[inp]['grad_buffer_bytes'] / MIB:.3f} MiB)"
+        )
+    lines.append(
+        f"  saved {d['bytes_saved'] / MIB:.3f} MiB; table gradient V_pad x H x 4 = {d['table_grad_bytes'] / MIB:.3f} MiB"
+    )
     return "\n".join(lines)
 
 
@@ -144,8 +181,16 @@ def main(argv=None) -> None:
     a = p.parse_args(argv)
     if "LOCAL_RANK" in os.environ:
         return worker(a)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", __file__,
-           *(argv if argv is not None else sys.argv[1:])]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        __file__,
+        *(argv if argv is not None else sys.argv[1:]),
+    ]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"}
     sys.exit(subprocess.run(cmd, env=env).returncode)
 

@@ -14,6 +14,7 @@ peak plus the resident bytes of the state that existed before (:func:`storage_by
 tensor memory of a step. It does not see scratch buffers a kernel allocates and frees internally,
 nor allocator fragmentation, so it is a lower bound on what the process needs.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -78,8 +79,10 @@ def time_interleaved(fns: dict[str, Callable[[], object]], repeats: int, warmup:
             if r >= warmup:
                 walls[name].append(time.perf_counter() - t)
                 cpus[name].append(time.process_time() - c)
-    out = {n: {"wall_s": statistics.median(walls[n]), "cpu_s": statistics.median(cpus[n]),
-               "wall_min_s": min(walls[n])} for n in names}
+    out = {
+        n: {"wall_s": statistics.median(walls[n]), "cpu_s": statistics.median(cpus[n]), "wall_min_s": min(walls[n])}
+        for n in names
+    }
     out["load_average"] = [round(load_before, 2), round(os.getloadavg()[0], 2)]
     return out
 
@@ -125,8 +128,9 @@ class TensorBytes(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
-        inputs = {t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0]
-                  if isinstance(t, torch.Tensor)}
+        inputs = {
+            t.untyped_storage().data_ptr() for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)
+        }
         for t in tree_flatten(out)[0]:
             if not isinstance(t, torch.Tensor):
                 continue

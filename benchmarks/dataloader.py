@@ -12,6 +12,7 @@ the paper-2 run's: 262,144 targets per step at a step time of ``--step-seconds``
 of the global batch, doubled for full recompute and optimizer) — 16 samples/s, 8 per rank. The target
 is samples/s ≥ 10 × consumption, on one CPU core per rank.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -68,39 +69,60 @@ def main(argv=None) -> None:
         t0, c0 = time.perf_counter(), time.process_time()
         for step in range(a.steps):
             for m in range(gbs // (mbs * dp)):
-                batch = fetch_microbatch(ds, rank_microbatch_indices(step, m, global_batch_size=gbs,
-                                                                     micro_batch_size=mbs, dp_rank=0, dp_size=dp))
+                batch = fetch_microbatch(
+                    ds,
+                    rank_microbatch_indices(
+                        step, m, global_batch_size=gbs, micro_batch_size=mbs, dp_rank=0, dp_size=dp
+                    ),
+                )
                 assert batch["tokens"].shape == (mbs, seq)
         return time.perf_counter() - t0, time.process_time() - c0
 
     with tempfile.TemporaryDirectory() as tmp:
         tokens = write_shard(f"{tmp}/shard", a.docs)
         t0 = time.perf_counter()
-        windows = DocumentWindowDataset([f"{tmp}/shard"], seq_length=seq, num_samples=gbs * a.steps, seed=1234,
-                                        samples_per_shard_visit=16384)
+        windows = DocumentWindowDataset(
+            [f"{tmp}/shard"], seq_length=seq, num_samples=gbs * a.steps, seed=1234, samples_per_shard_visit=16384
+        )
         build_s = time.perf_counter() - t0
         wall, cpu = read_rank_share(windows)
         t0 = time.perf_counter()
-        gpt, _ = build_gpt_datasets(DataConfig(data_path=[f"{tmp}/shard"], seq_length=seq, split="100,0,0",
-                                               cache_path=f"{tmp}/cache"),
-                                    _Tokenizer(), num_train_samples=gbs * a.steps, num_valid_samples=0, seed=1234)
+        gpt, _ = build_gpt_datasets(
+            DataConfig(data_path=[f"{tmp}/shard"], seq_length=seq, split="100,0,0", cache_path=f"{tmp}/cache"),
+            _Tokenizer(),
+            num_train_samples=gbs * a.steps,
+            num_valid_samples=0,
+            seed=1234,
+        )
         gpt_build_s = time.perf_counter() - t0
         gpt_wall, gpt_cpu = read_rank_share(gpt)
     result = {
-        "benchmark": "dataloader", "machine": machine(), "docs": a.docs, "tokens": tokens,
-        "index_build_s": build_s, "samples_per_s": samples / wall, "samples_per_cpu_s": samples / cpu,
-        "gpt_index_build_s": gpt_build_s, "gpt_samples_per_s": samples / gpt_wall,
+        "benchmark": "dataloader",
+        "machine": machine(),
+        "docs": a.docs,
+        "tokens": tokens,
+        "index_build_s": build_s,
+        "samples_per_s": samples / wall,
+        "samples_per_cpu_s": samples / cpu,
+        "gpt_index_build_s": gpt_build_s,
+        "gpt_samples_per_s": samples / gpt_wall,
         "gpt_samples_per_cpu_s": samples / gpt_cpu,
         "consumption_samples_per_s": consumption,
-        "headroom": (samples / wall) / consumption, "gpt_headroom": (samples / gpt_wall) / consumption,
+        "headroom": (samples / wall) / consumption,
+        "gpt_headroom": (samples / gpt_wall) / consumption,
     }
-    emit(result, a.json, lambda r: (
-        f"document windows, seq {seq}: {r['samples_per_s']:,.0f} samples/s per rank "
-        f"({r['samples_per_cpu_s']:,.0f} per CPU-second), index built in {r['index_build_s']:.3f} s\n"
-        f"megatron GPTDataset: {r['gpt_samples_per_s']:,.0f} samples/s per rank, index built in "
-        f"{r['gpt_index_build_s']:.3f} s\n"
-        f"trainer consumption at paper-2 shapes: {r['consumption_samples_per_s']:.1f} samples/s per rank "
-        f"-> headroom {r['headroom']:,.0f}x / GPTDataset {r['gpt_headroom']:,.0f}x (target >= 10x)"))
+    emit(
+        result,
+        a.json,
+        lambda r: (
+            f"document windows, seq {seq}: {r['samples_per_s']:,.0f} samples/s per rank "
+            f"({r['samples_per_cpu_s']:,.0f} per CPU-second), index built in {r['index_build_s']:.3f} s\n"
+            f"megatron GPTDataset: {r['gpt_samples_per_s']:,.0f} samples/s per rank, index built in "
+            f"{r['gpt_index_build_s']:.3f} s\n"
+            f"trainer consumption at paper-2 shapes: {r['consumption_samples_per_s']:.1f} samples/s per rank "
+            f"-> headroom {r['headroom']:,.0f}x / GPTDataset {r['gpt_headroom']:,.0f}x (target >= 10x)"
+        ),
+    )
 
 
 if __name__ == "__main__":

@@ -21,6 +21,7 @@ Shape legend: B batch, S sequence, H hidden, V vocabulary.
 
 Run: ``python benchmarks/embedding.py [--small] [--json] [--repeats N]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,33 +84,61 @@ class Variant:
 
     def peak_step_bytes(self) -> dict:
         """Tensor bytes of one step: resident (params, grads, optimizer state) + transient peak."""
-        resident = storage_bytes([*self.module.parameters(), *self.module.buffers(),
-                                  *gradient_tensors([self.module]),
-                                  *(optimizer_state_tensors(self.optimizer) if self.optimizer else [])])
+        resident = storage_bytes(
+            [
+                *self.module.parameters(),
+                *self.module.buffers(),
+                *gradient_tensors([self.module]),
+                *(optimizer_state_tensors(self.optimizer) if self.optimizer else []),
+            ]
+        )
         with TensorBytes() as tracker:
             self.step()
-        return {"resident_bytes": resident, "transient_peak_bytes": tracker.peak,
-                "peak_bytes": resident + tracker.peak,
-                "param_bytes": storage_bytes(self.params),
-                "grad_bytes": storage_bytes(gradient_tensors([self.module])),
-                "optimizer_state_bytes": storage_bytes(optimizer_state_tensors(self.optimizer)) if self.optimizer else 0}
+        return {
+            "resident_bytes": resident,
+            "transient_peak_bytes": tracker.peak,
+            "peak_bytes": resident + tracker.peak,
+            "param_bytes": storage_bytes(self.params),
+            "grad_bytes": storage_bytes(gradient_tensors([self.module])),
+            "optimizer_state_bytes": storage_bytes(optimizer_state_tensors(self.optimizer)) if self.optimizer else 0,
+        }
 
 
 def build_variants(vocab: int, hidden: int, batch: int, seq: int) -> dict[str, Variant]:
     pg = initialize_distributed(ParallelLayout())
-    cfg = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=1, ffn_hidden_size=hidden,
-                      seq_length=seq, vocab_size=vocab)
+    cfg = ModelConfig(
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=1,
+        ffn_hidden_size=hidden,
+        seq_length=seq,
+        vocab_size=vocab,
+    )
     config = build_transformer_config(cfg, ParallelLayout())
     torch.manual_seed(0)
     ids_BS = torch.randint(0, vocab, (batch, seq))
-    learned = learned_embedding(config=config, vocab_size=cfg.padded_vocab_size(), max_sequence_length=seq,
-                                position_embedding_type="rope", tp_group=pg.tp)
-    variants = {"learned": Variant(learned, ids_BS, torch.optim.AdamW(
-        learned.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, fused=True))}
-    for name, kind, impl, kernel in (("fixed_binary", "binary", "table_free", "auto"),
-                                     ("fixed_gf2", "gf2", "table_free", "auto"),
-                                     ("fixed_gf2_lookup", "gf2", "lookup", "auto"),
-                                     ("torch_ops_gf2", "gf2", "table_free", "torch")):
+    learned = learned_embedding(
+        config=config,
+        vocab_size=cfg.padded_vocab_size(),
+        max_sequence_length=seq,
+        position_embedding_type="rope",
+        tp_group=pg.tp,
+    )
+    variants = {
+        "learned": Variant(
+            learned,
+            ids_BS,
+            torch.optim.AdamW(
+                learned.parameters(), lr=1e-4, betas=(0.9, 0.95), eps=1e-8, weight_decay=0.01, fused=True
+            ),
+        )
+    }
+    for name, kind, impl, kernel in (
+        ("fixed_binary", "binary", "table_free", "auto"),
+        ("fixed_gf2", "gf2", "table_free", "auto"),
+        ("fixed_gf2_lookup", "gf2", "lookup", "auto"),
+        ("torch_ops_gf2", "gf2", "table_free", "torch"),
+    ):
         spec = CodeSpec.create(kind=kind, vocab_size=vocab, hidden_size=hidden, implementation=impl)
         variants[name] = Variant(FixedCodeEmbedding(config, spec, tp_group=pg.tp, kernel=kernel), ids_BS)
     return variants
@@ -135,19 +164,37 @@ def run(size: str, repeats: int) -> dict:
     step = time_interleaved({n: v.step for n, v in variants.items()}, repeats)
 
     bw = fwd["bandwidth"]["wall_s"]
-    per_variant = {n: {"forward_s": fwd[n]["wall_s"], "forward_cpu_s": fwd[n]["cpu_s"],
-                       "forward_backward_s": fwd_bwd[n]["wall_s"], "step_s": step[n]["wall_s"],
-                       "step_cpu_s": step[n]["cpu_s"], **memory[n]} for n in variants}
+    per_variant = {
+        n: {
+            "forward_s": fwd[n]["wall_s"],
+            "forward_cpu_s": fwd[n]["cpu_s"],
+            "forward_backward_s": fwd_bwd[n]["wall_s"],
+            "step_s": step[n]["wall_s"],
+            "step_cpu_s": step[n]["cpu_s"],
+            **memory[n],
+        }
+        for n in variants
+    }
     fraction = {n: bw / fwd[n]["wall_s"] for n in fixed_names}
     torch_ops_fraction = bw / fwd["torch_ops_gf2"]["wall_s"]
     learned_step = step["learned"]["wall_s"]
     output_bytes = seq * batch * hidden * torch.empty((), dtype=out_dtype).element_size()
     return {
-        "benchmark": "embedding", "size": size, "vocab_size": vocab, "padded_vocab_size": vocab,
-        "hidden_size": hidden, "micro_batch_size": batch, "seq_length": seq, "output_dtype": str(out_dtype),
-        "output_bytes": output_bytes, "repeats": repeats, "machine": machine(),
+        "benchmark": "embedding",
+        "size": size,
+        "vocab_size": vocab,
+        "padded_vocab_size": vocab,
+        "hidden_size": hidden,
+        "micro_batch_size": batch,
+        "seq_length": seq,
+        "output_dtype": str(out_dtype),
+        "output_bytes": output_bytes,
+        "repeats": repeats,
+        "machine": machine(),
         "load_average_during": [fwd["load_average"][0], step["load_average"][1]],
-        "bandwidth_s": bw, "bandwidth_GBps": output_bytes / bw / 1e9, "forward_rounds": forward_rounds,
+        "bandwidth_s": bw,
+        "bandwidth_GBps": output_bytes / bw / 1e9,
+        "forward_rounds": forward_rounds,
         "variants": per_variant,
         # Throughput as a fraction of the bandwidth bound (1.0 = as fast as writing the output);
         # the headline is the slowest fixed variant.
@@ -157,29 +204,40 @@ def run(size: str, repeats: int) -> dict:
         "fused_cpu_kernel": fixed_code_cpu_kernel() is not None and not torch.cuda.is_available(),
         "fixed_over_learned_step_time": max(step[n]["wall_s"] for n in fixed_names) / learned_step,
         "fixed_over_learned_step_cpu_time": max(step[n]["cpu_s"] for n in fixed_names) / step["learned"]["cpu_s"],
-        "learned_state_bytes": memory["learned"]["param_bytes"] + memory["learned"]["grad_bytes"]
+        "learned_state_bytes": memory["learned"]["param_bytes"]
+        + memory["learned"]["grad_bytes"]
         + memory["learned"]["optimizer_state_bytes"],
-        "fixed_state_bytes": max(memory[n]["param_bytes"] + memory[n]["grad_bytes"]
-                                 + memory[n]["optimizer_state_bytes"] for n in fixed_names),
-        "fixed_peak_over_learned_peak": max(memory[n]["peak_bytes"] for n in fixed_names) / memory["learned"]["peak_bytes"],
+        "fixed_state_bytes": max(
+            memory[n]["param_bytes"] + memory[n]["grad_bytes"] + memory[n]["optimizer_state_bytes"] for n in fixed_names
+        ),
+        "fixed_peak_over_learned_peak": max(memory[n]["peak_bytes"] for n in fixed_names)
+        / memory["learned"]["peak_bytes"],
     }
 
 
 def table(r: dict) -> str:
-    lines = [f"input layer: V={r['vocab_size']} H={r['hidden_size']} tokens={r['micro_batch_size']}x{r['seq_length']} "
-             f"{r['output_dtype']}  threads={r['machine']['torch_threads']} load={r['load_average_during']}",
-             f"bandwidth reference (empty+fill_ of {r['output_bytes'] / MIB:.0f} MiB): "
-             f"{r['bandwidth_s'] * 1e3:.2f} ms ({r['bandwidth_GBps']:.2f} GB/s)",
-             f"{'variant':18s} {'fwd ms':>8s} {'fwd+bwd ms':>11s} {'step ms':>9s} {'peak MiB':>9s} "
-             f"{'grad MiB':>9s} {'opt MiB':>8s}"]
+    lines = [
+        f"input layer: V={r['vocab_size']} H={r['hidden_size']} tokens={r['micro_batch_size']}x{r['seq_length']} "
+        f"{r['output_dtype']}  threads={r['machine']['torch_threads']} load={r['load_average_during']}",
+        f"bandwidth reference (empty+fill_ of {r['output_bytes'] / MIB:.0f} MiB): "
+        f"{r['bandwidth_s'] * 1e3:.2f} ms ({r['bandwidth_GBps']:.2f} GB/s)",
+        f"{'variant':18s} {'fwd ms':>8s} {'fwd+bwd ms':>11s} {'step ms':>9s} {'peak MiB':>9s} "
+        f"{'grad MiB':>9s} {'opt MiB':>8s}",
+    ]
     for n, v in r["variants"].items():
-        lines.append(f"{n:18s} {v['forward_s'] * 1e3:8.2f} {v['forward_backward_s'] * 1e3:11.2f} "
-                     f"{v['step_s'] * 1e3:9.2f} {v['peak_bytes'] / MIB:9.1f} {v['grad_bytes'] / MIB:9.1f} "
-                     f"{v['optimizer_state_bytes'] / MIB:8.1f}")
-    lines.append(f"fixed forward / bandwidth bound (throughput, slowest fixed): {r['fixed_fwd_fraction_of_bandwidth']:.2f}"
-                 f"  (fused CPU kernel: {r['fused_cpu_kernel']}; torch ops: {r['torch_ops_fwd_fraction_of_bandwidth']:.2f})")
-    lines.append(f"fixed step / learned step (wall): {r['fixed_over_learned_step_time']:.4f}  "
-                 f"(CPU time: {r['fixed_over_learned_step_cpu_time']:.4f})")
+        lines.append(
+            f"{n:18s} {v['forward_s'] * 1e3:8.2f} {v['forward_backward_s'] * 1e3:11.2f} "
+            f"{v['step_s'] * 1e3:9.2f} {v['peak_bytes'] / MIB:9.1f} {v['grad_bytes'] / MIB:9.1f} "
+            f"{v['optimizer_state_bytes'] / MIB:8.1f}"
+        )
+    lines.append(
+        f"fixed forward / bandwidth bound (throughput, slowest fixed): {r['fixed_fwd_fraction_of_bandwidth']:.2f}"
+        f"  (fused CPU kernel: {r['fused_cpu_kernel']}; torch ops: {r['torch_ops_fwd_fraction_of_bandwidth']:.2f})"
+    )
+    lines.append(
+        f"fixed step / learned step (wall): {r['fixed_over_learned_step_time']:.4f}  "
+        f"(CPU time: {r['fixed_over_learned_step_cpu_time']:.4f})"
+    )
     return "\n".join(lines)
 
 
@@ -187,8 +245,9 @@ def main(argv=None) -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--small", action="store_true", help="V=49152, H=512, 2x512 tokens")
     p.add_argument("--smoke", action="store_true", help="a few seconds; for tests")
-    p.add_argument("--repeats", type=int, default=None,
-                   help="timed rounds per variant (median reported); forwards get 10x as many")
+    p.add_argument(
+        "--repeats", type=int, default=None, help="timed rounds per variant (median reported); forwards get 10x as many"
+    )
     p.add_argument("--threads", type=int, default=None, help="torch intra-op threads (default: torch's)")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     a = p.parse_args(argv)

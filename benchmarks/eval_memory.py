@@ -11,6 +11,7 @@ the growth of the process's peak resident memory (``ru_maxrss``) over the reduct
 Run: ``python benchmarks/eval_memory.py [--batch-size 2] [--seq-length 2048] [--vocab-size 49152]
 [--device cpu] [--chunk-mib M] [--json]``; ``--smoke``: a small shape, for the tests.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -29,8 +30,11 @@ from common import MIB, TensorBytes, emit, machine  # noqa: E402
 def _before(logits_BSV, tgt_BS):  # the reduction as it was: a float64 copy of the batch, then its log-softmax
     import torch
 
-    return float(torch.nn.functional.cross_entropy(logits_BSV.double().flatten(0, 1), tgt_BS.flatten(),
-                                                   ignore_index=-100, reduction="sum"))
+    return float(
+        torch.nn.functional.cross_entropy(
+            logits_BSV.double().flatten(0, 1), tgt_BS.flatten(), ignore_index=-100, reduction="sum"
+        )
+    )
 
 
 def _after(logits_BSV, tgt_BS):
@@ -39,7 +43,9 @@ def _after(logits_BSV, tgt_BS):
     return summed_nll(logits_BSV, tgt_BS)[0]
 
 
-def child(variant: str, batch_size: int, seq_length: int, vocab_size: int, device: str, chunk_mib: float | None) -> dict:
+def child(
+    variant: str, batch_size: int, seq_length: int, vocab_size: int, device: str, chunk_mib: float | None
+) -> dict:
     import torch
 
     from megatron_fixedcode.eval import perplexity
@@ -63,9 +69,14 @@ def child(variant: str, batch_size: int, seq_length: int, vocab_size: int, devic
             nll = fn(logits_BSV, tgt_BS)
         rss1 = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
         process_growth = (torch.cuda.max_memory_allocated() - base) if device.startswith("cuda") else rss1 - rss0
-    return {"variant": variant, "nll_sum": nll, "tensor_peak_bytes": counter.peak,
-            "process_peak_growth_bytes": process_growth, "logits_bytes": logits_BSV.numel() * 4,
-            "chunk_bytes": perplexity.NLL_CHUNK_BYTES}
+    return {
+        "variant": variant,
+        "nll_sum": nll,
+        "tensor_peak_bytes": counter.peak,
+        "process_peak_growth_bytes": process_growth,
+        "logits_bytes": logits_BSV.numel() * 4,
+        "chunk_bytes": perplexity.NLL_CHUNK_BYTES,
+    }
 
 
 def main() -> None:
@@ -86,23 +97,49 @@ def main() -> None:
         return
     runs = {}
     for variant in ("before", "after"):
-        proc = subprocess.run([sys.executable, __file__, "--child", variant, "--batch-size", str(a.batch_size),
-                               "--seq-length", str(a.seq_length), "--vocab-size", str(a.vocab_size),
-                               "--device", a.device, *(["--chunk-mib", str(a.chunk_mib)] if a.chunk_mib else [])],
-                              capture_output=True, text=True, check=True)
+        proc = subprocess.run(
+            [
+                sys.executable,
+                __file__,
+                "--child",
+                variant,
+                "--batch-size",
+                str(a.batch_size),
+                "--seq-length",
+                str(a.seq_length),
+                "--vocab-size",
+                str(a.vocab_size),
+                "--device",
+                a.device,
+                *(["--chunk-mib", str(a.chunk_mib)] if a.chunk_mib else []),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
         runs[variant] = json.loads(proc.stdout.strip().splitlines()[-1])
-    result = {"machine": machine(), "batch_size": a.batch_size, "seq_length": a.seq_length,
-              "vocab_size": a.vocab_size, "device": a.device, "variants": runs,
-              "nll_relative_difference": abs(runs["after"]["nll_sum"] - runs["before"]["nll_sum"])
-              / abs(runs["before"]["nll_sum"])}
+    result = {
+        "machine": machine(),
+        "batch_size": a.batch_size,
+        "seq_length": a.seq_length,
+        "vocab_size": a.vocab_size,
+        "device": a.device,
+        "variants": runs,
+        "nll_relative_difference": abs(runs["after"]["nll_sum"] - runs["before"]["nll_sum"])
+        / abs(runs["before"]["nll_sum"]),
+    }
 
     def table(r: dict) -> str:
-        lines = [f"B={r['batch_size']} S={r['seq_length']} V={r['vocab_size']} on {r['device']}: float32 logits "
-                 f"{r['variants']['before']['logits_bytes'] / MIB:,.0f} MiB",
-                 "variant   tensor peak MiB   process peak growth MiB   NLL sum"]
+        lines = [
+            f"B={r['batch_size']} S={r['seq_length']} V={r['vocab_size']} on {r['device']}: float32 logits "
+            f"{r['variants']['before']['logits_bytes'] / MIB:,.0f} MiB",
+            "variant   tensor peak MiB   process peak growth MiB   NLL sum",
+        ]
         for name, v in r["variants"].items():
-            lines.append(f"{name:8s}  {v['tensor_peak_bytes'] / MIB:15,.1f}   {v['process_peak_growth_bytes'] / MIB:23,.1f}"
-                         f"   {v['nll_sum']:.10e}")
+            lines.append(
+                f"{name:8s}  {v['tensor_peak_bytes'] / MIB:15,.1f}   {v['process_peak_growth_bytes'] / MIB:23,.1f}"
+                f"   {v['nll_sum']:.10e}"
+            )
         lines.append(f"NLL relative difference {r['nll_relative_difference']:.1e}")
         return "\n".join(lines)
 

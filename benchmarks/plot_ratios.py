@@ -12,6 +12,7 @@ Run::
     python benchmarks/dataloader.py --json > data.json
     python benchmarks/plot_ratios.py emb.json step.json data.json --out docs/benchmark_ratios.png
 """
+
 from __future__ import annotations
 
 import argparse
@@ -43,20 +44,34 @@ def collect_ratios(results: list[dict]) -> list[Ratio]:
     for r in results:
         kind = r.get("benchmark")
         if kind == "embedding":
-            rows.append(Ratio("input layer: fixed forward / bandwidth bound", r["fixed_fwd_fraction_of_bandwidth"],
-                              0.95, True))
+            rows.append(
+                Ratio("input layer: fixed forward / bandwidth bound", r["fixed_fwd_fraction_of_bandwidth"], 0.95, True)
+            )
             rows.append(Ratio("input layer: fixed / learned step time", r["fixed_over_learned_step_time"], 0.05, False))
         elif kind == "train_step":
             for rec in r["recipes"]:
                 name = rec["recipe"] + (f" {rec['precision']}" if "precision" in rec else "")
                 for inp in ("learned", "binary", "gf2"):
-                    rows.append(Ratio(f"{name}: megatron / torch tokens/s, {inp}", rec[f"megatron_over_torch_{inp}"],
-                                      0.8, True))
+                    rows.append(
+                        Ratio(f"{name}: megatron / torch tokens/s, {inp}", rec[f"megatron_over_torch_{inp}"], 0.8, True)
+                    )
                 for inp in ("binary", "gf2"):
-                    rows.append(Ratio(f"{name}: {inp} / learned tokens/s",
-                                      rec[f"megatron_{inp}_over_learned_tokens_per_s"], 1.05, True))
-                rows.append(Ratio(f"{name}: peak saving / table state", rec["megatron_binary_peak_saving_bytes"]
-                                  / rec["table_state_bytes"], 1.0, True))
+                    rows.append(
+                        Ratio(
+                            f"{name}: {inp} / learned tokens/s",
+                            rec[f"megatron_{inp}_over_learned_tokens_per_s"],
+                            1.05,
+                            True,
+                        )
+                    )
+                rows.append(
+                    Ratio(
+                        f"{name}: peak saving / table state",
+                        rec["megatron_binary_peak_saving_bytes"] / rec["table_state_bytes"],
+                        1.0,
+                        True,
+                    )
+                )
         elif kind == "dataloader":
             rows.append(Ratio("data: document windows samples/s / consumption", r["headroom"], 10.0, True))
             if "gpt_headroom" in r:

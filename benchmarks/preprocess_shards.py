@@ -40,8 +40,9 @@ def write_shards(corpus_dir: Path, out: Path, num_shards: int) -> list[Path]:
     paths = []
     for s in range(num_shards):
         path = out / f"shard-{s:03d}.jsonl"
-        path.write_text("".join(json.dumps({"id": f"{s}:{i}", "text": t}) + "\n"
-                                for i, t in enumerate(paragraphs[s::num_shards])))
+        path.write_text(
+            "".join(json.dumps({"id": f"{s}:{i}", "text": t}) + "\n" for i, t in enumerate(paragraphs[s::num_shards]))
+        )
         paths.append(path)
     return paths
 
@@ -51,9 +52,17 @@ def one_process(shards: list[Path], tokenizer: str, out: Path) -> tuple[float, i
 
     shutil.rmtree(out, ignore_errors=True)
     t0 = time.perf_counter()
-    summary = preprocess(PreprocessConfig(input=[str(s) for s in shards], output_prefix=str(out / "all"),
-                                          tokenizer_type="HuggingFaceTokenizer", tokenizer_model=tokenizer,
-                                          id_key="id", append_eod=True, log_interval=10**9))
+    summary = preprocess(
+        PreprocessConfig(
+            input=[str(s) for s in shards],
+            output_prefix=str(out / "all"),
+            tokenizer_type="HuggingFaceTokenizer",
+            tokenizer_model=tokenizer,
+            id_key="id",
+            append_eod=True,
+            log_interval=10**9,
+        )
+    )
     return time.perf_counter() - t0, sum(summary["tokens"].values())
 
 
@@ -61,15 +70,41 @@ def array_path(shards: list[Path], tokenizer: str, out: Path, tasks: int, cores:
     from megatron_fixedcode.data import shards as shard_plan
 
     shutil.rmtree(out, ignore_errors=True)
-    plan = shard_plan.make_plan([str(s) for s in shards], str(out), "HuggingFaceTokenizer", tokenizer,
-                                num_tasks=tasks, id_key="id", append_eod=True, log_interval=10**9)
+    plan = shard_plan.make_plan(
+        [str(s) for s in shards],
+        str(out),
+        "HuggingFaceTokenizer",
+        tokenizer,
+        num_tasks=tasks,
+        id_key="id",
+        append_eod=True,
+        log_interval=10**9,
+    )
     shard_plan.write_plan(plan)
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore",
-           "RAYON_NUM_THREADS": str(max(1, cores // tasks))}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PYTHONWARNINGS": "ignore",
+        "RAYON_NUM_THREADS": str(max(1, cores // tasks)),
+    }
     t0 = time.perf_counter()
-    procs = [subprocess.Popen([sys.executable, str(REPO / "tools" / "preprocess_shards.py"), "task", "--output-dir",
-                               str(out), "--task-id", str(i)], env=env, stdout=subprocess.DEVNULL,
-                              stderr=subprocess.DEVNULL) for i in range(plan["num_tasks"])]
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                str(REPO / "tools" / "preprocess_shards.py"),
+                "task",
+                "--output-dir",
+                str(out),
+                "--task-id",
+                str(i),
+            ],
+            env=env,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        for i in range(plan["num_tasks"])
+    ]
     if any(p.wait() for p in procs):
         raise RuntimeError("an array task failed")
     wall = time.perf_counter() - t0
@@ -96,20 +131,33 @@ def main(argv=None) -> int:
         one = min(one_process(shards, args.tokenizer_model, tmp / "one") for _ in range(args.repeat))
         arr = min(array_path(shards, args.tokenizer_model, tmp / "arr", tasks, cores) for _ in range(args.repeat))
     result = {
-        "cores": cores, "shards": args.shards, "array_tasks": tasks, "tokens": one[1],
-        "one_process": {"seconds": one[0], "tokens_per_s": one[1] / one[0],
-                        "tokens_per_s_per_core": one[1] / one[0] / cores},
-        "array": {"seconds": arr[0], "tokens_per_s": arr[1] / arr[0],
-                  "tokens_per_s_per_core": arr[1] / arr[0] / cores,
-                  "indexing_only_tokens_per_s_per_core": arr[2] / cores},
+        "cores": cores,
+        "shards": args.shards,
+        "array_tasks": tasks,
+        "tokens": one[1],
+        "one_process": {
+            "seconds": one[0],
+            "tokens_per_s": one[1] / one[0],
+            "tokens_per_s_per_core": one[1] / one[0] / cores,
+        },
+        "array": {
+            "seconds": arr[0],
+            "tokens_per_s": arr[1] / arr[0],
+            "tokens_per_s_per_core": arr[1] / arr[0] / cores,
+            "indexing_only_tokens_per_s_per_core": arr[2] / cores,
+        },
     }
     assert arr[1] == one[1], (arr[1], one[1])  # the same tokens either way
     print(f"{result['tokens']} tokens, {args.shards} shards, {cores} cores")
     for name in ("one_process", "array"):
         r = result[name]
-        print(f"{name:12s} {r['seconds']:8.2f} s  {r['tokens_per_s']:12,.0f} tokens/s  "
-              f"{r['tokens_per_s_per_core']:12,.0f} tokens/s/core")
-    print(f"array, indexing only (no start-up): {result['array']['indexing_only_tokens_per_s_per_core']:,.0f} tokens/s/core")
+        print(
+            f"{name:12s} {r['seconds']:8.2f} s  {r['tokens_per_s']:12,.0f} tokens/s  "
+            f"{r['tokens_per_s_per_core']:12,.0f} tokens/s/core"
+        )
+    print(
+        f"array, indexing only (no start-up): {result['array']['indexing_only_tokens_per_s_per_core']:,.0f} tokens/s/core"
+    )
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
     return 0

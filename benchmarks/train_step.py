@@ -17,6 +17,7 @@ Shape legend: B batch, S sequence, H hidden, N heads, D head dim, F FFN, V padde
 
 Run: ``python benchmarks/train_step.py [--recipe tiny mid] [--json] [--repeats N]``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,10 +50,24 @@ from megatron_fixedcode.training.model_chunks import build_model_chunks  # noqa:
 
 # name: model shape, micro batch, global batch (on one rank: global // micro microbatches)
 RECIPES = {
-    "tiny": dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=64,
-                 micro_batch_size=4, global_batch_size=8),  # examples/recipes/tiny_cpu.yaml
-    "mid": dict(num_layers=8, hidden_size=512, num_attention_heads=8, ffn_hidden_size=2048, seq_length=256,
-                micro_batch_size=2, global_batch_size=4),
+    "tiny": dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=64,
+        micro_batch_size=4,
+        global_batch_size=8,
+    ),  # examples/recipes/tiny_cpu.yaml
+    "mid": dict(
+        num_layers=8,
+        hidden_size=512,
+        num_attention_heads=8,
+        ffn_hidden_size=2048,
+        seq_length=256,
+        micro_batch_size=2,
+        global_batch_size=4,
+    ),
 }
 INPUTS = ("learned", "binary", "gf2")
 LR, WD, BETAS, EPS, CLIP = 1e-4, 0.01, (0.9, 0.95), 1e-8, 1.0
@@ -85,8 +100,9 @@ class Block(nn.Module):
         b, s, h = x_BSH.shape
         qkv = self.linear_qkv(self.input_layernorm(x_BSH)).view(b, s, self.heads, 3, h // self.heads)
         q_BNSD, k_BNSD, v_BNSD = (t.transpose(1, 2) for t in qkv.unbind(3))
-        a_BNSD = F.scaled_dot_product_attention(apply_rope(q_BNSD, cos_SD, sin_SD),
-                                                apply_rope(k_BNSD, cos_SD, sin_SD), v_BNSD, is_causal=True)
+        a_BNSD = F.scaled_dot_product_attention(
+            apply_rope(q_BNSD, cos_SD, sin_SD), apply_rope(k_BNSD, cos_SD, sin_SD), v_BNSD, is_causal=True
+        )
         x_BSH = x_BSH + self.linear_proj(a_BNSD.transpose(1, 2).reshape(b, s, h))
         gate_BSF, up_BSF = self.linear_fc1(self.pre_mlp_layernorm(x_BSH)).chunk(2, dim=-1)
         return x_BSH + self.linear_fc2(F.silu(gate_BSF) * up_BSF)
@@ -104,8 +120,9 @@ class TorchGPT(nn.Module):
         else:  # the fixed code in plain torch: gather K bits, tile to the width, scale
             self.register_buffer("codebook_VK", torch.from_numpy(spec.codebook()).float() * spec.scale)
             self.embedding = None
-        self.layers = nn.ModuleList(Block(h, cfg.num_attention_heads, cfg.ffn_hidden_size, eps)
-                                    for _ in range(cfg.num_layers))
+        self.layers = nn.ModuleList(
+            Block(h, cfg.num_attention_heads, cfg.ffn_hidden_size, eps) for _ in range(cfg.num_layers)
+        )
         self.final_layernorm = nn.RMSNorm(h, eps=eps)
         self.output_layer = nn.Linear(h, padded_vocab, bias=False)
         cos_SD, sin_SD = rope_cos_sin(cfg.seq_length, h // cfg.num_attention_heads, cfg.rotary_base)
@@ -129,8 +146,13 @@ class TorchGPT(nn.Module):
         """Copy the weights of a megatron GPTModel (names match after dropping the prefixes)."""
         ours = dict(self.named_parameters())
         for name, param in gpt.named_parameters():
-            key = (name.replace("decoder.layers.", "layers.").replace("decoder.final_layernorm", "final_layernorm")
-                   .replace("self_attention.", "").replace("mlp.", "").replace("embedding.word_embeddings", "embedding"))
+            key = (
+                name.replace("decoder.layers.", "layers.")
+                .replace("decoder.final_layernorm", "final_layernorm")
+                .replace("self_attention.", "")
+                .replace("mlp.", "")
+                .replace("embedding.word_embeddings", "embedding")
+            )
             with torch.no_grad():
                 ours.pop(key).copy_(param)
         assert not ours, f"reference parameters without a megatron source: {sorted(ours)}"
@@ -141,8 +163,13 @@ class TorchRunner:
         self.model, self.batch = model, batch
         decay = [p for p in model.parameters() if p.dim() > 1]
         no_decay = [p for p in model.parameters() if p.dim() <= 1]
-        self.optimizer = torch.optim.AdamW([{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
-                                           lr=LR, betas=BETAS, eps=EPS, fused=True)
+        self.optimizer = torch.optim.AdamW(
+            [{"params": decay, "weight_decay": WD}, {"params": no_decay, "weight_decay": 0.0}],
+            lr=LR,
+            betas=BETAS,
+            eps=EPS,
+            fused=True,
+        )
         self.losses = []
 
     def step(self):
@@ -157,8 +184,12 @@ class TorchRunner:
         self.losses.append(total)
 
     def state_tensors(self):
-        return [*self.model.parameters(), *self.model.buffers(), *gradient_tensors([self.model]),
-                *optimizer_state_tensors(self.optimizer)]
+        return [
+            *self.model.parameters(),
+            *self.model.buffers(),
+            *gradient_tensors([self.model]),
+            *optimizer_state_tensors(self.optimizer),
+        ]
 
 
 # --- the megatron trainer path --------------------------------------------------------------
@@ -168,16 +199,32 @@ class MegatronRunner:
         config = build_transformer_config(cfg, ParallelLayout(), **overrides)
         self.chunks = build_model_chunks(cfg, config, ParallelLayout(), pg)
         self.optimizer = get_megatron_optimizer(
-            OptimizerConfig(optimizer="adam", lr=LR, weight_decay=WD, adam_beta1=BETAS[0], adam_beta2=BETAS[1],
-                            adam_eps=EPS, clip_grad=CLIP, bf16=bf16, params_dtype=torch.float32), self.chunks)
+            OptimizerConfig(
+                optimizer="adam",
+                lr=LR,
+                weight_decay=WD,
+                adam_beta1=BETAS[0],
+                adam_beta2=BETAS[1],
+                adam_eps=EPS,
+                clip_grad=CLIP,
+                bf16=bf16,
+                params_dtype=torch.float32,
+            ),
+            self.chunks,
+        )
         self.cfg, self.batch, self.losses = cfg, batch, []
 
     def step(self):  # Trainer.train_step without the data fetch and the LR scheduler
         for chunk in self.chunks:
             chunk.zero_grad_buffer()
         self.optimizer.zero_grad()
-        total, count = forward_backward(self.chunks, self.batch, num_microbatches=len(self.batch),
-                                        seq_length=self.cfg.seq_length, micro_batch_size=self.batch[0]["tokens"].shape[0])
+        total, count = forward_backward(
+            self.chunks,
+            self.batch,
+            num_microbatches=len(self.batch),
+            seq_length=self.cfg.seq_length,
+            micro_batch_size=self.batch[0]["tokens"].shape[0],
+        )
         self.optimizer.step()
         self.losses.append(total / count)
 
@@ -186,8 +233,13 @@ class MegatronRunner:
         return getattr(module, "module", module)  # under Float16Module one level deeper
 
     def state_tensors(self):
-        return [*self.gpt().parameters(), *self.gpt().buffers(), *gradient_tensors([self.gpt()]),
-                *[b.grad_data for c in self.chunks for b in c.buffers], *optimizer_state_tensors(self.optimizer)]
+        return [
+            *self.gpt().parameters(),
+            *self.gpt().buffers(),
+            *gradient_tensors([self.gpt()]),
+            *[b.grad_data for c in self.chunks for b in c.buffers],
+            *optimizer_state_tensors(self.optimizer),
+        ]
 
 
 def make_batch(cfg: ModelConfig, micro: int, num_micro: int, device) -> list[dict]:
@@ -195,8 +247,13 @@ def make_batch(cfg: ModelConfig, micro: int, num_micro: int, device) -> list[dic
     batch = []
     for _ in range(num_micro):
         seq_BS = torch.randint(0, cfg.vocab_size, (micro, cfg.seq_length + 1), generator=g).to(device)
-        batch.append({"tokens": seq_BS[:, :-1].contiguous(), "labels": seq_BS[:, 1:].contiguous(),
-                      "loss_mask": torch.ones(micro, cfg.seq_length, device=device)})
+        batch.append(
+            {
+                "tokens": seq_BS[:, :-1].contiguous(),
+                "labels": seq_BS[:, 1:].contiguous(),
+                "loss_mask": torch.ones(micro, cfg.seq_length, device=device),
+            }
+        )
     return batch
 
 
@@ -211,8 +268,17 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     r = dict(RECIPES[name])
     micro, global_batch = r.pop("micro_batch_size"), r.pop("global_batch_size")
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    runners, out = {}, {"recipe": name, **r, "vocab_size": vocab, "micro_batch_size": micro,
-                        "global_batch_size": global_batch, "tokens_per_step": global_batch * r["seq_length"]}
+    runners, out = (
+        {},
+        {
+            "recipe": name,
+            **r,
+            "vocab_size": vocab,
+            "micro_batch_size": micro,
+            "global_batch_size": global_batch,
+            "tokens_per_step": global_batch * r["seq_length"],
+        },
+    )
     cfgs = {}
     for inp in INPUTS:
         cfg = cfgs[inp] = ModelConfig(**r, vocab_size=vocab, input_embedding=inp, transformer_impl="auto", bf16=bf16)
@@ -230,9 +296,14 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     times = time_interleaved({n: rn.step for n, rn in runners.items()}, repeats, warmup=0)
     for n, rn in runners.items():
         tps = out["tokens_per_step"] / times[n]["wall_s"]
-        out[n] = {"step_s": times[n]["wall_s"], "step_cpu_s": times[n]["cpu_s"], "tokens_per_s": tps,
-                  "tokens_per_cpu_s": out["tokens_per_step"] / times[n]["cpu_s"],
-                  "first_loss": rn.losses[0], **memory[n]}
+        out[n] = {
+            "step_s": times[n]["wall_s"],
+            "step_cpu_s": times[n]["cpu_s"],
+            "tokens_per_s": tps,
+            "tokens_per_cpu_s": out["tokens_per_step"] / times[n]["cpu_s"],
+            "first_loss": rn.losses[0],
+            **memory[n],
+        }
         if device == "cuda":  # the torch twin is the same model: the megatron twin's count serves both
             inp = n.split("_", 1)[1]
             report = parameter_report(cfgs[inp], runners[f"megatron_{inp}"].chunks, pg)
@@ -242,19 +313,33 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
     table_bytes = cfg.padded_vocab_size() * r["hidden_size"] * 4
     for inp in INPUTS:
         out[f"megatron_over_torch_{inp}"] = out[f"megatron_{inp}"]["tokens_per_s"] / out[f"torch_{inp}"]["tokens_per_s"]
-        out[f"megatron_over_torch_cpu_{inp}"] = out[f"megatron_{inp}"]["tokens_per_cpu_s"] / out[f"torch_{inp}"]["tokens_per_cpu_s"]
-        out[f"first_loss_rel_diff_{inp}"] = abs(out[f"megatron_{inp}"]["first_loss"] - out[f"torch_{inp}"]["first_loss"]) \
+        out[f"megatron_over_torch_cpu_{inp}"] = (
+            out[f"megatron_{inp}"]["tokens_per_cpu_s"] / out[f"torch_{inp}"]["tokens_per_cpu_s"]
+        )
+        out[f"first_loss_rel_diff_{inp}"] = (
+            abs(out[f"megatron_{inp}"]["first_loss"] - out[f"torch_{inp}"]["first_loss"])
             / out[f"torch_{inp}"]["first_loss"]
+        )
     for path in ("megatron", "torch"):
         for inp in ("binary", "gf2"):
-            out[f"{path}_{inp}_over_learned_tokens_per_s"] = out[f"{path}_{inp}"]["tokens_per_s"] / out[f"{path}_learned"]["tokens_per_s"]
-            out[f"{path}_{inp}_over_learned_tokens_per_cpu_s"] = \
+            out[f"{path}_{inp}_over_learned_tokens_per_s"] = (
+                out[f"{path}_{inp}"]["tokens_per_s"] / out[f"{path}_learned"]["tokens_per_s"]
+            )
+            out[f"{path}_{inp}_over_learned_tokens_per_cpu_s"] = (
                 out[f"{path}_{inp}"]["tokens_per_cpu_s"] / out[f"{path}_learned"]["tokens_per_cpu_s"]
-            out[f"{path}_{inp}_peak_saving_bytes"] = out[f"{path}_learned"]["peak_bytes"] - out[f"{path}_{inp}"]["peak_bytes"]
-    inner = getattr(runners["megatron_learned"].optimizer, "chained_optimizers", [runners["megatron_learned"].optimizer])
+            )
+            out[f"{path}_{inp}_peak_saving_bytes"] = (
+                out[f"{path}_learned"]["peak_bytes"] - out[f"{path}_{inp}"]["peak_bytes"]
+            )
+    inner = getattr(
+        runners["megatron_learned"].optimizer, "chained_optimizers", [runners["megatron_learned"].optimizer]
+    )
     torch_opt = getattr(inner[0], "optimizer", inner[0])
-    out["megatron_optimizer"] = {"class": type(torch_opt).__name__, "fused": torch_opt.defaults.get("fused"),
-                                 "foreach": torch_opt.defaults.get("foreach")}
+    out["megatron_optimizer"] = {
+        "class": type(torch_opt).__name__,
+        "fused": torch_opt.defaults.get("fused"),
+        "foreach": torch_opt.defaults.get("foreach"),
+    }
     out["table_state_bytes"] = table_bytes * 4  # weight + grad + Adam exp_avg + exp_avg_sq, FP32
     out["load_average"] = times["load_average"]
     return out
@@ -263,20 +348,36 @@ def run_recipe(name: str, vocab: int, repeats: int, pg, bf16: bool, fp8: bool, p
 def table(res: dict) -> str:
     lines = [f"threads={res['machine']['torch_threads']} load={res['machine']['load_average']}"]
     for r in res["recipes"]:
-        lines.append(f"\n{r['recipe']}: {r['num_layers']}x{r['hidden_size']} seq {r['seq_length']} V={r['vocab_size']} "
-                     f"global batch {r['global_batch_size']} (micro {r['micro_batch_size']}) load {r['load_average']}")
-        lines.append(f"{'run':18s} {'tokens/s':>10s} {'tok/CPU-s':>10s} {'step ms':>9s} {'peak MiB':>9s} {'first loss':>11s}")
+        lines.append(
+            f"\n{r['recipe']}: {r['num_layers']}x{r['hidden_size']} seq {r['seq_length']} V={r['vocab_size']} "
+            f"global batch {r['global_batch_size']} (micro {r['micro_batch_size']}) load {r['load_average']}"
+        )
+        lines.append(
+            f"{'run':18s} {'tokens/s':>10s} {'tok/CPU-s':>10s} {'step ms':>9s} {'peak MiB':>9s} {'first loss':>11s}"
+        )
         for n in (f"{p}_{i}" for i in INPUTS for p in ("megatron", "torch")):
             v = r[n]
-            lines.append(f"{n:18s} {v['tokens_per_s']:10.0f} {v['tokens_per_cpu_s']:10.0f} {v['step_s'] * 1e3:9.1f} {v['peak_bytes'] / MIB:9.1f} "
-                         f"{v['first_loss']:11.6f}" + (f"  {v['tflops']:.1f} TFLOP/s MFU {v['mfu']:.1%}" if "mfu" in v else ""))
-        lines.append("megatron/torch tokens/s (wall; CPU time): " + "  ".join(
-            f"{i} {r[f'megatron_over_torch_{i}']:.2f}; {r[f'megatron_over_torch_cpu_{i}']:.2f}" for i in INPUTS))
-        lines.append("binary/learned tokens/s (wall; CPU time): " + "  ".join(
-            f"{p} {r[f'{p}_binary_over_learned_tokens_per_s']:.2f}; {r[f'{p}_binary_over_learned_tokens_per_cpu_s']:.2f}"
-            for p in ("megatron", "torch")))
-        lines.append(f"peak saving binary vs learned: megatron {r['megatron_binary_peak_saving_bytes'] / MIB:.1f} MiB, "
-                     f"torch {r['torch_binary_peak_saving_bytes'] / MIB:.1f} MiB; table state {r['table_state_bytes'] / MIB:.1f} MiB")
+            lines.append(
+                f"{n:18s} {v['tokens_per_s']:10.0f} {v['tokens_per_cpu_s']:10.0f} {v['step_s'] * 1e3:9.1f} {v['peak_bytes'] / MIB:9.1f} "
+                f"{v['first_loss']:11.6f}" + (f"  {v['tflops']:.1f} TFLOP/s MFU {v['mfu']:.1%}" if "mfu" in v else "")
+            )
+        lines.append(
+            "megatron/torch tokens/s (wall; CPU time): "
+            + "  ".join(
+                f"{i} {r[f'megatron_over_torch_{i}']:.2f}; {r[f'megatron_over_torch_cpu_{i}']:.2f}" for i in INPUTS
+            )
+        )
+        lines.append(
+            "binary/learned tokens/s (wall; CPU time): "
+            + "  ".join(
+                f"{p} {r[f'{p}_binary_over_learned_tokens_per_s']:.2f}; {r[f'{p}_binary_over_learned_tokens_per_cpu_s']:.2f}"
+                for p in ("megatron", "torch")
+            )
+        )
+        lines.append(
+            f"peak saving binary vs learned: megatron {r['megatron_binary_peak_saving_bytes'] / MIB:.1f} MiB, "
+            f"torch {r['torch_binary_peak_saving_bytes'] / MIB:.1f} MiB; table state {r['table_state_bytes'] / MIB:.1f} MiB"
+        )
     return "\n".join(lines)
 
 
@@ -298,11 +399,17 @@ def main(argv=None) -> None:
     fp8 = on_gpu and importlib.util.find_spec("transformer_engine") is not None
     results = {"benchmark": "train_step", "machine": machine(), "repeats": repeats, "recipes": []}
     for name in recipes:
-        results["recipes"].append(run_recipe(name, vocab, repeats, pg, bf16=False, fp8=False, peak_tflops=a.peak_tflops))
+        results["recipes"].append(
+            run_recipe(name, vocab, repeats, pg, bf16=False, fp8=False, peak_tflops=a.peak_tflops)
+        )
         if on_gpu:  # BF16 (and FP8 with Transformer Engine) on GPUs only; untested on CPU machines
-            results["recipes"].append({**run_recipe(name, vocab, repeats, pg, True, False, a.peak_tflops), "precision": "bf16"})
+            results["recipes"].append(
+                {**run_recipe(name, vocab, repeats, pg, True, False, a.peak_tflops), "precision": "bf16"}
+            )
             if fp8:
-                results["recipes"].append({**run_recipe(name, vocab, repeats, pg, True, True, a.peak_tflops), "precision": "fp8"})
+                results["recipes"].append(
+                    {**run_recipe(name, vocab, repeats, pg, True, True, a.peak_tflops), "precision": "fp8"}
+                )
     emit(results, a.json, table)
 
 

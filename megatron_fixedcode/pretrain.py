@@ -3,6 +3,7 @@
     torchrun --nproc_per_node 2 -m megatron_fixedcode.pretrain --config examples/recipes/tiny_cpu.yaml \
         --data-path PREFIX --tokenizer-model tokenizer.json
 """
+
 from __future__ import annotations
 
 import json

@@ -15,6 +15,7 @@ one document per module, in sorted path order, so the same Python version gives 
 Every stage writes under ``--work-dir`` (default ``runs/quickstart``):
 ``corpus/``, ``tokenizer/``, ``data/``, ``checkpoints/<variant>/``, ``logs/<variant>/``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,15 +62,27 @@ def build_data(args: argparse.Namespace) -> dict:
         tokenizer_model = str(train_bpe_tokenizer([str(text)], args.vocab_size, str(work / "tokenizer")))
         logger.info("tokenizer: byte-level BPE, vocab %d -> %s", args.vocab_size, tokenizer_model)
     prefix = work / "data" / "corpus"
-    summary = preprocess(PreprocessConfig(
-        input=inputs, output_prefix=str(prefix), tokenizer_type=args.tokenizer_type, tokenizer_model=tokenizer_model,
-        append_eod=True, id_key=id_key, valid_fraction=args.valid_fraction, min_doc_tokens=65,
-        log_interval=1_000_000,
-    ))
+    summary = preprocess(
+        PreprocessConfig(
+            input=inputs,
+            output_prefix=str(prefix),
+            tokenizer_type=args.tokenizer_type,
+            tokenizer_model=tokenizer_model,
+            append_eod=True,
+            id_key=id_key,
+            valid_fraction=args.valid_fraction,
+            min_doc_tokens=65,
+            log_interval=1_000_000,
+        )
+    )
     if summary["documents"].get("valid", 0) == 0:
         raise ValueError(f"no document fell into the validation split: raise --valid-fraction ({args.valid_fraction})")
-    logger.info("index: %s", ", ".join(f"{s} {summary['documents'][s]} documents / {summary['tokens'][s]} tokens"
-                                      for s in summary["documents"]))
+    logger.info(
+        "index: %s",
+        ", ".join(
+            f"{s} {summary['documents'][s]} documents / {summary['tokens'][s]} tokens" for s in summary["documents"]
+        ),
+    )
     return {
         "tokenizer_model": tokenizer_model,
         "train": summary["outputs"]["train_text"],
@@ -96,20 +109,45 @@ def train_command(variant: str, data: dict, args: argparse.Namespace, steps: int
     """
     work = Path(args.work_dir)
     logs = work / "logs" / ("probe" if probe else variant)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(args.nproc),
-           "-m", "megatron_fixedcode.pretrain", "--config", str(args.config),
-           "--input-embedding", variant,
-           "--train-data-path", data["train"], "--valid-data-path", data["valid"],
-           "--tokenizer-type", args.tokenizer_type, "--tokenizer-model", data["tokenizer_model"],
-           "--metrics-file", str(logs / (f"{variant}.jsonl" if probe else "metrics.jsonl")),
-           "--train-iters", str(steps)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        str(args.nproc),
+        "-m",
+        "megatron_fixedcode.pretrain",
+        "--config",
+        str(args.config),
+        "--input-embedding",
+        variant,
+        "--train-data-path",
+        data["train"],
+        "--valid-data-path",
+        data["valid"],
+        "--tokenizer-type",
+        args.tokenizer_type,
+        "--tokenizer-model",
+        data["tokenizer_model"],
+        "--metrics-file",
+        str(logs / (f"{variant}.jsonl" if probe else "metrics.jsonl")),
+        "--train-iters",
+        str(steps),
+    ]
     if probe:  # no checkpoint, one validation batch at the end
         return cmd + ["--eval-iters", "1", "--log-interval", "1"]
     cmd += ["--save", str(work / "checkpoints" / variant)]
     if args.quick:
         return cmd + ["--eval-interval", "3", "--eval-iters", "1", "--log-interval", "1"]
-    return cmd + ["--eval-interval", str(max(1, steps // EVALUATIONS)), "--eval-iters", str(args.eval_iters),
-                  "--log-interval", str(max(1, steps // 20))]
+    return cmd + [
+        "--eval-interval",
+        str(max(1, steps // EVALUATIONS)),
+        "--eval-iters",
+        str(args.eval_iters),
+        "--log-interval",
+        str(max(1, steps // 20)),
+    ]
 
 
 def build_kernel(variants: Sequence[str]) -> None:
@@ -146,8 +184,9 @@ def probe_seconds_per_step(variant: str, data: dict, args: argparse.Namespace) -
 def _run(cmd: list[str], timeout_s: float) -> tuple[int, str]:
     """(exit code, output) of a command in its own process group, all of which a hang past ``timeout_s`` ends."""
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONWARNINGS="ignore")
-    with subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT,
-                          start_new_session=True) as proc:
+    with subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env, cwd=REPO_ROOT, start_new_session=True
+    ) as proc:
         try:
             output, _ = proc.communicate(timeout=timeout_s)
         except subprocess.TimeoutExpired:
@@ -166,8 +205,18 @@ def run_variant(variant: str, data: dict, args: argparse.Namespace, steps: int) 
     print(f"\n=== {variant}: torchrun {' '.join(cmd[3:])}", flush=True)
     env = dict(os.environ, OMP_NUM_THREADS=os.environ.get("OMP_NUM_THREADS", "1"), PYTHONWARNINGS="ignore")
     log_path = work / "logs" / variant / "train.log"
-    with open(log_path, "w") as log, subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                                                      env=env, cwd=REPO_ROOT, start_new_session=True) as proc:
+    with (
+        open(log_path, "w") as log,
+        subprocess.Popen(
+            cmd,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            env=env,
+            cwd=REPO_ROOT,
+            start_new_session=True,
+        ) as proc,
+    ):
         # A backstop for a hang only: a run it kills has failed (the table is not printed as a comparison).
         backstop = threading.Timer(max(HANG_BACKSTOP_S, 60 * 3 * args.minutes), os.killpg, (proc.pid, signal.SIGTERM))
         backstop.start()
@@ -196,13 +245,17 @@ def read_metrics(path: Path) -> dict:
 
 
 def format_results(results: dict[str, dict], work: Path) -> str:
-    rows = [f"{'input':>8}  {'steps':>6}  {'tokens':>9}  {'train loss':>10}  {'val loss':>8}  {'val ppl':>8}  checkpoint"]
+    rows = [
+        f"{'input':>8}  {'steps':>6}  {'tokens':>9}  {'train loss':>10}  {'val loss':>8}  {'val ppl':>8}  checkpoint"
+    ]
     for variant, m in results.items():
         last, ev = m["last"], m["eval"]
         val_ppl = ev.get("val_ppl", math.exp(ev["val_loss"]) if "val_loss" in ev else float("nan"))
-        rows.append(f"{variant:>8}  {last.get('step', 0):>6}  {last.get('tokens', 0):>9}  "
-                    f"{last.get('loss', float('nan')):>10.4f}  {ev.get('val_loss', float('nan')):>8.4f}  "
-                    f"{val_ppl:>8.2f}  {work / 'checkpoints' / variant}")
+        rows.append(
+            f"{variant:>8}  {last.get('step', 0):>6}  {last.get('tokens', 0):>9}  "
+            f"{last.get('loss', float('nan')):>10.4f}  {ev.get('val_loss', float('nan')):>8.4f}  "
+            f"{val_ppl:>8.2f}  {work / 'checkpoints' / variant}"
+        )
     return "\n".join(rows)
 
 
@@ -210,27 +263,47 @@ def format_results(results: dict[str, dict], work: Path) -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(prog="python -m megatron_fixedcode.quickstart_pipeline", description=__doc__,
-                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = ArgumentParser(
+        prog="python -m megatron_fixedcode.quickstart_pipeline",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     p.add_argument("--work-dir", default="runs/quickstart")
-    p.add_argument("--input", nargs="+", default=None,
-                   help="your corpus: JSONL/JSON(.gz)/Parquet with a 'text' field, or any text files (one document each)")
+    p.add_argument(
+        "--input",
+        nargs="+",
+        default=None,
+        help="your corpus: JSONL/JSON(.gz)/Parquet with a 'text' field, or any text files (one document each)",
+    )
     p.add_argument("--tokenizer-model", default=None, help="your tokenizer (tokenizer.json, its directory, or .model)")
-    p.add_argument("--tokenizer-type", default="HuggingFaceTokenizer",
-                   choices=["HuggingFaceTokenizer", "SentencePieceTokenizer"])
+    p.add_argument(
+        "--tokenizer-type", default="HuggingFaceTokenizer", choices=["HuggingFaceTokenizer", "SentencePieceTokenizer"]
+    )
     p.add_argument("--vocab-size", type=int, default=4096, help="of the BPE trained when no --tokenizer-model")
     p.add_argument("--corpus-mb", type=float, default=3.0, help="cap on the stdlib docstring corpus")
     p.add_argument("--valid-fraction", type=float, default=0.05)
     p.add_argument("--variants", nargs="+", default=["binary", "learned"], choices=["binary", "gf2", "learned"])
     p.add_argument("--config", default=str(TINY_RECIPE), help="trainer recipe")
     p.add_argument("--nproc", type=int, default=2, help="CPU ranks (gloo)")
-    p.add_argument("--minutes", type=float, default=2.5,
-                   help="time target per variant: a timed probe picks ONE step count for all variants before "
-                        "training (at least %d, at most --train-iters); 0: exactly --train-iters" % MIN_STEPS)
-    p.add_argument("--train-iters", type=int, default=1000,
-                   help="most steps per variant (1000 x 8 x 64 = 512k targets, about one pass over the stdlib corpus)")
+    p.add_argument(
+        "--minutes",
+        type=float,
+        default=2.5,
+        help="time target per variant: a timed probe picks ONE step count for all variants before "
+        "training (at least %d, at most --train-iters); 0: exactly --train-iters" % MIN_STEPS,
+    )
+    p.add_argument(
+        "--train-iters",
+        type=int,
+        default=1000,
+        help="most steps per variant (1000 x 8 x 64 = 512k targets, about one pass over the stdlib corpus)",
+    )
     p.add_argument("--eval-iters", type=int, default=20, help="validation batches per evaluation (4 evaluations)")
-    p.add_argument("--quick", action="store_true", help=f"{QUICK_STEPS} steps per variant, no probe: checks the pipeline end to end")
+    p.add_argument(
+        "--quick",
+        action="store_true",
+        help=f"{QUICK_STEPS} steps per variant, no probe: checks the pipeline end to end",
+    )
     p.add_argument("--data-only", action="store_true", help="stop after corpus, tokenizer and index")
     return p
 
@@ -255,8 +328,12 @@ def main(argv: list[str] | None = None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 1
         steps = choose_steps(timing, args.minutes, args.train_iters, args.eval_iters)
-        print("probe: " + ", ".join(f"{v} {s:.3f} s/step" for v, s in timing.items())
-              + f" -> {steps} steps for every variant (time target {args.minutes:g} min each)", flush=True)
+        print(
+            "probe: "
+            + ", ".join(f"{v} {s:.3f} s/step" for v, s in timing.items())
+            + f" -> {steps} steps for every variant (time target {args.minutes:g} min each)",
+            flush=True,
+        )
     codes = {v: run_variant(v, data, args, steps) for v in args.variants}
     work = Path(args.work_dir)
     results = {v: read_metrics(work / "logs" / v / "metrics.jsonl") for v in args.variants}

@@ -65,10 +65,18 @@ def _no_stray_processes():
 # busy while the other idles. scripts/test.sh passes --no-loadscope-reorder so that --dist loadfile hands
 # out files in this order (by default xdist orders them by their number of tests). Measured on the full
 # command (--durations); the rest keep their order.
-LONGEST_FIRST = ("launchers/test_slurm.py", "repository/test_wheel.py", "training/test_pretrain.py",
-                 "training/test_megatron_cli.py", "training/test_checkpoint_integrity.py",
-                 "training/test_distributed_optimizer.py", "repository/test_gpu_check.py",
-                 "launchers/test_slurm_study.py", "training/test_async_save.py", "launchers/test_slurm_downstream.py")
+LONGEST_FIRST = (
+    "launchers/test_slurm.py",
+    "repository/test_wheel.py",
+    "training/test_pretrain.py",
+    "training/test_megatron_cli.py",
+    "training/test_checkpoint_integrity.py",
+    "training/test_distributed_optimizer.py",
+    "repository/test_gpu_check.py",
+    "launchers/test_slurm_study.py",
+    "training/test_async_save.py",
+    "launchers/test_slurm_downstream.py",
+)
 
 
 def pytest_collection_modifyitems(config, items):

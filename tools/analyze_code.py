@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Print the properties of a fixed token code (K, rank, weights, collisions, fingerprint)."""
+
 import sys
 
 from megatron_fixedcode.cli.analyze_code import main

@@ -4,6 +4,7 @@ activation patching and linear probes; writes OUTPUT/analysis.json and PNG plots
 
     python tools/analyze_model.py --load runs/replication/checkpoints/binary_s1 --output-dir runs/analysis/binary
 """
+
 import sys
 
 from megatron_fixedcode.cli.analyze_model import main

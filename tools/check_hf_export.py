@@ -4,6 +4,7 @@ does not match).
 
     python tools/check_hf_export.py --load CKPT_DIR --hf-dir HF_DIR [--report parity.json]
 """
+
 import sys
 
 from megatron_fixedcode.cli.check_hf_export import main

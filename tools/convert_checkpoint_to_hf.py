@@ -6,6 +6,7 @@
 The llama block becomes LlamaForCausalLM (a fixed code as a frozen embed_tokens table that plain
 transformers loads); the gpt_gelu block becomes GPTNeoXForCausalLM. See docs/export.md.
 """
+
 import sys
 
 from megatron_fixedcode.cli.convert_checkpoint_to_hf import main

@@ -8,6 +8,7 @@
 Written at TP=1/PP=1; it loads at any TP/PP (weights only: use --finetune). Our own exports
 are recognized by config.json["fixed_code"] and verified against the code. See docs/export.md.
 """
+
 import sys
 
 from megatron_fixedcode.cli.convert_hf_to_megatron import main

@@ -8,6 +8,7 @@
 
 See docs/evaluation.md for the protocol (document windows, EOD context, acc vs acc_norm).
 """
+
 import sys
 
 from megatron_fixedcode.cli.evaluate import main

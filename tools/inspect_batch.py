@@ -5,6 +5,7 @@
         --seq-length 2048 --global-batch-size 128 --seed 1234 --tokenizer-type HuggingFaceTokenizer \
         --tokenizer-model tokenizer.json --step 100
 """
+
 import sys
 
 from megatron_fixedcode.cli.inspect_batch import main

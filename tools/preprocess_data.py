@@ -4,6 +4,7 @@
 Outputs {output_prefix}_{train,valid}_{key}_document.{bin,idx} and {output_prefix}_summary.json;
 see docs/data.md.
 """
+
 import sys
 
 from megatron_fixedcode.cli.preprocess_data import main

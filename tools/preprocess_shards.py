@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Shard-parallel, resumable indexing (the steps examples/preprocess_shards.sh runs)."""
+
 import sys
 
 from megatron_fixedcode.cli.preprocess_shards import main

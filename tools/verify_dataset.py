@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Verify indexed-dataset shards completely before training on them."""
+
 import sys
 
 from megatron_fixedcode.cli.verify_dataset import main

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Write OUTPUT_DIR/manifest.json once every shard of a shard-parallel indexing is complete."""
+
 import sys
 
 from megatron_fixedcode.cli.write_manifest import main

@@ -1,6 +1,7 @@
 """Local-file datasets for the LM Evaluation Harness, read in their original formats from the
 data directory $MFC_SHARED_DATA (laid out as the repository's tests/assets, which holds 40-record
 samples). Nothing is downloaded or copied. Used by the ``*_local.yaml`` tasks here via ``custom_dataset``."""
+
 from __future__ import annotations
 
 import json
@@ -19,12 +20,14 @@ def data_root() -> Path:
 
 
 # The files each dataset function reads, relative to data_root(): checked before a run that names the task
-DATA_FILES = {"piqa": ("eval/piqa/valid.jsonl", "eval/piqa/valid-labels.lst"),
-              "lambada": ("eval/lambada/lambada_test.jsonl",),
-              "arc_easy": ("eval/mosaicml_icl/arc_easy.jsonl",),
-              "arc_challenge": ("eval/mosaicml_icl/arc_challenge.jsonl",),
-              "winogrande": ("eval/mosaicml_icl/winogrande.jsonl",),
-              "wikitext2_valid": ("corpus/wikitext-2/valid.txt",)}
+DATA_FILES = {
+    "piqa": ("eval/piqa/valid.jsonl", "eval/piqa/valid-labels.lst"),
+    "lambada": ("eval/lambada/lambada_test.jsonl",),
+    "arc_easy": ("eval/mosaicml_icl/arc_easy.jsonl",),
+    "arc_challenge": ("eval/mosaicml_icl/arc_challenge.jsonl",),
+    "winogrande": ("eval/mosaicml_icl/winogrande.jsonl",),
+    "wikitext2_valid": ("corpus/wikitext-2/valid.txt",),
+}
 
 
 def _jsonl(path: Path) -> list[dict]:

@@ -4,6 +4,7 @@ Sites: 0 is the input interface's output (the code x(t), or the learned row), si
 output of block i (before the final norm). Shape legend: B batch, S sequence, H hidden, V vocab.
 megatron works in ``[S, B, H]``; everything returned here is ``[B, S, H]``.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -32,8 +33,10 @@ def next_token_nll(model: torch.nn.Module, ids_BS: torch.Tensor, vocab_size: int
 def hidden_states(model: torch.nn.Module, ids_BS: torch.Tensor) -> list[torch.Tensor]:
     """The residual stream at every site, each ``[B, S, H]`` float32."""
     captured: list[torch.Tensor] = []
-    hooks = [m.register_forward_hook(lambda _m, _i, out: captured.append(_states(out).detach().transpose(0, 1).float()))
-             for m in sites(model)]
+    hooks = [
+        m.register_forward_hook(lambda _m, _i, out: captured.append(_states(out).detach().transpose(0, 1).float()))
+        for m in sites(model)
+    ]
     try:
         model(ids_BS.long(), torch.arange(ids_BS.shape[1]).expand_as(ids_BS), None)
     finally:

@@ -1,5 +1,6 @@
 """Causal interventions: skip a block and measure the loss; patch one position of the residual
 stream from a clean context into a corrupted one and measure how much of the answer returns."""
+
 from __future__ import annotations
 
 import torch
@@ -24,8 +25,9 @@ def _answer_logprob(model, ids_S, vocab_size, answer: int) -> float:
 
 
 @torch.no_grad()
-def activation_patching(model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S: torch.Tensor,
-                        vocab_size: int, answer: int | None = None) -> dict:
+def activation_patching(
+    model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S: torch.Tensor, vocab_size: int, answer: int | None = None
+) -> dict:
     """Patch clean → corrupt at every (site, position); metric: log p(answer) at the last position.
 
     ``answer`` defaults to the clean run's top prediction. ``delta[site][pos]`` = patched − corrupt
@@ -48,6 +50,12 @@ def activation_patching(model: torch.nn.Module, clean_S: torch.Tensor, corrupt_S
                 row.append(_answer_logprob(model, corrupt_S, vocab_size, answer) - corrupt)
         delta.append(row)
     restored = [[d / gap for d in row] for row in delta] if abs(gap) > 1e-6 else None
-    return {"answer": answer, "clean_logprob": clean, "corrupt_logprob": corrupt, "gap": gap,
-            "changed_positions": [int(p) for p in torch.nonzero(clean_S != corrupt_S).flatten()],
-            "delta": delta, "restored": restored}
+    return {
+        "answer": answer,
+        "clean_logprob": clean,
+        "corrupt_logprob": corrupt,
+        "gap": gap,
+        "changed_positions": [int(p) for p in torch.nonzero(clean_S != corrupt_S).flatten()],
+        "delta": delta,
+        "restored": restored,
+    }

@@ -1,4 +1,5 @@
 """PNG plots of an analysis report (matplotlib, Agg backend)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -43,8 +44,11 @@ def plot_report(report: dict, out: Path) -> list[Path]:
     patch = report["patching"]
     matrix = patch["restored"] or patch["delta"]
     im = ax.imshow(matrix, aspect="auto", cmap="RdBu_r", vmin=-1, vmax=1)
-    ax.set(title=f"{title}: patching clean→corrupt ({'fraction restored' if patch['restored'] else 'Δ log p'})",
-           xlabel="position", ylabel="site")
+    ax.set(
+        title=f"{title}: patching clean→corrupt ({'fraction restored' if patch['restored'] else 'Δ log p'})",
+        xlabel="position",
+        ylabel="site",
+    )
     fig.colorbar(im, ax=ax)
     paths.append(_save(fig, out / "patching.png"))
     return paths

@@ -3,6 +3,7 @@
 Features are standardized with training statistics; the bias is the training mean of the targets.
 Shape legend: N examples, H features, C classes.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -17,8 +18,9 @@ def ridge_fit(x_NH: np.ndarray, y_NC: np.ndarray, l2: float) -> tuple[np.ndarray
     return w_HC, y_mean - x_mean @ w_HC
 
 
-def probe_accuracy(x_NH: np.ndarray, labels_N: np.ndarray, *, train_fraction: float = 0.7, l2: float = 0.01,
-                   seed: int = 0) -> dict:
+def probe_accuracy(
+    x_NH: np.ndarray, labels_N: np.ndarray, *, train_fraction: float = 0.7, l2: float = 0.01, seed: int = 0
+) -> dict:
     """Held-out accuracy of a ridge probe of integer ``labels_N`` from ``x_NH``, and chance
     (the majority class of the held-out labels)."""
     x = np.asarray(x_NH, dtype=np.float64)
@@ -30,6 +32,10 @@ def probe_accuracy(x_NH: np.ndarray, labels_N: np.ndarray, *, train_fraction: fl
     x = (x - mean) / std
     w, b = ridge_fit(x[train], np.eye(len(classes))[y[train]], l2 * num_train / 1000)
     predicted = (x[test] @ w + b).argmax(axis=1)
-    return {"accuracy": float((predicted == y[test]).mean()),
-            "chance": float(np.bincount(y[test], minlength=len(classes)).max() / len(test)),
-            "num_classes": int(len(classes)), "num_train": int(num_train), "num_test": int(len(test))}
+    return {
+        "accuracy": float((predicted == y[test]).mean()),
+        "chance": float(np.bincount(y[test], minlength=len(classes)).max() / len(test)),
+        "num_classes": int(len(classes)),
+        "num_train": int(num_train),
+        "num_test": int(len(test)),
+    }

@@ -4,6 +4,7 @@ The model is rebuilt at TP=1 in one process from the checkpoint's ``trainer.mode
 weights loaded with ``dist_checkpointing`` (any saving layout). Data: windows of held-out tokens
 from an indexed dataset (default: the run's ``--valid-data-path``).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -93,7 +94,9 @@ def run_analysis(cfg: AnalysisConfig) -> dict:
     ckpt = load_megatron_checkpoint(cfg.load)
     model, model_cfg, state = ckpt.model, ckpt.model_cfg, ckpt.trainer_state
     run = state.get("run_config", {})
-    prefix = cfg.data_path or (run.get("valid_data_path") or run.get("data_path") or run.get("train_data_path") or [None])[0]
+    prefix = (
+        cfg.data_path or (run.get("valid_data_path") or run.get("data_path") or run.get("train_data_path") or [None])[0]
+    )
     if prefix is None:
         raise ValueError("no --data-path given and the checkpoint names no validation data")
     ids_BS = token_windows(prefix, cfg.num_windows, cfg.seq_length or model_cfg.seq_length)
@@ -104,14 +107,20 @@ def run_analysis(cfg: AnalysisConfig) -> dict:
     lexical = lexical_labels(tokenizer, ids_BS.reshape(-1).numpy()) if tokenizer else {}
     clean, corrupt = patching_pair(ids_BS, cfg, vocab)
     report = {
-        "checkpoint": str(ckpt.path), "step": ckpt.step, "input_embedding": model_cfg.input_embedding,
-        "data_path": prefix, "windows": list(ids_BS.shape),
+        "checkpoint": str(ckpt.path),
+        "step": ckpt.step,
+        "input_embedding": model_cfg.input_embedding,
+        "data_path": prefix,
+        "windows": list(ids_BS.shape),
         "sites": ["input"] + [f"block {i}" for i in range(model_cfg.num_layers)],
         "activations": activation_stats(states, ids_BS, seed=cfg.seed),
         "ablation": layer_ablation(model, ids_BS, vocab),
         "probes": probes_by_depth(states, ids_BS, lexical, cfg.probe_classes, cfg.seed),
-        "patching": {"clean": clean.tolist(), "corrupt": corrupt.tolist(),
-                     **activation_patching(model, clean, corrupt, vocab)},
+        "patching": {
+            "clean": clean.tolist(),
+            "corrupt": corrupt.tolist(),
+            **activation_patching(model, clean, corrupt, vocab),
+        },
     }
     out = Path(cfg.output_dir)
     out.mkdir(parents=True, exist_ok=True)

@@ -3,9 +3,12 @@ parser at core_v0.19.0 against core_v0.16.1's), but for those :data:`out_of_scop
 This parser follows core_v0.16.1: each is refused in one line saying so. The training flags both
 versions share keep their names, dests and defaults (docs/training.md notes the few 0.19 differences).
 """
+
 from __future__ import annotations
 
-ADDED_AFTER_0_16 = frozenset("--" + name for name in """
+ADDED_AFTER_0_16 = frozenset(
+    "--" + name
+    for name in """
     activation-offload-fraction async-ckpt-cpu-priority async-ckpt-io-priority async-ckpt-use-cpu-shm
     async-strategy chat-template ckpt-fully-parallel-load-exchange-algo ckpt-fully-parallel-load-process-group
     ckpt-fully-parallel-save-process-group cpu-offloading-retain-pinned-cpu-buffers
@@ -41,4 +44,5 @@ ADDED_AFTER_0_16 = frozenset("--" + name for name in """
     use-grouped-gemm-for-shared-expert use-mup use-same-sampling-seed-across-dp-ranks
     use-transformer-engine-op-fuser validation-set-names verify-integrity yarn-beta-fast yarn-beta-slow
     yarn-correction-range-round-to-int yarn-original-max-position-embeddings
-""".split())
+""".split()
+)

@@ -2,6 +2,7 @@
 ``--block``, this project's shorthand for them), the sample-based schedule, and runtime, logging and
 checkpoint extras; each with Megatron-LM's name, ``dest`` and default (core_v0.16.1).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -13,7 +14,11 @@ from megatron_fixedcode.models.config import BLOCKS
 def _signal(text: str) -> signal.Signals:
     """SIGTERM / TERM / 15 -> signal.SIGTERM (Megatron-LM's parser gives the enum too; JSON prints 15)."""
     try:
-        sig = signal.Signals(int(text)) if text.isdigit() else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        sig = (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        )
     except (KeyError, ValueError):
         raise argparse.ArgumentTypeError(f"not a signal: {text!r} (e.g. SIGTERM, SIGUSR1, 15)") from None
     return sig
@@ -25,26 +30,57 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("architecture (Megatron-LM's flags; --block is a shorthand for them)")
     g.add_argument("--normalization", choices=["LayerNorm", "RMSNorm"], default="LayerNorm", help="norm of each block")
     g.add_argument("--swiglu", action="store_true", help="SwiGLU MLP (gated SiLU); GELU MLP without it")
-    g.add_argument("--disable-bias-linear", dest="add_bias_linear", action="store_false",
-                   help="no biases in the linear layers")
-    g.add_argument("--position-embedding-type", choices=["learned_absolute", "rope", "mrope", "relative", "none"],
-                   default="learned_absolute", help="position encoding (mrope and relative are not built here)")
-    g.add_argument("--use-rotary-position-embeddings", action="store_true",
-                   help="Megatron's older spelling of --position-embedding-type rope")
+    g.add_argument(
+        "--disable-bias-linear", dest="add_bias_linear", action="store_false", help="no biases in the linear layers"
+    )
+    g.add_argument(
+        "--position-embedding-type",
+        choices=["learned_absolute", "rope", "mrope", "relative", "none"],
+        default="learned_absolute",
+        help="position encoding (mrope and relative are not built here)",
+    )
+    g.add_argument(
+        "--use-rotary-position-embeddings",
+        action="store_true",
+        help="Megatron's older spelling of --position-embedding-type rope",
+    )
     g.add_argument("--rotary-percent", type=float, default=1.0, help="fraction of each head's dims RoPE rotates")
-    g.add_argument("--rotary-interleaved", action="store_true",
-                   help="RoPE rotates interleaved pairs of dims instead of the two halves")
-    g.add_argument("--untie-embeddings-and-output-weights", action="store_true",
-                   help="an output layer of its own (required with a fixed code: it has no table to tie)")
-    g.add_argument("--group-query-attention", action="store_true",
-                   help="grouped-query attention with --num-query-groups groups (without it, multi-head attention)")
-    g.add_argument("--kv-channels", type=int, default=None,
-                   help="per-head projection size (default hidden-size / num-attention-heads)")
-    g.add_argument("--max-position-embeddings", type=int, default=None,
-                   help="longest sequence the positions cover (RoPE: must be >= --seq-length)")
-    g.add_argument("--apply-layernorm-1p", dest="layernorm_zero_centered_gamma", action="store_true",
-                   help="norm weights stored zero-centred, applied as 1 + w (TE layers only)")
-    g.add_argument("--add-qkv-bias", action="store_true", help="biases in the QKV projection only (on with linear biases)")
+    g.add_argument(
+        "--rotary-interleaved",
+        action="store_true",
+        help="RoPE rotates interleaved pairs of dims instead of the two halves",
+    )
+    g.add_argument(
+        "--untie-embeddings-and-output-weights",
+        action="store_true",
+        help="an output layer of its own (required with a fixed code: it has no table to tie)",
+    )
+    g.add_argument(
+        "--group-query-attention",
+        action="store_true",
+        help="grouped-query attention with --num-query-groups groups (without it, multi-head attention)",
+    )
+    g.add_argument(
+        "--kv-channels",
+        type=int,
+        default=None,
+        help="per-head projection size (default hidden-size / num-attention-heads)",
+    )
+    g.add_argument(
+        "--max-position-embeddings",
+        type=int,
+        default=None,
+        help="longest sequence the positions cover (RoPE: must be >= --seq-length)",
+    )
+    g.add_argument(
+        "--apply-layernorm-1p",
+        dest="layernorm_zero_centered_gamma",
+        action="store_true",
+        help="norm weights stored zero-centred, applied as 1 + w (TE layers only)",
+    )
+    g.add_argument(
+        "--add-qkv-bias", action="store_true", help="biases in the QKV projection only (on with linear biases)"
+    )
     g.add_argument("--qk-layernorm", action="store_true", help="normalize queries and keys per head before attention")
     g.add_argument("--squared-relu", action="store_true", help="squared-ReLU MLP instead of GELU (not with --swiglu)")
     g.add_argument("--use-rope-scaling", action="store_true", help="Llama-3.x RoPE frequency scaling")
@@ -52,43 +88,94 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on the attention probabilities")
     g.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on the block outputs (residual adds)")
     g = p.add_argument_group("schedule by samples (Megatron-LM)")
-    g.add_argument("--train-samples", type=int, default=None,
-                   help="train for this many samples (steps = samples // global batch); excludes --train-iters")
+    g.add_argument(
+        "--train-samples",
+        type=int,
+        default=None,
+        help="train for this many samples (steps = samples // global batch); excludes --train-iters",
+    )
     g.add_argument("--lr-warmup-samples", type=int, default=0, help="LR warmup in samples (with --train-samples)")
-    g.add_argument("--lr-decay-samples", type=int, default=None,
-                   help="LR decay in samples (with --train-samples; default: --train-samples)")
-    g.add_argument("--lr-warmup-fraction", type=float, default=None,
-                   help="LR warmup as a fraction of the decay steps; excludes --lr-warmup-iters/-samples")
+    g.add_argument(
+        "--lr-decay-samples",
+        type=int,
+        default=None,
+        help="LR decay in samples (with --train-samples; default: --train-samples)",
+    )
+    g.add_argument(
+        "--lr-warmup-fraction",
+        type=float,
+        default=None,
+        help="LR warmup as a fraction of the decay steps; excludes --lr-warmup-iters/-samples",
+    )
     g.add_argument("--lr-warmup-init", type=float, default=0.0, help="LR at the start of warmup")
     g = p.add_argument_group("runtime, logging and checkpoint extras (Megatron-LM)")
-    g.add_argument("--manual-gc", action="store_true", help="disable Python's automatic GC; collect every --manual-gc-interval steps")
-    g.add_argument("--manual-gc-interval", type=int, default=0, help="steps between collections under --manual-gc (0: never)")
-    g.add_argument("--empty-unused-memory-level", type=int, choices=[0, 1, 2], default=0,
-                   help="CUDA: release cached memory after each step (1, 2); no effect on CPU")
-    g.add_argument("--no-mmap-bin-files", dest="mmap_bin_files", action="store_false",
-                   help="read the .bin shards with file reads instead of mmap")
-    g.add_argument("--padded-vocab-size", type=int, default=None,
-                   help="output-layer rows as given (at least the vocabulary, a multiple of TP) instead of "
-                        "--make-vocab-size-divisible-by's padding")
-    g.add_argument("--mock-data", action="store_true",
-                   help="megatron-core's MockGPTDataset instead of data (token ramps; split 1,1,1): throughput and "
-                        "smoke runs; the only data source, with a tokenizer or --vocab-size")
+    g.add_argument(
+        "--manual-gc",
+        action="store_true",
+        help="disable Python's automatic GC; collect every --manual-gc-interval steps",
+    )
+    g.add_argument(
+        "--manual-gc-interval", type=int, default=0, help="steps between collections under --manual-gc (0: never)"
+    )
+    g.add_argument(
+        "--empty-unused-memory-level",
+        type=int,
+        choices=[0, 1, 2],
+        default=0,
+        help="CUDA: release cached memory after each step (1, 2); no effect on CPU",
+    )
+    g.add_argument(
+        "--no-mmap-bin-files",
+        dest="mmap_bin_files",
+        action="store_false",
+        help="read the .bin shards with file reads instead of mmap",
+    )
+    g.add_argument(
+        "--padded-vocab-size",
+        type=int,
+        default=None,
+        help="output-layer rows as given (at least the vocabulary, a multiple of TP) instead of "
+        "--make-vocab-size-divisible-by's padding",
+    )
+    g.add_argument(
+        "--mock-data",
+        action="store_true",
+        help="megatron-core's MockGPTDataset instead of data (token ramps; split 1,1,1): throughput and "
+        "smoke runs; the only data source, with a tokenizer or --vocab-size",
+    )
     g.add_argument("--tensorboard-log-interval", type=int, default=1, help="steps between TensorBoard scalars")
     g.add_argument("--wandb-exp-name", default=None, help="W&B run name (the run id is kept with the checkpoint)")
-    g.add_argument("--save-retain-interval", type=int, default=None,
-                   help="keep only checkpoints whose step is a multiple of N, and the newest (default: keep all)")
-    g.add_argument("--no-load-optim", action="store_true", default=None,
-                   help="resume without the optimizer's state (Adam moments start fresh)")
+    g.add_argument(
+        "--save-retain-interval",
+        type=int,
+        default=None,
+        help="keep only checkpoints whose step is a multiple of N, and the newest (default: keep all)",
+    )
+    g.add_argument(
+        "--no-load-optim",
+        action="store_true",
+        default=None,
+        help="resume without the optimizer's state (Adam moments start fresh)",
+    )
     g.add_argument("--no-load-rng", action="store_true", default=None, help="resume without the saved RNG states")
-    g.add_argument("--exit-signal", type=_signal, default=signal.SIGTERM,
-                   help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)")
+    g.add_argument(
+        "--exit-signal",
+        type=_signal,
+        default=signal.SIGTERM,
+        help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)",
+    )
 
 
 # --block NAME: the project's shorthand for Megatron's architecture flags, of models.config.BLOCKS' llama and
 # gpt_gelu: their norm and MLP, no linear biases, RoPE, an output layer of its own.
 BLOCK_FLAGS = {
-    name: {"normalization": BLOCKS[name]["normalization"], "swiglu": BLOCKS[name]["gated_linear_unit"],
-           "add_bias_linear": False, "position_embedding_type": "rope", "untie_embeddings_and_output_weights": True}
+    name: {
+        "normalization": BLOCKS[name]["normalization"],
+        "swiglu": BLOCKS[name]["gated_linear_unit"],
+        "add_bias_linear": False,
+        "position_embedding_type": "rope",
+        "untie_embeddings_and_output_weights": True,
+    }
     for name in ("llama", "gpt_gelu")
 }
 

@@ -1,6 +1,7 @@
 """What Megatron-LM's ``validate_args`` derives from the flags, so that the dry run prints what
 Megatron-LM's parser gives (tests/arguments/test_megatron_reference.py compares them dest by dest). Nothing here
 refuses: the refusals are ``refusals.py``, before and after these derivations."""
+
 from __future__ import annotations
 
 import argparse
@@ -46,19 +47,30 @@ def derive(a: argparse.Namespace) -> None:
     if a.data_path and a.split is None:  # Megatron-LM's validate_args, with its warning
         a.split = "969, 30, 1"
         if is_rank0():
-            print("note: --split not given with --data-path: using Megatron-LM's legacy default '969, 30, 1'",
-                  file=sys.stderr)
+            print(
+                "note: --split not given with --data-path: using Megatron-LM's legacy default '969, 30, 1'",
+                file=sys.stderr,
+            )
     if a.sequence_parallel and a.tensor_model_parallel_size == 1:  # Megatron-LM turns it off, with a warning
         a.sequence_parallel = False
         if is_rank0():
-            print("note: --sequence-parallel has no effect with --tensor-model-parallel-size 1: turned off "
-                  "(as Megatron-LM does)", file=sys.stderr)
+            print(
+                "note: --sequence-parallel has no effect with --tensor-model-parallel-size 1: turned off "
+                "(as Megatron-LM does)",
+                file=sys.stderr,
+            )
     if a.data_path and (a.train_data_path or a.valid_data_path or a.test_data_path) and is_rank0():
-        ignored = [f"--{k.replace('_', '-')}" for k in ("train_data_path", "valid_data_path", "test_data_path")
-                   if getattr(a, k)]
-        print(f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
-              "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
-              "blends give --train-data-path and --valid-data-path", file=sys.stderr)
+        ignored = [
+            f"--{k.replace('_', '-')}"
+            for k in ("train_data_path", "valid_data_path", "test_data_path")
+            if getattr(a, k)
+        ]
+        print(
+            f"note: --data-path is given, so {', '.join(ignored)} {'is' if len(ignored) == 1 else 'are'} ignored "
+            "and --split carves the validation set (Megatron-LM's rule); to train and validate on separate "
+            "blends give --train-data-path and --valid-data-path",
+            file=sys.stderr,
+        )
     if a.dataloader_type is None:  # Megatron-LM's validate_args
         a.dataloader_type = "single"
     _virtual_pipeline(a)
@@ -79,7 +91,8 @@ def _virtual_pipeline(a: argparse.Namespace) -> None:
         a.virtual_pipeline_model_parallel_size = a.num_virtual_stages_per_pipeline_rank
     elif a.num_layers_per_virtual_pipeline_stage is not None and a.num_layers:
         a.virtual_pipeline_model_parallel_size = (
-            a.num_layers // a.pipeline_model_parallel_size // a.num_layers_per_virtual_pipeline_stage)
+            a.num_layers // a.pipeline_model_parallel_size // a.num_layers_per_virtual_pipeline_stage
+        )
     if a.virtual_pipeline_model_parallel_size == 1:
         a.virtual_pipeline_model_parallel_size = None
 
@@ -104,8 +117,11 @@ def _derived_like_megatron(a: argparse.Namespace) -> None:
         a.add_qkv_bias = True
     if a.async_save and not a.use_persistent_ckpt_worker:
         if is_rank0():
-            print("note: --async-save without --use-persistent-ckpt-worker: saves are synchronous (Megatron-LM "
-                  "turns --async-save off without it)", file=sys.stderr)
+            print(
+                "note: --async-save without --use-persistent-ckpt-worker: saves are synchronous (Megatron-LM "
+                "turns --async-save off without it)",
+                file=sys.stderr,
+            )
         a.async_save = False
     if a.position_embedding_type != "rope" and not a.use_rotary_position_embeddings:
         a.apply_rope_fusion = False

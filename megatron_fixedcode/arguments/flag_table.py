@@ -3,6 +3,7 @@ is current). Regenerate it with::
 
     python -m megatron_fixedcode.arguments.flag_table > docs/flags.md
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,9 +46,14 @@ def flag_table_markdown() -> str:
     """The whole page: every flag of the parser by group (what it does here, or why it does not act), then
     what is refused."""
     parser = build_parser()
-    lines = [GENERATED, "# Flags of `python -m megatron_fixedcode.pretrain`", "",
-             "Every flag the trainer accepts, by group, with Megatron-LM's dest and default (core_v0.16.1); "
-             "`-h` prints the same. The pages that explain them: docs/training.md, docs/codes.md, docs/data.md.", ""]
+    lines = [
+        GENERATED,
+        "# Flags of `python -m megatron_fixedcode.pretrain`",
+        "",
+        "Every flag the trainer accepts, by group, with Megatron-LM's dest and default (core_v0.16.1); "
+        "`-h` prints the same. The pages that explain them: docs/training.md, docs/codes.md, docs/data.md.",
+        "",
+    ]
     for group in parser._action_groups:
         actions = [a for a in group._group_actions if a.option_strings and a.dest != "help"]
         if not actions:
@@ -57,12 +63,22 @@ def flag_table_markdown() -> str:
             flags = " ".join(f"`{o}`" for o in a.option_strings)
             lines.append(f"| {flags} | `{a.dest}` | {_default(a)} | {_cell(_here(a))} |")
         lines.append("")
-    lines += ["## Refused: outside this project's scope", "",
-              "Refused in one line naming the flag (a trailing `-` names a prefix).", "",
-              "| flag or prefix | belongs to |", "|---|---|"]
+    lines += [
+        "## Refused: outside this project's scope",
+        "",
+        "Refused in one line naming the flag (a trailing `-` names a prefix).",
+        "",
+        "| flag or prefix | belongs to |",
+        "|---|---|",
+    ]
     lines += [f"| `{flag}` | {_cell(what)} |" for flag, what in OUT_OF_SCOPE.items()]
-    lines += ["", f"## Refused: added to Megatron-LM after core_v0.16.1 ({len(ADDED_AFTER_0_16)} flags)", "",
-              ", ".join(f"`{flag}`" for flag in sorted(ADDED_AFTER_0_16)), ""]
+    lines += [
+        "",
+        f"## Refused: added to Megatron-LM after core_v0.16.1 ({len(ADDED_AFTER_0_16)} flags)",
+        "",
+        ", ".join(f"`{flag}`" for flag in sorted(ADDED_AFTER_0_16)),
+        "",
+    ]
     return "\n".join(lines)
 
 

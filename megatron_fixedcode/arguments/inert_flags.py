@@ -5,6 +5,7 @@ why it has no effect. A startup line names those a run sets away from Megatron's
 (:func:`inert_in_use`); ``-h`` shows the same reason. Flags accepted at Megatron's default value only are
 ``default_only_flags.py``, in rows of the same kind.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -247,7 +248,6 @@ INERT_FLAGS = (
 )
 # fmt: on
 INERT = {flag.dest: flag.why for flag in INERT_FLAGS}  # dest -> why it has no effect here
-
 
 
 def argparse_kwargs(spec) -> dict:

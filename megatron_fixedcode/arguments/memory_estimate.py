@@ -3,6 +3,7 @@ estimate (the arithmetic of docs/SCALING.md), and whether the recipe needs Trans
 
 Pure arithmetic on the parsed flags: no torch, so it runs where the cluster's Python has none.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -49,11 +50,15 @@ def te_warning(a: argparse.Namespace) -> str | None:
     """A warning (not an error: login nodes often lack GPUs and TE) when the recipe needs TE here absent."""
     if not uses_transformer_engine(a) or importlib.util.find_spec("transformer_engine") is not None:
         return None
-    wants = [f"--transformer-impl {a.transformer_impl}" if a.transformer_impl == "transformer_engine" else None,
-             f"--fp8-format {a.fp8}" if a.fp8 else None,
-             "--tp-comm-overlap" if a.tp_comm_overlap else None]
-    return (f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
-            f"installed here: the compute nodes will need it ({TE_INSTALL_HINT})")
+    wants = [
+        f"--transformer-impl {a.transformer_impl}" if a.transformer_impl == "transformer_engine" else None,
+        f"--fp8-format {a.fp8}" if a.fp8 else None,
+        "--tp-comm-overlap" if a.tp_comm_overlap else None,
+    ]
+    return (
+        f"warning: this run asks for Transformer Engine ({', '.join(w for w in wants if w)}), which is not "
+        f"installed here: the compute nodes will need it ({TE_INSTALL_HINT})"
+    )
 
 
 def block_parameters(a: argparse.Namespace) -> tuple[int, int]:
@@ -103,7 +108,7 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
         replicated, shardable = 2 + 4, 4 + 8
     elif autocast:  # fp32 weight and grad, the bf16 weight casts autocast keeps for backward, Adam m and v
         replicated, shardable = 4 + 4 + 2, 8
-    else:       # fp32 weight and grad, Adam m and v
+    else:  # fp32 weight and grad, Adam m and v
         replicated, shardable = 4 + 4, 8
     per_param = replicated + shardable / (dp if a.use_distributed_optimizer else 1)
     states = on_gpu * per_param
@@ -126,12 +131,26 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
     logits = (s / cp) * mbs * padded / tp * (act_bytes + 4 + 4)  # logits, fp32 loss, its softmax/grad
     total_bytes = states + activations + logits + RUNTIME_BYTES
     return {
-        "world_size": world_size, "tp": tp, "pp": pp, "cp": cp, "dp": dp,
-        "micro_batch_size": mbs, "global_batch_size": gbs, "microbatches": microbatches,
-        "vocab_size": vocab, "vocab_from": vocab_from, "padded_vocab_size": padded,
-        "parameters": total, "parameters_per_gpu": on_gpu,
-        "bytes": {"weights_grads_optimizer": states, "activations": activations, "logits": logits,
-                  "runtime": RUNTIME_BYTES, "total": total_bytes},
+        "world_size": world_size,
+        "tp": tp,
+        "pp": pp,
+        "cp": cp,
+        "dp": dp,
+        "micro_batch_size": mbs,
+        "global_batch_size": gbs,
+        "microbatches": microbatches,
+        "vocab_size": vocab,
+        "vocab_from": vocab_from,
+        "padded_vocab_size": padded,
+        "parameters": total,
+        "parameters_per_gpu": on_gpu,
+        "bytes": {
+            "weights_grads_optimizer": states,
+            "activations": activations,
+            "logits": logits,
+            "runtime": RUNTIME_BYTES,
+            "total": total_bytes,
+        },
     }
 
 

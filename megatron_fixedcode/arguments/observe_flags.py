@@ -3,6 +3,7 @@
 across data-parallel replicas and ``--num-workers``. What they do: ``training/straggler.py``,
 ``training/profiling.py``, ``training/run_watch.py``, ``training/batch_reader.py``; docs/training.md.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -11,36 +12,67 @@ import dataclasses
 
 def add_observe_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("watching the run (Megatron-LM's straggler detector, profiler, weight-hash check)")
-    g.add_argument("--log-straggler", action="store_true",
-                   help="megatron-core's StragglerDetector: every --log-interval, rank 0 logs the min/max forward time "
-                        "and estimated TFLOP/s across ranks with the rank of each ('MnRtt/Rnk: ... | MxRtt/Rnk: ...'); "
-                        "on the CPU the times are the wall clock and the GPU readings 0")
-    g.add_argument("--straggler-minmax-count", type=int, default=1,
-                   help="also log the N ranks of lowest and highest estimated throughput")
-    g.add_argument("--disable-straggler-on-startup", action="store_true",
-                   help="start with the detector off; an HTTP request to --straggler-ctrlr-port on rank 0 toggles it")
-    g.add_argument("--straggler-ctrlr-port", type=int, default=65535,
-                   help="rank 0's port that toggles the detector on/off (takes effect at the next report)")
-    g.add_argument("--profile", action="store_true",
-                   help="profile steps --profile-step-start..--profile-step-end on --profile-ranks: torch.profiler "
-                        "with --use-pytorch-profiler, else the CUDA profiler range for nsys "
-                        "(--capture-range=cudaProfilerApi; needs CUDA)")
-    g.add_argument("--use-pytorch-profiler", action="store_true",
-                   help="--profile with torch.profiler: a trace per rank into --tensorboard-dir (TensorBoard's "
-                        "profiler plugin), the steps labelled ProfilerStep#N")
+    g.add_argument(
+        "--log-straggler",
+        action="store_true",
+        help="megatron-core's StragglerDetector: every --log-interval, rank 0 logs the min/max forward time "
+        "and estimated TFLOP/s across ranks with the rank of each ('MnRtt/Rnk: ... | MxRtt/Rnk: ...'); "
+        "on the CPU the times are the wall clock and the GPU readings 0",
+    )
+    g.add_argument(
+        "--straggler-minmax-count",
+        type=int,
+        default=1,
+        help="also log the N ranks of lowest and highest estimated throughput",
+    )
+    g.add_argument(
+        "--disable-straggler-on-startup",
+        action="store_true",
+        help="start with the detector off; an HTTP request to --straggler-ctrlr-port on rank 0 toggles it",
+    )
+    g.add_argument(
+        "--straggler-ctrlr-port",
+        type=int,
+        default=65535,
+        help="rank 0's port that toggles the detector on/off (takes effect at the next report)",
+    )
+    g.add_argument(
+        "--profile",
+        action="store_true",
+        help="profile steps --profile-step-start..--profile-step-end on --profile-ranks: torch.profiler "
+        "with --use-pytorch-profiler, else the CUDA profiler range for nsys "
+        "(--capture-range=cudaProfilerApi; needs CUDA)",
+    )
+    g.add_argument(
+        "--use-pytorch-profiler",
+        action="store_true",
+        help="--profile with torch.profiler: a trace per rank into --tensorboard-dir (TensorBoard's "
+        "profiler plugin), the steps labelled ProfilerStep#N",
+    )
     g.add_argument("--profile-step-start", type=int, default=10, help="first step profiled (Megatron-LM's count)")
     g.add_argument("--profile-step-end", type=int, default=12, help="the profile stops after this step")
     g.add_argument("--profile-ranks", type=int, nargs="+", default=[0], help="global ranks to profile")
-    g.add_argument("--record-memory-history", action="store_true",
-                   help="record CUDA allocations from the model's build on; the last rank writes a snapshot to "
-                        "--memory-snapshot-path every --log-interval (and oom_rank-R_PATH on an OOM); needs CUDA")
+    g.add_argument(
+        "--record-memory-history",
+        action="store_true",
+        help="record CUDA allocations from the model's build on; the last rank writes a snapshot to "
+        "--memory-snapshot-path every --log-interval (and oom_rank-R_PATH on an OOM); needs CUDA",
+    )
     g.add_argument("--memory-snapshot-path", default="snapshot.pickle", help="where --record-memory-history writes")
-    g.add_argument("--check-weight-hash-across-dp-replicas-interval", type=int, default=None,
-                   help="megatron-core's check_param_hashes_across_dp_replicas at the start and every N steps: "
-                        "a mismatch stops the run naming the step (exit 3)")
-    g.add_argument("--num-workers", type=int, default=2,
-                   help="DataLoader worker processes reading the training batches ahead (0: read in the training "
-                        "process); the batches, hence the losses and an exact resume, are the same for any N")
+    g.add_argument(
+        "--check-weight-hash-across-dp-replicas-interval",
+        type=int,
+        default=None,
+        help="megatron-core's check_param_hashes_across_dp_replicas at the start and every N steps: "
+        "a mismatch stops the run naming the step (exit 3)",
+    )
+    g.add_argument(
+        "--num-workers",
+        type=int,
+        default=2,
+        help="DataLoader worker processes reading the training batches ahead (0: read in the training "
+        "process); the batches, hence the losses and an exact resume, are the same for any N",
+    )
 
 
 def refuse_observe(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
@@ -51,8 +83,9 @@ def refuse_observe(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if interval is not None and interval < 1:
         p.error(f"--check-weight-hash-across-dp-replicas-interval must be >= 1, got {interval}")
     if a.profile and a.profile_step_end <= a.profile_step_start:
-        p.error(f"--profile-step-end ({a.profile_step_end}) must be after --profile-step-start "
-                f"({a.profile_step_start})")
+        p.error(
+            f"--profile-step-end ({a.profile_step_end}) must be after --profile-step-start ({a.profile_step_start})"
+        )
     if a.profile and a.use_pytorch_profiler and not a.tensorboard_dir:
         p.error("--profile --use-pytorch-profiler writes its traces into --tensorboard-dir: give one")
 
@@ -78,5 +111,7 @@ class WatchConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "WatchConfig":
-        return cls(**{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if f.name != "profile_ranks"},
-                   profile_ranks=tuple(a.profile_ranks))
+        return cls(
+            **{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if f.name != "profile_ranks"},
+            profile_ranks=tuple(a.profile_ranks),
+        )

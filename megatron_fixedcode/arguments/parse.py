@@ -5,6 +5,7 @@ The steps of :func:`parse_pretrain_args`, each in its own module: the parser (``
 derivations, refusals of the resolved flags (``refusals``), then the typed configs. Every inconsistency
 is refused here, before any process group, model or data exists; nothing here imports torch.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,8 +24,14 @@ from megatron_fixedcode.arguments.observe_flags import WatchConfig
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE, out_of_scope
 from megatron_fixedcode.arguments.recipe import load_recipe
 from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS, TokenizerConfig
-from megatron_fixedcode.arguments.training_configs import (CheckpointConfig, HealthConfig, LoggingConfig, OptimConfig,
-                                                           PerformanceConfig, ScheduleConfig)
+from megatron_fixedcode.arguments.training_configs import (
+    CheckpointConfig,
+    HealthConfig,
+    LoggingConfig,
+    OptimConfig,
+    PerformanceConfig,
+    ScheduleConfig,
+)
 from megatron_fixedcode.arguments.user_errors import is_rank0
 from megatron_fixedcode.compat.layout import ParallelLayout
 from megatron_fixedcode.data.config import DataConfig, SFTFields
@@ -64,36 +71,62 @@ class PretrainConfig:
     def _model_config(self, vocab_size: int) -> ModelConfig:
         a = self.args
         return ModelConfig(
-            num_layers=a.num_layers, hidden_size=a.hidden_size, num_attention_heads=a.num_attention_heads,
+            num_layers=a.num_layers,
+            hidden_size=a.hidden_size,
+            num_attention_heads=a.num_attention_heads,
             num_query_groups=a.num_query_groups if a.group_query_attention else None,
-            ffn_hidden_size=a.ffn_hidden_size, seq_length=a.seq_length,
-            vocab_size=a.vocab_size or vocab_size, block=a.block, norm_epsilon=a.layernorm_epsilon,
-            hidden_dropout=a.hidden_dropout, attention_dropout=a.attention_dropout,
+            ffn_hidden_size=a.ffn_hidden_size,
+            seq_length=a.seq_length,
+            vocab_size=a.vocab_size or vocab_size,
+            block=a.block,
+            norm_epsilon=a.layernorm_epsilon,
+            hidden_dropout=a.hidden_dropout,
+            attention_dropout=a.attention_dropout,
             layernorm_zero_centered_gamma=a.layernorm_zero_centered_gamma,
             # without full recompute Megatron-LM leaves them unused
             recompute_method=a.recompute_method if a.recompute_granularity == "full" else None,
             recompute_num_layers=a.recompute_num_layers if a.recompute_granularity == "full" else None,
-            rotary_base=a.rotary_base, init_method_std=a.init_method_std,
+            rotary_base=a.rotary_base,
+            init_method_std=a.init_method_std,
             kv_channels=None if a.kv_channels == a.hidden_size // a.num_attention_heads else a.kv_channels,
-            rotary_percent=a.rotary_percent, rotary_interleaved=a.rotary_interleaved,
-            add_bias_linear=a.add_bias_linear, position_embedding_type=a.position_embedding_type,
+            rotary_percent=a.rotary_percent,
+            rotary_interleaved=a.rotary_interleaved,
+            add_bias_linear=a.add_bias_linear,
+            position_embedding_type=a.position_embedding_type,
             max_position_embeddings=a.max_position_embeddings,
             share_embeddings_and_output_weights=not a.untie_embeddings_and_output_weights,
-            add_qkv_bias=a.add_qkv_bias, qk_layernorm=a.qk_layernorm, squared_relu=a.squared_relu,
-            rope_scaling=a.use_rope_scaling, rope_scaling_factor=a.rope_scaling_factor,
-            make_vocab_size_divisible_by=a.make_vocab_size_divisible_by, padded_vocab=a.padded_vocab_size,
+            add_qkv_bias=a.add_qkv_bias,
+            qk_layernorm=a.qk_layernorm,
+            squared_relu=a.squared_relu,
+            rope_scaling=a.use_rope_scaling,
+            rope_scaling_factor=a.rope_scaling_factor,
+            make_vocab_size_divisible_by=a.make_vocab_size_divisible_by,
+            padded_vocab=a.padded_vocab_size,
             input_embedding=a.input_embedding,
-            code_seed=a.code_seed, code_matrix=self.code_matrix and self.code_matrix.matrix,
-            code_offset=a.code_offset, code_impl=a.code_impl, code_kernel=a.code_kernel,
+            code_seed=a.code_seed,
+            code_matrix=self.code_matrix and self.code_matrix.matrix,
+            code_offset=a.code_offset,
+            code_impl=a.code_impl,
+            code_kernel=a.code_kernel,
             code_scale=a.code_scale,
-            code_bits=a.code_bits, code_min_weight=a.code_min_weight, code_width=a.code_width,
-            code_centered=a.code_centered, code_norm_match=a.code_norm_match, code_base=a.code_base,
+            code_bits=a.code_bits,
+            code_min_weight=a.code_min_weight,
+            code_width=a.code_width,
+            code_centered=a.code_centered,
+            code_norm_match=a.code_norm_match,
+            code_base=a.code_base,
             # Megatron-LM's default left alone: TE where it can run, else local layers (logged at startup)
-            transformer_impl="auto" if a.transformer_impl == "transformer_engine" and not a.transformer_impl_given
+            transformer_impl="auto"
+            if a.transformer_impl == "transformer_engine" and not a.transformer_impl_given
             else a.transformer_impl,
-            bf16=a.bf16, autocast_bf16=a.precision == "fp32-autocast-bf16", recompute_granularity=a.recompute_granularity, fp8=a.fp8,
-            fp8_recipe=a.fp8_recipe, fp8_amax_history_len=a.fp8_amax_history_len,
-            fp8_amax_compute_algo=a.fp8_amax_compute_algo, fp8_param=a.fp8_param_gather,
+            bf16=a.bf16,
+            autocast_bf16=a.precision == "fp32-autocast-bf16",
+            recompute_granularity=a.recompute_granularity,
+            fp8=a.fp8,
+            fp8_recipe=a.fp8_recipe,
+            fp8_amax_history_len=a.fp8_amax_history_len,
+            fp8_amax_compute_algo=a.fp8_amax_compute_algo,
+            fp8_param=a.fp8_param_gather,
         )
 
     def as_dict(self) -> dict[str, Any]:
@@ -104,12 +137,19 @@ class PretrainConfig:
 
 def data_config(a: argparse.Namespace) -> DataConfig:
     """The data the run reads, as the dataset builders take it."""
-    return DataConfig(data_path=train_paths(a), valid_data_path=valid_paths(a), dataset_type=a.dataset_type,
-                      seq_length=a.seq_length, split=a.split or "969, 30, 1", cache_path=a.data_cache_path,
-                      samples_per_shard_visit=a.samples_per_shard_visit, mmap_bin_files=a.mmap_bin_files,
-                      sft_fields=SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key,
-                                           messages=a.sft_messages_key),
-                      mock=a.mock_data, num_workers=a.num_workers)
+    return DataConfig(
+        data_path=train_paths(a),
+        valid_data_path=valid_paths(a),
+        dataset_type=a.dataset_type,
+        seq_length=a.seq_length,
+        split=a.split or "969, 30, 1",
+        cache_path=a.data_cache_path,
+        samples_per_shard_visit=a.samples_per_shard_visit,
+        mmap_bin_files=a.mmap_bin_files,
+        sft_fields=SFTFields(prompt=a.sft_prompt_key, response=a.sft_response_key, messages=a.sft_messages_key),
+        mock=a.mock_data,
+        num_workers=a.num_workers,
+    )
 
 
 def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
@@ -119,8 +159,10 @@ def _read_code_matrix(a: argparse.Namespace) -> CodeMatrixFile | None:
     loaded = load_code_matrix(a.code_matrix)
     if loaded.offset is not None:
         if a.code_offset not in (0, loaded.offset):
-            raise ValueError(f"--code-matrix {a.code_matrix} gives offset {loaded.offset}, --code-offset "
-                             f"{a.code_offset}: give one of them")
+            raise ValueError(
+                f"--code-matrix {a.code_matrix} gives offset {loaded.offset}, --code-offset "
+                f"{a.code_offset}: give one of them"
+            )
         a.code_offset = loaded.offset
     if is_rank0():
         print("\n".join(loaded.report()), file=sys.stderr)
@@ -138,7 +180,10 @@ def _check_inputs(a: argparse.Namespace) -> None:
     source = f"--data-args-path {a.data_args_path}" if a.data_args_path else "--data-path"
     train_flag = source if a.data_path or a.data_args_path else "--train-data-path"
     train_field = "data_path" if a.data_path or a.data_args_path else "train_data_path"
-    for flag, field, paths in ((train_flag, train_field, train_paths(a)), ("--valid-data-path", "valid_data_path", valid_paths(a))):
+    for flag, field, paths in (
+        (train_flag, train_field, train_paths(a)),
+        ("--valid-data-path", "valid_data_path", valid_paths(a)),
+    ):
         if paths:
             prefixes, _ = parse_blend(paths, flag)
             if a.dataset_type != "sft":  # index reads only; a missing shard is named where datasets are built
@@ -154,8 +199,17 @@ def _check_inputs(a: argparse.Namespace) -> None:
 
 
 # A recipe's keys that name its data (and how it is read): --mock-data on the command line replaces them.
-RECIPE_DATA_KEYS = ("data_path", "train_data_path", "valid_data_path", "test_data_path", "data_args_path",
-                    "per_split_data_args_path", "data_manifest", "data_manifest_weights", "dataset_type")
+RECIPE_DATA_KEYS = (
+    "data_path",
+    "train_data_path",
+    "valid_data_path",
+    "test_data_path",
+    "data_args_path",
+    "per_split_data_args_path",
+    "data_manifest",
+    "data_manifest_weights",
+    "dataset_type",
+)
 
 
 def _drop_recipe_data(recipe: dict[str, Any], path: str) -> None:
@@ -208,15 +262,22 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
             sequence_parallel=a.sequence_parallel,
         )
         cfg = PretrainConfig(
-            args=a, layout=layout, optim=OptimConfig.from_args(a), schedule=ScheduleConfig.from_args(a),
-            checkpoint=CheckpointConfig.from_args(a), logging=LoggingConfig.from_args(a),
+            args=a,
+            layout=layout,
+            optim=OptimConfig.from_args(a),
+            schedule=ScheduleConfig.from_args(a),
+            checkpoint=CheckpointConfig.from_args(a),
+            logging=LoggingConfig.from_args(a),
             data=data_config(a) if train_paths(a) or a.mock_data else None,
-            tokenizer=TokenizerConfig.from_args(a), performance=PerformanceConfig.from_args(a),
-            health=HealthConfig.from_args(a), watch=WatchConfig.from_args(a),
-            downstream=DownstreamConfig.from_args(a), code_matrix=_read_code_matrix(a),
+            tokenizer=TokenizerConfig.from_args(a),
+            performance=PerformanceConfig.from_args(a),
+            health=HealthConfig.from_args(a),
+            watch=WatchConfig.from_args(a),
+            downstream=DownstreamConfig.from_args(a),
+            code_matrix=_read_code_matrix(a),
         )
         if a.vocab_size or a.dry_run:
-            cfg.model_config(a.vocab_size or 2 ** 16)  # validates model fields and the code early
+            cfg.model_config(a.vocab_size or 2**16)  # validates model fields and the code early
     except ValueError as e:
         parser.error(str(e))
     cfg.inert = inert

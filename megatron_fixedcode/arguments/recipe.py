@@ -1,5 +1,6 @@
 """``--config RECIPE.yaml``: a YAML file keyed by Megatron-LM's argument dests becomes the parser's
 defaults (``${VAR}`` in strings is expanded from the environment; flags on the command line override it)."""
+
 from __future__ import annotations
 
 import argparse

@@ -6,6 +6,7 @@ the resolved flags after it. What depends on the machine (a GPU, Transformer Eng
 (``training/runtime_checks.py``); the rules a ``ModelConfig`` built by code must obey too live in
 ``models/config.py`` and are applied here through the same functions.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,8 +25,10 @@ from megatron_fixedcode.models.config import (
     fp8_needs,
 )
 
-CONTEXT_PARALLEL_UNPROVEN = ("--context-parallel-size > 1 is refused until its parity with CP 1 has been measured on a "
-                             "GPU (the batch split is in place and tested; TE attention under CP is not yet)")
+CONTEXT_PARALLEL_UNPROVEN = (
+    "--context-parallel-size > 1 is refused until its parity with CP 1 has been measured on a "
+    "GPU (the batch split is in place and tested; TE attention under CP is not yet)"
+)
 
 
 def refuse_given(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
@@ -39,8 +42,10 @@ def refuse_given(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if a.train_iters is not None and a.train_samples is not None:
         p.error("give one of --train-iters and --train-samples (Megatron-LM: iteration- or sample-based training)")
     if a.train_samples is not None and (a.lr_decay_iters is not None or a.lr_warmup_iters):
-        p.error("--train-samples takes the sample-based LR flags: --lr-warmup-samples/--lr-decay-samples, "
-                "not --lr-warmup-iters/--lr-decay-iters")
+        p.error(
+            "--train-samples takes the sample-based LR flags: --lr-warmup-samples/--lr-decay-samples, "
+            "not --lr-warmup-iters/--lr-decay-iters"
+        )
     if a.train_samples is None and (a.lr_decay_samples is not None or a.lr_warmup_samples):
         p.error("--lr-warmup-samples/--lr-decay-samples need sample-based training (--train-samples)")
     if a.lr_warmup_fraction is not None and (a.lr_warmup_iters or a.lr_warmup_samples):
@@ -51,26 +56,35 @@ def refuse_given(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--fp8-recipe custom: custom FP8 quantizers: {SCOPE_NOTE}")
     if (error := default_only_error(a)) is not None:
         p.error(error)
-    given = [f for f, v in (("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage),
-                            ("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank),
-                            ("--virtual-pipeline-model-parallel-size", a.virtual_pipeline_model_parallel_size))
-             if v is not None]
+    given = [
+        f
+        for f, v in (
+            ("--num-layers-per-virtual-pipeline-stage", a.num_layers_per_virtual_pipeline_stage),
+            ("--num-virtual-stages-per-pipeline-rank", a.num_virtual_stages_per_pipeline_rank),
+            ("--virtual-pipeline-model-parallel-size", a.virtual_pipeline_model_parallel_size),
+        )
+        if v is not None
+    ]
     if len(given) > 1:
         p.error(f"give one of {' and '.join(given)}")
     if a.num_layers_per_virtual_pipeline_stage is not None and a.num_layers:
         pp, per_chunk = a.pipeline_model_parallel_size, a.num_layers_per_virtual_pipeline_stage
         if a.num_layers % pp or (a.num_layers // pp) % per_chunk:
             per_stage = a.num_layers // pp if a.num_layers % pp == 0 else a.num_layers / pp
-            p.error(f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {per_stage} "
-                    f"layers of each of the {pp} pipeline stages do not split into chunks of {per_chunk}")
+            p.error(
+                f"--num-layers-per-virtual-pipeline-stage {per_chunk}: the {per_stage} "
+                f"layers of each of the {pp} pipeline stages do not split into chunks of {per_chunk}"
+            )
 
 
 def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """The resolved flags (after ``derivations.derive``)."""
     refuse_observe(a, p)  # the straggler detector, profiler, weight-hash check, --num-workers
     if a.recompute_granularity == "full" and (a.recompute_method is None or a.recompute_num_layers is None):
-        p.error("--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
-                "(as Megatron-LM's TransformerConfig)")
+        p.error(
+            "--recompute-granularity full needs --recompute-method (uniform or block) and --recompute-num-layers "
+            "(as Megatron-LM's TransformerConfig)"
+        )
     if a.recompute_granularity == "selective" and a.recompute_method:  # Megatron-LM's validate_args
         p.error("--recompute-method acts with --recompute-granularity full only (not selective)")
     _refuse_architecture(a, p)
@@ -81,16 +95,20 @@ def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if a.max_position_embeddings is not None and a.seq_length and a.max_position_embeddings < a.seq_length:
         p.error(f"--max-position-embeddings {a.max_position_embeddings} is below --seq-length {a.seq_length}")
     if a.layernorm_zero_centered_gamma and a.transformer_impl == "local":
-        p.error("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
-                "support it): drop --transformer-impl local, or drop the flag")
+        p.error(
+            "--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
+            "support it): drop --transformer-impl local, or drop the flag"
+        )
     for name in ("hidden_dropout", "attention_dropout"):
         if not 0 <= getattr(a, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be in [0, 1), got {getattr(a, name)}")
     _refuse_run(a, p)
     _refuse_out_of_range(a, p)
     if a.code_matrix is not None and a.input_embedding != MATRIX_CODE:
-        p.error(f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding {MATRIX_CODE}, "
-                f"not {a.input_embedding}")
+        p.error(
+            f"--code-matrix is the GF(2) recoding matrix: it needs --input-embedding {MATRIX_CODE}, "
+            f"not {a.input_embedding}"
+        )
     if a.context_parallel_size > 1:
         p.error(CONTEXT_PARALLEL_UNPROVEN)
     refuse_downstream(a, p)
@@ -100,19 +118,30 @@ def _refuse_architecture(a: argparse.Namespace, p: argparse.ArgumentParser) -> N
     """What is not built here: position encodings other than RoPE, learned absolute or none, and a fixed
     code tied to the head or next to a learned position table (``models.config.fixed_code_conflict``)."""
     if not a.add_position_embedding and a.position_embedding_type != "rope":  # as Megatron-LM's validate_args
-        p.error("--no-position-embedding is deprecated (Megatron-LM refuses it too without RoPE): "
-                "give --position-embedding-type none")
+        p.error(
+            "--no-position-embedding is deprecated (Megatron-LM refuses it too without RoPE): "
+            "give --position-embedding-type none"
+        )
     if a.position_embedding_type not in POSITION_EMBEDDINGS:
-        p.error(f"--position-embedding-type {a.position_embedding_type} is not built here: give one of "
-                f"{', '.join(POSITION_EMBEDDINGS)}")
-    why = fixed_code_conflict(a.input_embedding, tied=not a.untie_embeddings_and_output_weights,
-                              position_embedding_type=a.position_embedding_type)
+        p.error(
+            f"--position-embedding-type {a.position_embedding_type} is not built here: give one of "
+            f"{', '.join(POSITION_EMBEDDINGS)}"
+        )
+    why = fixed_code_conflict(
+        a.input_embedding,
+        tied=not a.untie_embeddings_and_output_weights,
+        position_embedding_type=a.position_embedding_type,
+    )
     if why == NO_TABLE_TO_TIE:
-        p.error(f"--input-embedding {a.input_embedding} {why}: give --untie-embeddings-and-output-weights "
-                "(Megatron-LM's default ties them), or --block llama")
+        p.error(
+            f"--input-embedding {a.input_embedding} {why}: give --untie-embeddings-and-output-weights "
+            "(Megatron-LM's default ties them), or --block llama"
+        )
     if why:
-        p.error(f"--input-embedding {a.input_embedding} with --position-embedding-type learned_absolute {why}: "
-                "give rope or none, or --block llama")
+        p.error(
+            f"--input-embedding {a.input_embedding} with --position-embedding-type learned_absolute {why}: "
+            "give rope or none, or --block llama"
+        )
 
 
 def _refuse_run(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
@@ -123,28 +152,39 @@ def _refuse_run(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if a.lr is None:
         p.error("--lr is required (as in Megatron-LM), on the command line or in --config")
     if a.train_iters is None and a.train_samples is None and a.train_tokens is None:
-        p.error("give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)")
+        p.error(
+            "give --train-iters, --train-samples or --train-tokens (with several, the first reached stops training)"
+        )
     if not a.dry_run and not train_paths(a) and not a.mock_data:
         p.error("--data-path (or --train-data-path, or --mock-data) is required")
     if a.mock_data:
-        given = [f"--{k.replace('_', '-')}" for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path")
-                 if getattr(a, k, None)]
+        given = [
+            f"--{k.replace('_', '-')}"
+            for k in ("data_path", "train_data_path", "valid_data_path", "test_data_path")
+            if getattr(a, k, None)
+        ]
         if given:  # Megatron-LM's validate_args: "A single data source must be provided"
             p.error(f"--mock-data is a data source of its own: drop {', '.join(given)} (or --mock-data)")
         if a.dataset_type != "gpt":
             p.error(f"--mock-data is megatron's mock GPTDataset: not with --dataset-type {a.dataset_type}")
     if (train_paths(a) or a.mock_data) and not (a.tokenizer_model or a.vocab_file or a.vocab_size or a.load):
-        p.error("--tokenizer-model (or GPT2BPETokenizer's --vocab-file/--merge-file) is required (or --vocab-size for "
-                "pre-tokenized data without decoding; with --load, the checkpoint's own is used)")
+        p.error(
+            "--tokenizer-model (or GPT2BPETokenizer's --vocab-file/--merge-file) is required (or --vocab-size for "
+            "pre-tokenized data without decoding; with --load, the checkpoint's own is used)"
+        )
     if a.skip_train and not (a.load and (valid_paths(a) or a.dataset_type == "gpt")):
         p.error("--skip-train evaluates a loaded checkpoint: give --load and validation data")
     if a.dataset_type in ("document_windows", "sft") and valid_paths(a) is None and a.eval_interval:
-        p.error(f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
-                "--data-path): give them, or drop --eval-interval")
+        p.error(
+            f"--dataset-type {a.dataset_type} evaluates on --valid-data-path (with --train-data-path, not "
+            "--data-path): give them, or drop --eval-interval"
+        )
     if a.dataset_type == "sft" and not a.dry_run and not (a.tokenizer_model or a.vocab_file or a.load):
         p.error("--dataset-type sft tokenises text: give --tokenizer-model")
     if a.pipeline_model_parallel_size > 1 and a.num_layers % a.pipeline_model_parallel_size:
-        p.error(f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}")
+        p.error(
+            f"--num-layers {a.num_layers} is not divisible by --pipeline-model-parallel-size {a.pipeline_model_parallel_size}"
+        )
     if a.virtual_pipeline_model_parallel_size and a.pipeline_model_parallel_size < 2:
         p.error("--virtual-pipeline-model-parallel-size needs --pipeline-model-parallel-size >= 2")
     if a.num_attention_heads % a.tensor_model_parallel_size:
@@ -169,9 +209,13 @@ def _refuse_run(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(f"--eval-interval must be >= 1, got {a.eval_interval}")
     if a.min_lr > a.lr:
         p.error(f"--min-lr {a.min_lr} is larger than --lr {a.lr}")
-    if a.padded_vocab_size is not None and (a.padded_vocab_size < 1 or a.padded_vocab_size % a.tensor_model_parallel_size):
-        p.error(f"--padded-vocab-size {a.padded_vocab_size} must be a positive multiple of "
-                f"--tensor-model-parallel-size {a.tensor_model_parallel_size} (each TP rank holds an equal share of rows)")
+    if a.padded_vocab_size is not None and (
+        a.padded_vocab_size < 1 or a.padded_vocab_size % a.tensor_model_parallel_size
+    ):
+        p.error(
+            f"--padded-vocab-size {a.padded_vocab_size} must be a positive multiple of "
+            f"--tensor-model-parallel-size {a.tensor_model_parallel_size} (each TP rank holds an equal share of rows)"
+        )
     final = ("--decoupled-min-lr", a.decoupled_min_lr) if a.decoupled_min_lr is not None else ("--min-lr", a.min_lr)
     if a.decoupled_lr is not None and a.decoupled_lr < final[1]:
         p.error(f"--decoupled-lr {a.decoupled_lr} is smaller than its final value {final[0]} {final[1]}")
@@ -207,11 +251,14 @@ def _refuse_out_of_range(a: argparse.Namespace, p: argparse.ArgumentParser) -> N
     if a.micro_batch_size < 1:
         p.error(f"--micro-batch-size must be >= 1, got {a.micro_batch_size}")
     if a.global_batch_size is not None and a.global_batch_size < 1:
-        p.error(f"--global-batch-size must be >= 1, got {a.global_batch_size} "
-                "(leave it out for micro batch x data-parallel size)")
+        p.error(
+            f"--global-batch-size must be >= 1, got {a.global_batch_size} "
+            "(leave it out for micro batch x data-parallel size)"
+        )
     if a.global_batch_size is not None and a.global_batch_size % a.micro_batch_size:
-        p.error(f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size "
-                f"{a.micro_batch_size}")
+        p.error(
+            f"--global-batch-size {a.global_batch_size} is not a multiple of --micro-batch-size {a.micro_batch_size}"
+        )
     if a.train_iters is not None and a.train_iters < 1:
         p.error(f"--train-iters must be >= 1, got {a.train_iters}")
     if a.train_samples is not None and a.train_samples < 1:

@@ -2,6 +2,7 @@
 run health), built from parsed arguments (refused, if at all, at parse time: ``refusals.py``). Here, not in
 ``training/``, so that parsing does not import the trainer's room (training reads them; arguments does not
 import training). Code after parsing reads these, never the Namespace (tests/repository checks it)."""
+
 from __future__ import annotations
 
 import argparse
@@ -32,22 +33,34 @@ class OptimConfig:
     lr_warmup_iters: int
     lr_decay_iters: int | None
     lr_decay_style: str
-    lr_warmup_samples: int = 0       # sample-based schedule (--train-samples): steps = samples // global batch
+    lr_warmup_samples: int = 0  # sample-based schedule (--train-samples): steps = samples // global batch
     lr_decay_samples: int | None = None
     lr_warmup_fraction: float | None = None
     lr_warmup_init: float = 0.0
-    decoupled_lr: float | None = None      # the input table's and output layer's own peak and final LR
+    decoupled_lr: float | None = None  # the input table's and output layer's own peak and final LR
     decoupled_min_lr: float | None = None
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "OptimConfig":
-        return cls(lr=a.lr, min_lr=a.min_lr, weight_decay=a.weight_decay, adam_beta1=a.adam_beta1,
-                   adam_beta2=a.adam_beta2, adam_eps=a.adam_eps, clip_grad=a.clip_grad,
-                   use_distributed_optimizer=a.use_distributed_optimizer, lr_warmup_iters=a.lr_warmup_iters,
-                   lr_decay_iters=a.lr_decay_iters, lr_decay_style=a.lr_decay_style,
-                   lr_warmup_samples=a.lr_warmup_samples, lr_decay_samples=a.lr_decay_samples,
-                   lr_warmup_fraction=a.lr_warmup_fraction, lr_warmup_init=a.lr_warmup_init,
-                   decoupled_lr=a.decoupled_lr, decoupled_min_lr=a.decoupled_min_lr)
+        return cls(
+            lr=a.lr,
+            min_lr=a.min_lr,
+            weight_decay=a.weight_decay,
+            adam_beta1=a.adam_beta1,
+            adam_beta2=a.adam_beta2,
+            adam_eps=a.adam_eps,
+            clip_grad=a.clip_grad,
+            use_distributed_optimizer=a.use_distributed_optimizer,
+            lr_warmup_iters=a.lr_warmup_iters,
+            lr_decay_iters=a.lr_decay_iters,
+            lr_decay_style=a.lr_decay_style,
+            lr_warmup_samples=a.lr_warmup_samples,
+            lr_decay_samples=a.lr_decay_samples,
+            lr_warmup_fraction=a.lr_warmup_fraction,
+            lr_warmup_init=a.lr_warmup_init,
+            decoupled_lr=a.decoupled_lr,
+            decoupled_min_lr=a.decoupled_min_lr,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -65,13 +78,20 @@ class ScheduleConfig:
     seed: int
     skip_train: bool = False
 
-
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "ScheduleConfig":
-        return cls(micro_batch_size=a.micro_batch_size, global_batch_size=a.global_batch_size,
-                   seq_length=a.seq_length, train_iters=a.train_iters, train_tokens=a.train_tokens,
-                   train_samples=a.train_samples,
-                   eval_interval=a.eval_interval, eval_iters=a.eval_iters, seed=a.seed, skip_train=a.skip_train)
+        return cls(
+            micro_batch_size=a.micro_batch_size,
+            global_batch_size=a.global_batch_size,
+            seq_length=a.seq_length,
+            train_iters=a.train_iters,
+            train_tokens=a.train_tokens,
+            train_samples=a.train_samples,
+            eval_interval=a.eval_interval,
+            eval_iters=a.eval_iters,
+            seed=a.seed,
+            skip_train=a.skip_train,
+        )
 
     def resolve_global_batch(self, data_parallel_size: int) -> int:
         gbs = self.global_batch_size or self.micro_batch_size * data_parallel_size
@@ -118,17 +138,28 @@ class CheckpointConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
-        return cls(save=a.save, load=a.load, save_interval=a.save_interval, keep_last=a.ckpt_keep_last, load_step=a.ckpt_step, finetune=a.finetune,
-                   exit_duration_in_mins=a.exit_duration_in_mins, exit_signal_handler=a.exit_signal_handler,
-                   exit_interval=a.exit_interval,
-                   override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
-                   use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False),
-                   verify=getattr(a, "verify_checkpoint", True),
-                   exit_signal=signal.Signals(a.exit_signal).name,
-                   retain_interval=a.save_retain_interval, no_load_optim=bool(a.no_load_optim),
-                   no_load_rng=bool(a.no_load_rng), async_save=a.async_save,
-                   fully_reshardable=a.dist_ckpt_optim_fully_reshardable,
-                   hf_export_interval=a.hf_export_interval, hf_export_dir=a.hf_export_dir)
+        return cls(
+            save=a.save,
+            load=a.load,
+            save_interval=a.save_interval,
+            keep_last=a.ckpt_keep_last,
+            load_step=a.ckpt_step,
+            finetune=a.finetune,
+            exit_duration_in_mins=a.exit_duration_in_mins,
+            exit_signal_handler=a.exit_signal_handler,
+            exit_interval=a.exit_interval,
+            override_opt_param_scheduler=getattr(a, "override_opt_param_scheduler", False),
+            use_checkpoint_opt_param_scheduler=getattr(a, "use_checkpoint_opt_param_scheduler", False),
+            verify=getattr(a, "verify_checkpoint", True),
+            exit_signal=signal.Signals(a.exit_signal).name,
+            retain_interval=a.save_retain_interval,
+            no_load_optim=bool(a.no_load_optim),
+            no_load_rng=bool(a.no_load_rng),
+            async_save=a.async_save,
+            fully_reshardable=a.dist_ckpt_optim_fully_reshardable,
+            hf_export_interval=a.hf_export_interval,
+            hf_export_dir=a.hf_export_dir,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -150,13 +181,22 @@ class LoggingConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "LoggingConfig":
-        return cls(log_interval=a.log_interval, tensorboard_dir=a.tensorboard_dir,
-                   metrics_file=a.metrics_file, wandb_project=a.wandb_project,
-                   tensorboard_log_interval=a.tensorboard_log_interval, wandb_exp_name=a.wandb_exp_name,
-                   log_params_norm=a.log_params_norm, log_num_zeros_in_grad=a.log_num_zeros_in_grad,
-                   log_memory_to_tensorboard=a.log_memory_to_tensorboard, timing_log_level=a.timing_log_level,
-                   timing_log_option=a.timing_log_option, log_timers_to_tensorboard=a.log_timers_to_tensorboard,
-                   log_progress=a.log_progress, log_throughput=a.log_throughput)
+        return cls(
+            log_interval=a.log_interval,
+            tensorboard_dir=a.tensorboard_dir,
+            metrics_file=a.metrics_file,
+            wandb_project=a.wandb_project,
+            tensorboard_log_interval=a.tensorboard_log_interval,
+            wandb_exp_name=a.wandb_exp_name,
+            log_params_norm=a.log_params_norm,
+            log_num_zeros_in_grad=a.log_num_zeros_in_grad,
+            log_memory_to_tensorboard=a.log_memory_to_tensorboard,
+            timing_log_level=a.timing_log_level,
+            timing_log_option=a.timing_log_option,
+            log_timers_to_tensorboard=a.log_timers_to_tensorboard,
+            log_progress=a.log_progress,
+            log_throughput=a.log_throughput,
+        )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)

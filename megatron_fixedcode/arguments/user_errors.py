@@ -2,6 +2,7 @@
 own errors read ``prog: error: ...``, and :func:`user_errors` for the library's ``ValueError``.
 ``MFC_TRACEBACK=1`` in the environment prints the full traceback above that line (every command, every
 rank): for an error that is a bug of ours rather than an input to fix."""
+
 from __future__ import annotations
 
 import argparse
@@ -78,4 +79,3 @@ def user_errors(main: Callable[..., int]) -> Callable[..., int]:
             return 2
 
     return wrapped
-

@@ -27,16 +27,49 @@ verifies (``--ckpt-step N``).
 from megatron_fixedcode.utils.lazy import lazy_exports
 
 _EXPORTS = {
-    **dict.fromkeys(["CHECKSUMS", "LATEST_MARKER", "RUN_CONFIG", "CorruptCheckpoint", "checkpoint_dir", "latest_step",
-                     "read_common_state", "read_common_state_of", "read_trainer_state", "resolve_step"], "paths"),
+    **dict.fromkeys(
+        [
+            "CHECKSUMS",
+            "LATEST_MARKER",
+            "RUN_CONFIG",
+            "CorruptCheckpoint",
+            "checkpoint_dir",
+            "latest_step",
+            "read_common_state",
+            "read_common_state_of",
+            "read_trainer_state",
+            "resolve_step",
+        ],
+        "paths",
+    ),
     **dict.fromkeys(["RNG_BY_MODEL_PARALLEL_RANK", "model_sharded_state", "optimizer_format", "unwrap"], "state"),
-    **dict.fromkeys(["CHECKSUMS_CLAIM", "NO_VERIFY_FLAG", "corrupt_message", "newest_verified_step",
-                     "record_checksums", "verified_step", "verify_checkpoint", "verify_checkpoint_share",
-                     "write_checksums"], "verify"),
+    **dict.fromkeys(
+        [
+            "CHECKSUMS_CLAIM",
+            "NO_VERIFY_FLAG",
+            "corrupt_message",
+            "newest_verified_step",
+            "record_checksums",
+            "verified_step",
+            "verify_checkpoint",
+            "verify_checkpoint_share",
+            "write_checksums",
+        ],
+        "verify",
+    ),
     "save_checkpoint": "save",
     "load_checkpoint": "load",
-    **dict.fromkeys(["LoadedCheckpoint", "build_single_rank_model", "load_megatron_checkpoint", "megatron_logits",
-                     "save_megatron_checkpoint", "saved_padded_vocab"], "single_process"),
+    **dict.fromkeys(
+        [
+            "LoadedCheckpoint",
+            "build_single_rank_model",
+            "load_megatron_checkpoint",
+            "megatron_logits",
+            "save_megatron_checkpoint",
+            "saved_padded_vocab",
+        ],
+        "single_process",
+    ),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -12,6 +12,7 @@ What is this project's, around megatron's parts: the worker is started so that i
 step goes on (megatron's staging copy, ``.to("cpu")``, is the live tensor itself there); at most one
 request is in flight (:meth:`AsyncSaveQueue.schedule` waits for the previous one).
 """
+
 from __future__ import annotations
 
 import logging
@@ -22,8 +23,7 @@ from queue import Empty
 
 import torch
 import torch.distributed as dist
-from megatron.core.dist_checkpointing.strategies.async_utils import (AsyncCaller, AsyncCallsQueue,
-                                                                     PersistentAsyncCaller)
+from megatron.core.dist_checkpointing.strategies.async_utils import AsyncCaller, AsyncCallsQueue, PersistentAsyncCaller
 from torch import multiprocessing as mp
 
 logger = logging.getLogger(__name__)
@@ -56,9 +56,17 @@ class PersistentWorker(AsyncCaller):
         """Start the worker (its imports take seconds: at the run's start, as Megatron-LM's warm-up)."""
         if self.process is None:
             self.process = mp.get_context("spawn").Process(
-                target=_worker_main, name="mfc-ckpt-worker",
-                args=(os.getpid(), dist.get_rank(), self.queue, self.preload_q, self.comp_q,
-                      logger.getEffectiveLevel()))
+                target=_worker_main,
+                name="mfc-ckpt-worker",
+                args=(
+                    os.getpid(),
+                    dist.get_rank(),
+                    self.queue,
+                    self.preload_q,
+                    self.comp_q,
+                    logger.getEffectiveLevel(),
+                ),
+            )
             self.process.start()
 
     def schedule_async_call(self, async_req) -> None:
@@ -78,8 +86,9 @@ class PersistentWorker(AsyncCaller):
                 self.done_item = self.comp_q.get(timeout=0.1) if blocking else self.comp_q.get_nowait()
             except Empty:
                 if not self.process.is_alive():  # its write left no result: the finalize fails on every rank
-                    logger.error("the checkpoint worker of rank %d died (exit code %s)", dist.get_rank(),
-                                 self.process.exitcode)
+                    logger.error(
+                        "the checkpoint worker of rank %d died (exit code %s)", dist.get_rank(), self.process.exitcode
+                    )
                     self.process = None
                     break
                 if not blocking:
@@ -107,8 +116,10 @@ class PersistentWorker(AsyncCaller):
 
 def _copied(buckets):
     """The write buckets with their tensors copied (megatron's staging copy on a CPU-only machine)."""
-    return [(name, key, (data, [(item, t.detach().clone()) for item, t in tensors]))
-            for name, key, (data, tensors) in buckets]
+    return [
+        (name, key, (data, [(item, t.detach().clone()) for item, t in tensors]))
+        for name, key, (data, tensors) in buckets
+    ]
 
 
 class AsyncSaveQueue(AsyncCallsQueue):

@@ -1,5 +1,6 @@
 """Load a checkpoint on every rank, resharded to this run's layout, keeping what
 :func:`~megatron_fixedcode.checkpoint.resume_scope.resume_scope` allows."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -13,9 +14,17 @@ from megatron.core import dist_checkpointing
 from megatron_fixedcode.checkpoint.load_checks import log_precision_change, refuse_non_finite_weights
 from megatron_fixedcode.checkpoint.paths import checkpoint_dir, read_trainer_state, resolve_step
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
-from megatron_fixedcode.checkpoint.state import (RNG_BY_MODEL_PARALLEL_RANK, _data_parallel_group,
-                                                 _model_parallel_rng_object, _optimizer_metadata, _ranks, _rng_object,
-                                                 model_sharded_state, optimizer_format, unwrap)
+from megatron_fixedcode.checkpoint.state import (
+    RNG_BY_MODEL_PARALLEL_RANK,
+    _data_parallel_group,
+    _model_parallel_rng_object,
+    _optimizer_metadata,
+    _ranks,
+    _rng_object,
+    model_sharded_state,
+    optimizer_format,
+    unwrap,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -25,12 +34,23 @@ def _load_strategy(target: Path) -> dict:
     from megatron.core.dist_checkpointing.serialization import get_default_load_sharded_strategy
     from megatron.core.dist_checkpointing.strategies.fully_parallel import FullyParallelLoadStrategyWrapper
 
-    return {"sharded_strategy": FullyParallelLoadStrategyWrapper(get_default_load_sharded_strategy(str(target)),
-                                                                 _data_parallel_group())}
+    return {
+        "sharded_strategy": FullyParallelLoadStrategyWrapper(
+            get_default_load_sharded_strategy(str(target)), _data_parallel_group()
+        )
+    }
 
 
-def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = None,
-                    weights_only: bool = False, load_optim: bool = True, load_rng: bool = True) -> dict | None:
+def load_checkpoint(
+    root: str,
+    chunks,
+    optimizer,
+    scheduler,
+    step: int | None = None,
+    weights_only: bool = False,
+    load_optim: bool = True,
+    load_rng: bool = True,
+) -> dict | None:
     """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
     state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
     without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
@@ -46,19 +66,30 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
     trainer_state = read_trainer_state(root, step)
     saved, now = trainer_state["layout"], _current_layout(trainer_state)
     saved_format = trainer_state.get("optimizer_format", PER_PARAMETER)  # earlier versions: plain optimizers only
-    scope = resume_scope(saved, now, weights_only=weights_only,
-                         rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
-                         saved_optimizer_format=saved_format,
-                         distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER) if load_optim else \
-        resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
+    scope = (
+        resume_scope(
+            saved,
+            now,
+            weights_only=weights_only,
+            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+            saved_optimizer_format=saved_format,
+            distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER,
+        )
+        if load_optim
+        else resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
+    )
     if not load_optim or not load_rng:  # Megatron-LM's --no-load-optim (optimizer and scheduler) / --no-load-rng
-        scope = dataclasses.replace(scope, rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(
-            saved, now, trainer_state), note=f"{scope.note}; --no-load-optim/--no-load-rng")
+        scope = dataclasses.replace(
+            scope,
+            rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(saved, now, trainer_state),
+            note=f"{scope.note}; --no-load-optim/--no-load-rng",
+        )
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
     if scope.optimizer:
-        template["optimizer"] = optimizer.sharded_state_dict(model_state, is_loading=True,
-                                                             metadata=_optimizer_metadata(saved_format))
+        template["optimizer"] = optimizer.sharded_state_dict(
+            model_state, is_loading=True, metadata=_optimizer_metadata(saved_format)
+        )
     if scope.rng == "per_rank":
         template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
     elif scope.rng == "per_model_parallel_rank":  # every DP rank reads the object DP rank 0 saved
@@ -87,9 +118,14 @@ def load_checkpoint(root: str, chunks, optimizer, scheduler, step: int | None = 
 def _rng_scope(saved: dict, now: dict, trainer_state: dict) -> str:
     """The RNG part of a full resume's scope (for --no-load-optim without --no-load-rng)."""
     try:
-        return resume_scope(saved, now, weights_only=False,
-                            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
-                            saved_optimizer_format=PER_PARAMETER, distributed_optimizer=False).rng
+        return resume_scope(
+            saved,
+            now,
+            weights_only=False,
+            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
+            saved_optimizer_format=PER_PARAMETER,
+            distributed_optimizer=False,
+        ).rng
     except ValueError:
         return "none"
 

@@ -1,5 +1,6 @@
 """Where a checkpoint lives (``SAVE/iter_0000100/``, the ``latest`` marker) and its common state,
 read without a process group."""
+
 from __future__ import annotations
 
 import os

@@ -1,5 +1,6 @@
 """What a resume keeps: the one decision of whether a load restores Adam's state, the LR schedule
 and the RNG streams, given the checkpoint's parallel layout and this run's. Pure: no torch."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -9,10 +10,10 @@ import dataclasses
 class ResumeScope:
     """What a load restores besides the weights (which reshard to any layout)."""
 
-    optimizer: bool   # Adam's moments and step (and the BF16 main weights): megatron reshards them
+    optimizer: bool  # Adam's moments and step (and the BF16 main weights): megatron reshards them
     scheduler: bool
-    rng: str          # "per_rank" | "per_model_parallel_rank" | "fresh" | "none"
-    note: str         # one line for the log: what was kept, what starts fresh
+    rng: str  # "per_rank" | "per_model_parallel_rank" | "fresh" | "none"
+    note: str  # one line for the log: what was kept, what starts fresh
 
     @property
     def reload_main_weights(self) -> bool:
@@ -23,14 +24,21 @@ class ResumeScope:
 
 
 # How the optimizer's state is laid out in a checkpoint (trainer state "optimizer_format"):
-PER_PARAMETER = "per_parameter"          # megatron's plain optimizers: one tensor per model parameter
+PER_PARAMETER = "per_parameter"  # megatron's plain optimizers: one tensor per model parameter
 FULLY_RESHARDABLE = "fully_reshardable"  # the distributed optimizer, gathered into per-parameter tensors
-DP_RESHARDABLE = "dp_reshardable"        # the distributed optimizer's own flat buffers
+DP_RESHARDABLE = "dp_reshardable"  # the distributed optimizer's own flat buffers
 RESHARDS_ACROSS_TP_PP = {PER_PARAMETER, FULLY_RESHARDABLE}
 
 
-def resume_scope(saved_layout: dict, layout: dict, *, weights_only: bool, rng_by_model_parallel_rank: bool,
-                 saved_optimizer_format: str = PER_PARAMETER, distributed_optimizer: bool = False) -> ResumeScope:
+def resume_scope(
+    saved_layout: dict,
+    layout: dict,
+    *,
+    weights_only: bool,
+    rng_by_model_parallel_rank: bool,
+    saved_optimizer_format: str = PER_PARAMETER,
+    distributed_optimizer: bool = False,
+) -> ResumeScope:
     """The one decision of what a resume keeps. Adam's state and the schedule are kept on any
     layout: megatron-core's optimizer state is stored per model parameter (plain optimizers, and
     the distributed optimizer in its fully_reshardable format), which reshards across TP, PP and
@@ -47,18 +55,24 @@ def resume_scope(saved_layout: dict, layout: dict, *, weights_only: bool, rng_by
         raise ValueError(
             f"the checkpoint was saved {saved_with} --use-distributed-optimizer (optimizer state format "
             f"{saved_optimizer_format}) and megatron-core reads it only with the same optimizer: resume "
-            f"{saved_with} --use-distributed-optimizer, or give --finetune to keep only the weights (Adam restarts)")
+            f"{saved_with} --use-distributed-optimizer, or give --finetune to keep only the weights (Adam restarts)"
+        )
     if saved_optimizer_format == DP_RESHARDABLE and not same_model_parallel:
         raise ValueError(
             f"the checkpoint's distributed-optimizer state is in the dp_reshardable format (saved with "
             f"--no-dist-ckpt-optim-fully-reshardable), which reshards across data-parallel ranks only: it was saved "
             f"at TP {saved_layout['tp_size']} x PP {saved_layout['pp_size']}, this run is TP {layout['tp_size']} x "
             f"PP {layout['pp_size']}. Resume once on the saved TP and PP without that flag (the next checkpoint is "
-            "fully_reshardable), or give --finetune to keep only the weights")
+            "fully_reshardable), or give --finetune to keep only the weights"
+        )
     if saved_layout == layout:
         return ResumeScope(optimizer=True, scheduler=True, rng="per_rank", note="everything kept")
     if same_model_parallel and rng_by_model_parallel_rank:
-        return ResumeScope(True, True, "per_model_parallel_rank",
-                           "weights resharded, optimizer state and the RNG states of data-parallel rank 0 kept")
+        return ResumeScope(
+            True,
+            True,
+            "per_model_parallel_rank",
+            "weights resharded, optimizer state and the RNG states of data-parallel rank 0 kept",
+        )
     why = "TP/PP changed" if not same_model_parallel else "checkpoint saved without per-model-parallel-rank RNG"
     return ResumeScope(True, True, "fresh", f"weights and optimizer state resharded, RNG starts fresh ({why})")

@@ -1,5 +1,6 @@
 """Save a checkpoint on every rank (megatron's fully parallel strategy), record its checksums, then
 move the ``latest`` marker; prune the old ones as told."""
+
 from __future__ import annotations
 
 import functools
@@ -12,9 +13,15 @@ from megatron.core import dist_checkpointing
 
 from megatron_fixedcode.checkpoint.paths import CHECKSUMS, LATEST_MARKER, RUN_CONFIG, _fsync_write, checkpoint_dir
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER
-from megatron_fixedcode.checkpoint.state import (RNG_BY_MODEL_PARALLEL_RANK, _data_parallel_group,
-                                                 _model_parallel_rng_object, _optimizer_metadata, _ranks, _rng_object,
-                                                 model_sharded_state)
+from megatron_fixedcode.checkpoint.state import (
+    RNG_BY_MODEL_PARALLEL_RANK,
+    _data_parallel_group,
+    _model_parallel_rng_object,
+    _optimizer_metadata,
+    _ranks,
+    _rng_object,
+    model_sharded_state,
+)
 from megatron_fixedcode.checkpoint.verify import CHECKSUMS_CLAIM, record_checksums
 
 
@@ -41,8 +48,17 @@ def _fork_results_queue() -> None:
         filesystem_async._results_queue = helper_queue("fork")
 
 
-def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_state: dict,
-                    keep_last: int | None = None, retain_interval: int | None = None, async_queue=None) -> Path:
+def save_checkpoint(
+    root: str,
+    step: int,
+    chunks,
+    optimizer,
+    scheduler,
+    trainer_state: dict,
+    keep_last: int | None = None,
+    retain_interval: int | None = None,
+    async_queue=None,
+) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker. With
     ``async_queue`` (``--async-save``: an :class:`~.async_save.AsyncSaveQueue`, or what wraps one) the
     shard files are written in the background and the rest (:func:`_finish`) runs when the queue
@@ -61,10 +77,14 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
     state = {
         **model_state,
         "optimizer": optimizer.sharded_state_dict(
-            model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))),
+            model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))
+        ),
         "opt_param_scheduler": scheduler.state_dict(),
-        "trainer": {**trainer_state, RNG_BY_MODEL_PARALLEL_RANK: True,
-                    CHECKSUMS_CLAIM: {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"}},
+        "trainer": {
+            **trainer_state,
+            RNG_BY_MODEL_PARALLEL_RANK: True,
+            CHECKSUMS_CLAIM: {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"},
+        },
         "rng": _rng_object(world, rank, capture_rng_state()),
         "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
@@ -74,8 +94,9 @@ def save_checkpoint(root: str, step: int, chunks, optimizer, scheduler, trainer_
         dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
         finish()
     else:  # megatron's own finalize functions (.metadata, metadata.json) run first, then this project's
-        request = dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy(),
-                                          async_sharded_save=True)
+        request = dist_checkpointing.save(
+            state, str(target), sharded_strategy=_save_strategy(), async_sharded_save=True
+        )
         request.add_finalize_fn(finish)
         async_queue.schedule(request, target, step)
     return target

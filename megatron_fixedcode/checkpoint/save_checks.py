@@ -68,19 +68,34 @@ def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
 #   (fp32-autocast-bf16, paper 2's recipes, is this case); BF16: BF16 weights 2 + FP32 main 4 + 8;
 #   plain Adam FP32: 4 + 8; plain BF16: 2 + FP32 main 4 + 8; weights only: 4 or 2.
 CHECKPOINT_BYTES_PER_PARAM = {
-    ("distributed", "fp32"): 16.0, ("distributed", "bf16"): 14.0,
-    ("distributed_dp_reshardable", "fp32"): 16.0, ("distributed_dp_reshardable", "bf16"): 14.0,
-    ("plain", "fp32"): 12.0, ("plain", "bf16"): 14.0,
-    ("none", "fp32"): 4.0, ("none", "bf16"): 2.0,
+    ("distributed", "fp32"): 16.0,
+    ("distributed", "bf16"): 14.0,
+    ("distributed_dp_reshardable", "fp32"): 16.0,
+    ("distributed_dp_reshardable", "bf16"): 14.0,
+    ("plain", "fp32"): 12.0,
+    ("plain", "bf16"): 14.0,
+    ("none", "fp32"): 4.0,
+    ("none", "bf16"): 2.0,
 }
 CHECKPOINT_OVERHEAD = (0.01, 1 << 20)  # metadata, RNG, scheduler: 1% + 1 MiB (measured 0.5-0.6% of 2.36M params)
 
 
-def estimate_checkpoint_bytes(num_parameters: int, *, bf16: bool = False, optimizer: bool = True,
-                              distributed_optimizer: bool = False, fully_reshardable: bool = True) -> int:
+def estimate_checkpoint_bytes(
+    num_parameters: int,
+    *,
+    bf16: bool = False,
+    optimizer: bool = True,
+    distributed_optimizer: bool = False,
+    fully_reshardable: bool = True,
+) -> int:
     """Bytes of one checkpoint of ``num_parameters`` (:data:`CHECKPOINT_BYTES_PER_PARAM`)."""
-    kind = "none" if not optimizer else (("distributed" if fully_reshardable else "distributed_dp_reshardable")
-                                         if distributed_optimizer else "plain")
+    kind = (
+        "none"
+        if not optimizer
+        else (
+            ("distributed" if fully_reshardable else "distributed_dp_reshardable") if distributed_optimizer else "plain"
+        )
+    )
     per_param = CHECKPOINT_BYTES_PER_PARAM[(kind, "bf16" if bf16 else "fp32")]
     fraction, fixed = CHECKPOINT_OVERHEAD
     return int(num_parameters * per_param * (1 + fraction)) + fixed
@@ -92,8 +107,10 @@ def free_space_warning(save_dir: str | os.PathLike, checkpoint_bytes: int, copie
     free = shutil.disk_usage(save_dir).free
     if free >= copies * checkpoint_bytes:
         return None
-    message = (f"--save {save_dir}: {free / 2**30:.2f} GiB free, less than {copies} checkpoints of about "
-               f"{checkpoint_bytes / 2**30:.2f} GiB each; saving may fail with 'no space left on device'")
+    message = (
+        f"--save {save_dir}: {free / 2**30:.2f} GiB free, less than {copies} checkpoints of about "
+        f"{checkpoint_bytes / 2**30:.2f} GiB each; saving may fail with 'no space left on device'"
+    )
     logger.warning("%s", message)
     return message
 
@@ -162,8 +179,11 @@ def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> Value
             free = shutil.disk_usage(Path(path) if Path(path).exists() else Path(path).parent).free
         except OSError:
             free = -1
-        reason = (os.strerror(errno.ENOSPC).lower() if 0 <= free < (64 << 20)
-                  else f"short write or OS error ({_last_line(exc)[:200]})")
+        reason = (
+            os.strerror(errno.ENOSPC).lower()
+            if 0 <= free < (64 << 20)
+            else f"short write or OS error ({_last_line(exc)[:200]})"
+        )
         name = path
     elif isinstance(exc, _CHECKPOINT_EXCEPTIONS) and not exc.failures:
         reason = "another rank failed to write its part (rank 0 names the file)"

@@ -5,6 +5,7 @@ asks for the full tensors and gets them, whatever layout wrote the checkpoint. O
 layer's vocabulary padding depends on the saving TP size; the model is built with the padded
 size found in the checkpoint so the shapes agree.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -25,8 +26,8 @@ from megatron_fixedcode.utils.finite import refuse_non_finite
 
 @dataclasses.dataclass
 class LoadedCheckpoint:
-    model: torch.nn.Module          # InputInterfaceGPTModel at TP=1/PP=1, eval mode
-    model_cfg: ModelConfig          # as trained (vocab_size = the tokenizer's true V)
+    model: torch.nn.Module  # InputInterfaceGPTModel at TP=1/PP=1, eval mode
+    model_cfg: ModelConfig  # as trained (vocab_size = the tokenizer's true V)
     trainer_state: dict[str, Any]
     step: int
     path: Path
@@ -53,8 +54,9 @@ def saved_padded_vocab(path: Path) -> int:
     for name in ("output_layer.weight", "embedding.word_embeddings.weight"):
         if name in meta:
             return int(meta[name].global_shape[0])
-    raise ValueError(f"{path}: no output_layer.weight or embedding.word_embeddings.weight in the checkpoint "
-                     "(not a GPT checkpoint?)")
+    raise ValueError(
+        f"{path}: no output_layer.weight or embedding.word_embeddings.weight in the checkpoint (not a GPT checkpoint?)"
+    )
 
 
 def build_single_rank_model(cfg: ModelConfig, padded_vocab: int | None = None) -> torch.nn.Module:
@@ -89,8 +91,9 @@ def load_megatron_checkpoint(root: str | Path, step: int | None = None, verify: 
     return LoadedCheckpoint(model=model, model_cfg=cfg, trainer_state=trainer_state, step=step, path=path)
 
 
-def save_megatron_checkpoint(root: str | Path, model: torch.nn.Module, trainer_state: dict[str, Any],
-                             step: int = 0) -> Path:
+def save_megatron_checkpoint(
+    root: str | Path, model: torch.nn.Module, trainer_state: dict[str, Any], step: int = 0
+) -> Path:
     """Write ``root/iter_STEP`` (model weights + trainer dict) and the ``latest`` marker, as the
     trainer does; it loads at any TP/PP with ``--load root --finetune``."""
     single_process()

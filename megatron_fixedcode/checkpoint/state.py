@@ -1,5 +1,6 @@
 """What a checkpoint holds besides the files' layout: the model's sharded state, the optimizer's
 format, the RNG objects (per rank and per model-parallel rank)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -46,8 +47,13 @@ RNG_BY_MODEL_PARALLEL_RANK = "rng_by_model_parallel_rank"  # trainer-state flag:
 def _model_parallel_rng_object(ranks: dict, data: Any = None) -> ShardedObject:
     """The RNG states of data-parallel rank 0 per (pipeline, tensor) rank — Megatron-LM's
     ``rng_state`` object (``replica_id`` = DP rank): what a resume on another DP size restores."""
-    return ShardedObject("rng_state_tp_pp", data, (ranks["pp_size"], ranks["tp_size"]),
-                         (ranks["pp_rank"], ranks["tp_rank"]), replica_id=ranks["dp_rank"])
+    return ShardedObject(
+        "rng_state_tp_pp",
+        data,
+        (ranks["pp_size"], ranks["tp_size"]),
+        (ranks["pp_rank"], ranks["tp_rank"]),
+        replica_id=ranks["dp_rank"],
+    )
 
 
 def _data_parallel_group():

@@ -1,5 +1,6 @@
 """A checkpoint's checksums: recorded after every rank wrote (``iter_N/checksums.json``, the last file
 before the ``latest`` marker moves), verified before every load, and the way forward when they differ."""
+
 from __future__ import annotations
 
 import json
@@ -10,8 +11,15 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron_fixedcode.checkpoint.paths import (CHECKSUMS, LATEST_MARKER, CorruptCheckpoint, _fsync_write,
-                                                 checkpoint_dir, read_common_state_of, resolve_step)
+from megatron_fixedcode.checkpoint.paths import (
+    CHECKSUMS,
+    LATEST_MARKER,
+    CorruptCheckpoint,
+    _fsync_write,
+    checkpoint_dir,
+    read_common_state_of,
+    resolve_step,
+)
 from megatron_fixedcode.utils.files import file_sha256
 
 logger = logging.getLogger(__name__)
@@ -22,7 +30,9 @@ CHECKSUMS_CLAIM = "checksums"
 
 
 def _checkpoint_files(target: Path) -> list[Path]:
-    return sorted(p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp"))
+    return sorted(
+        p for p in target.rglob("*") if p.is_file() and p.name not in (CHECKSUMS, Path(CHECKSUMS).stem + ".tmp")
+    )
 
 
 def _write_manifest(target: Path, files: dict, shared: dict | None = None) -> None:
@@ -51,8 +61,9 @@ def write_checksums(target: Path, shared=()) -> None:
     """Record size and SHA-256 of every file under ``target`` (one process; call once every rank
     has written)."""
     target = Path(target)
-    _write_manifest(target, dict(_file_record(target, p) for p in _checkpoint_files(target)),
-                    _shared_records(target, shared))
+    _write_manifest(
+        target, dict(_file_record(target, p) for p in _checkpoint_files(target)), _shared_records(target, shared)
+    )
 
 
 _RANK_FILE = re.compile(r"__(\d+)_\d+\.distcp$")  # torch_dist: rank r writes __r_<thread>.distcp
@@ -104,9 +115,13 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
     manifest_path = target / CHECKSUMS
     if not manifest_path.exists():
         if _claims_checksums(target):
-            raise CorruptCheckpoint(f"{manifest_path}: missing, but the checkpoint's metadata says it was saved with "
-                                    f"checksums: its bytes cannot be verified ({NO_VERIFY_FLAG} loads it unverified)")
-        logger.warning("%s: no %s (saved before checksums were recorded): its bytes are not verified", target, CHECKSUMS)
+            raise CorruptCheckpoint(
+                f"{manifest_path}: missing, but the checkpoint's metadata says it was saved with "
+                f"checksums: its bytes cannot be verified ({NO_VERIFY_FLAG} loads it unverified)"
+            )
+        logger.warning(
+            "%s: no %s (saved before checksums were recorded): its bytes are not verified", target, CHECKSUMS
+        )
         return
     try:
         manifest = json.loads(manifest_path.read_text())
@@ -115,8 +130,10 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
         raise CorruptCheckpoint(f"{manifest_path}: unreadable checksum record ({e})") from None
     uncovered = sorted({str(p.relative_to(target)) for p in _checkpoint_files(target)} - set(files))
     if uncovered:
-        raise CorruptCheckpoint(f"{target / uncovered[0]}: not covered by {CHECKSUMS} (every file of a checkpoint is "
-                                f"recorded when it is saved; {NO_VERIFY_FLAG} loads it unverified)")
+        raise CorruptCheckpoint(
+            f"{target / uncovered[0]}: not covered by {CHECKSUMS} (every file of a checkpoint is "
+            f"recorded when it is saved; {NO_VERIFY_FLAG} loads it unverified)"
+        )
     for name, rec in sorted(files.items()):
         path = target / name
         if not path.is_file():
@@ -129,8 +146,10 @@ def verify_checkpoint(target: str | Path, hash_files: bool = True) -> None:
 
 
 def _complete_steps(root: Path) -> list[int]:
-    return sorted((int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit() and (p / "metadata.json").exists()),
-                  reverse=True)
+    return sorted(
+        (int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit() and (p / "metadata.json").exists()),
+        reverse=True,
+    )
 
 
 def newest_verified_step(root: str | Path, below: int | None = None) -> int | None:
@@ -150,8 +169,10 @@ def _way_forward(root: str | Path, below: int | None) -> str:
     good = newest_verified_step(root, below)
     if good is None:
         return f"; no older complete checkpoint in {root} verifies"
-    return (f"; the newest complete checkpoint that verifies is {checkpoint_dir(root, good)}: "
-            f"resume from it with --ckpt-step {good}")
+    return (
+        f"; the newest complete checkpoint that verifies is {checkpoint_dir(root, good)}: "
+        f"resume from it with --ckpt-step {good}"
+    )
 
 
 def _claims_checksums(target: Path) -> bool:
@@ -161,7 +182,9 @@ def _claims_checksums(target: Path) -> bool:
         return False
 
 
-def verified_step(root: str | Path, step: int | None = None, hash_files: bool = True, verify: bool = True) -> int | None:
+def verified_step(
+    root: str | Path, step: int | None = None, hash_files: bool = True, verify: bool = True
+) -> int | None:
     """:func:`resolve_step`, then verify that checkpoint's files against their recorded checksums.
     A corrupt or incomplete one is refused naming the file, the newest checkpoint that verifies and
     the flag that resumes from it. None when ``root`` holds no checkpoint."""
@@ -175,8 +198,10 @@ def verified_step(root: str | Path, step: int | None = None, hash_files: bool = 
         return None
     target = checkpoint_dir(root, resolved)
     if not (target / "metadata.json").exists():
-        raise CorruptCheckpoint(f"{Path(root) / LATEST_MARKER} names step {resolved} but {target} is not a complete "
-                                f"checkpoint{_way_forward(root, resolved)}")
+        raise CorruptCheckpoint(
+            f"{Path(root) / LATEST_MARKER} names step {resolved} but {target} is not a complete "
+            f"checkpoint{_way_forward(root, resolved)}"
+        )
     if not verify:
         logger.warning("%s: loading %s without checking its checksums", NO_VERIFY_FLAG, target)
         return resolved

@@ -1,4 +1,5 @@
 """Print the properties of a fixed token code (K, rank, weights, collisions, fingerprint)."""
+
 import json
 import sys
 
@@ -25,10 +26,17 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     try:
         spec = CodeSpec.create(
-            kind=args.code, vocab_size=args.vocab_size, hidden_size=args.hidden_size,
-            code_bits=args.code_width if args.code_width is not None else args.code_bits, seed=args.code_seed,
-            min_weight=args.code_min_weight, offset=args.code_offset, scale=args.code_scale,
-            centered=args.code_centered, base=args.code_base, dtype=args.dtype,
+            kind=args.code,
+            vocab_size=args.vocab_size,
+            hidden_size=args.hidden_size,
+            code_bits=args.code_width if args.code_width is not None else args.code_bits,
+            seed=args.code_seed,
+            min_weight=args.code_min_weight,
+            offset=args.code_offset,
+            scale=args.code_scale,
+            centered=args.code_centered,
+            base=args.code_base,
+            dtype=args.dtype,
         )
     except ValueError as e:
         p.error(str(e))

@@ -3,6 +3,7 @@ activation patching and linear probes; writes OUTPUT/analysis.json and PNG plots
 
     python tools/analyze_model.py --load runs/replication/checkpoints/binary_s1 --output-dir runs/analysis/binary
 """
+
 import argparse
 import json
 import sys
@@ -26,15 +27,20 @@ def main(argv=None) -> int:
     p.add_argument("--seed", type=int, default=0)
     a = p.parse_args(argv)
     from megatron_fixedcode.analysis.run import AnalysisConfig, run_analysis
+
     try:
         cfg = AnalysisConfig(**{k: v for k, v in vars(a).items()})
         report = run_analysis(cfg)
     except ValueError as e:
         p.error(str(e))
-    summary = {"step": report["step"], "input_embedding": report["input_embedding"],
-               "loss": report["ablation"]["loss"], "plots": report["plots"],
-               "ablation_delta": [round(b["delta"], 4) for b in report["ablation"]["blocks"]],
-               "token_variance_fraction": [round(s["token_variance_fraction"], 3) for s in report["activations"]["sites"]]}
+    summary = {
+        "step": report["step"],
+        "input_embedding": report["input_embedding"],
+        "loss": report["ablation"]["loss"],
+        "plots": report["plots"],
+        "ablation_delta": [round(b["delta"], 4) for b in report["ablation"]["blocks"]],
+        "token_variance_fraction": [round(s["token_variance_fraction"], 3) for s in report["activations"]["sites"]],
+    }
     print(json.dumps(summary, indent=1))
     return 0
 

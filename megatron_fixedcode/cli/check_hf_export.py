@@ -6,6 +6,7 @@ Loads the checkpoint (any TP/PP, in one process) and the export (plain transform
 the same tokens through both and prints one summary line; exit code 3 when the export does not
 compute what the checkpoint computes (thresholds in docs/export.md), 0 when it does.
 """
+
 import argparse
 import json
 import sys
@@ -20,14 +21,19 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", categ
 @user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--load", required=True,
-                   help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir")
+    p.add_argument(
+        "--load", required=True, help="checkpoint root (with latest_checkpointed_iteration.txt) or an iter_* dir"
+    )
     p.add_argument("--hf-dir", required=True, help="the Hugging Face export to check")
     p.add_argument("--ckpt-step", type=int, default=None, help="iteration exported (default: the latest)")
     p.add_argument("--tokenizer-model", default=None, help="override the tokenizer path recorded in the checkpoint")
     p.add_argument("--report", default=None, help="also write the report (JSON) to this file")
-    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
-                   help="check without verifying the checkpoint's recorded checksums")
+    p.add_argument(
+        "--no-verify-checkpoint",
+        dest="verify_checkpoint",
+        action="store_false",
+        help="check without verifying the checkpoint's recorded checksums",
+    )
     a = p.parse_args(argv)
     from megatron_fixedcode.checkpoint.single_process import load_megatron_checkpoint
     from megatron_fixedcode.export.parity import check_export, checkpoint_tokenizer, summary

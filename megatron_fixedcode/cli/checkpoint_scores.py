@@ -3,6 +3,7 @@ background process or an sbatch script; :mod:`megatron_fixedcode.eval.checkpoint
 
     python -m megatron_fixedcode.cli.checkpoint_scores --save SAVE --step N --tasks piqa_local --scores F.jsonl
 """
+
 import argparse
 import sys
 import warnings
@@ -13,8 +14,11 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", categ
 
 
 def parser() -> argparse.ArgumentParser:
-    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
-                       prog="python -m megatron_fixedcode.cli.checkpoint_scores")
+    p = ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        prog="python -m megatron_fixedcode.cli.checkpoint_scores",
+    )
     p.add_argument("--save", required=True, help="the training run's --save")
     p.add_argument("--step", type=int, required=True, help="the checkpoint's step")
     p.add_argument("--tasks", required=True, help="'local', 'paper' or task[:shots],... (tools/evaluate.py --tasks)")

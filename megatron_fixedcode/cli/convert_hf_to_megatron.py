@@ -7,6 +7,7 @@
 Written at TP=1/PP=1; it loads at any TP/PP (weights only: use --finetune). Our own exports
 are recognized by config.json["fixed_code"] and verified against the code. See docs/export.md.
 """
+
 import argparse
 import sys
 import warnings
@@ -25,8 +26,10 @@ def main(argv=None) -> int:
     p.add_argument("--make-vocab-size-divisible-by", type=int, default=128)
     a = p.parse_args(argv)
     from megatron_fixedcode.export.from_hf import convert_hf_to_megatron
-    out = convert_hf_to_megatron(a.hf_dir, a.save, seq_length=a.seq_length,
-                                 make_vocab_size_divisible_by=a.make_vocab_size_divisible_by)
+
+    out = convert_hf_to_megatron(
+        a.hf_dir, a.save, seq_length=a.seq_length, make_vocab_size_divisible_by=a.make_vocab_size_divisible_by
+    )
     print(out)
     return 0
 

@@ -9,6 +9,7 @@
 
 See docs/evaluation.md for the protocol (document windows, EOD context, acc vs acc_norm).
 """
+
 import argparse
 import contextlib
 import json
@@ -29,23 +30,41 @@ def _parser() -> argparse.ArgumentParser:
     src.add_argument("--hf-model", help="Hugging Face directory (an export)")
     src.add_argument("--compare", nargs="+", help="result JSONs to aggregate (label/seed/reference keys)")
     p.add_argument("--ckpt-step", type=int, default=None)
-    p.add_argument("--no-verify-checkpoint", dest="verify_checkpoint", action="store_false",
-                   help="--load without checking the checkpoint's recorded checksums")
+    p.add_argument(
+        "--no-verify-checkpoint",
+        dest="verify_checkpoint",
+        action="store_false",
+        help="--load without checking the checkpoint's recorded checksums",
+    )
     p.add_argument("--text-files", nargs="+", default=None, help="one document per file")
     p.add_argument("--data-path", nargs="+", default=None, help="indexed dataset prefixes (e.g. the validation split)")
     p.add_argument("--seq-length", type=int, default=None, help="window length (default: the model's)")
     p.add_argument("--max-tokens", type=int, default=None, help="stop after about this many targets")
     p.add_argument("--batch-size", type=int, default=8, help="windows (or harness requests) per forward pass")
-    p.add_argument("--device", default=None,
-                   help="torch device to evaluate on, e.g. cuda, cuda:1, cpu (default: cuda when torch sees a GPU)")
-    p.add_argument("--dtype", default="float32", choices=("float32", "bfloat16", "float16"),
-                   help="weights' dtype for --hf-model and --tasks (--load evaluates in float32); "
-                        "log-probabilities are always reduced in float64")
+    p.add_argument(
+        "--device",
+        default=None,
+        help="torch device to evaluate on, e.g. cuda, cuda:1, cpu (default: cuda when torch sees a GPU)",
+    )
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="weights' dtype for --hf-model and --tasks (--load evaluates in float32); "
+        "log-probabilities are always reduced in float64",
+    )
     p.add_argument("--tokenizer-model", default=None, help="override the checkpoint's tokenizer path")
-    p.add_argument("--squad", default=None,
-                   help="SQuAD gold-answer perplexity: SQuAD .json or JSONL {context, question, answers} (docs/sft.md)")
-    p.add_argument("--sft-data", nargs="+", default=None,
-                   help="held-out SFT JSONL: perplexity of the response tokens (+ EOD), encoded as in training")
+    p.add_argument(
+        "--squad",
+        default=None,
+        help="SQuAD gold-answer perplexity: SQuAD .json or JSONL {context, question, answers} (docs/sft.md)",
+    )
+    p.add_argument(
+        "--sft-data",
+        nargs="+",
+        default=None,
+        help="held-out SFT JSONL: perplexity of the response tokens (+ EOD), encoded as in training",
+    )
     p.add_argument("--sft-prompt-key", default="prompt")
     p.add_argument("--sft-response-key", default="response")
     p.add_argument("--sft-messages-key", default="messages")
@@ -64,34 +83,51 @@ def _run(a) -> dict:
     from megatron_fixedcode.eval import run
 
     if a.hf_model and a.tokenizer_model:
-        raise ValueError(f"--tokenizer-model applies to --load: the export --hf-model {a.hf_model} carries its own "
-                         "tokenizer (drop --tokenizer-model)")
+        raise ValueError(
+            f"--tokenizer-model applies to --load: the export --hf-model {a.hf_model} carries its own "
+            "tokenizer (drop --tokenizer-model)"
+        )
 
     if a.batch_size < 1:
         raise ValueError(f"--batch-size {a.batch_size}: must be at least 1")
     if a.load:
         run.check_megatron_dtype(a.dtype)  # before loading the checkpoint
     device = dict(device=a.device, dtype=a.dtype)
-    common = dict(text_files=a.text_files, data_path=a.data_path, seq_length=a.seq_length,
-                  batch_size=a.batch_size, max_tokens=a.max_tokens, **device)
+    common = dict(
+        text_files=a.text_files,
+        data_path=a.data_path,
+        seq_length=a.seq_length,
+        batch_size=a.batch_size,
+        max_tokens=a.max_tokens,
+        **device,
+    )
     if a.squad or a.sft_data:
         from megatron_fixedcode.data.sft import SFTFields
 
-        target = dict(squad=a.squad, sft_data=a.sft_data, seq_length=a.seq_length, batch_size=a.batch_size,
-                      sft_fields=SFTFields(a.sft_prompt_key, a.sft_response_key, a.sft_messages_key), **device)
+        target = dict(
+            squad=a.squad,
+            sft_data=a.sft_data,
+            seq_length=a.seq_length,
+            batch_size=a.batch_size,
+            sft_fields=SFTFields(a.sft_prompt_key, a.sft_response_key, a.sft_messages_key),
+            **device,
+        )
         if a.load:
-            return run.checkpoint_target_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model,
-                                                    verify=a.verify_checkpoint, **target)
+            return run.checkpoint_target_perplexity(
+                a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, verify=a.verify_checkpoint, **target
+            )
         return run.hf_target_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **target)
     if a.load:
-        return run.checkpoint_perplexity(a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model,
-                                         verify=a.verify_checkpoint, **common)
+        return run.checkpoint_perplexity(
+            a.load, step=a.ckpt_step, tokenizer_model=a.tokenizer_model, verify=a.verify_checkpoint, **common
+        )
     if a.tasks:
         from megatron_fixedcode.eval.harness import run_harness
 
         limit = int(a.limit) if a.limit and a.limit >= 1 else a.limit
-        return run_harness(a.hf_model, a.tasks, limit=limit, batch_size=a.batch_size, trust_remote_code=a.trust_remote_code,
-                           **device)
+        return run_harness(
+            a.hf_model, a.tasks, limit=limit, batch_size=a.batch_size, trust_remote_code=a.trust_remote_code, **device
+        )
     return run.hf_perplexity(a.hf_model, trust_remote_code=a.trust_remote_code, **common)
 
 

@@ -20,14 +20,10 @@ from megatron_fixedcode.data.config import (
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawTextHelpFormatter
-    )
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawTextHelpFormatter)
     p.add_argument("--data-path", nargs="+", required=True, help="prefixes or weight/prefix pairs")
     p.add_argument("--dataset-type", choices=DATASET_TYPES, default="gpt")
-    p.add_argument(
-        "--document-windows", action="store_true", help="same as --dataset-type document_windows"
-    )
+    p.add_argument("--document-windows", action="store_true", help="same as --dataset-type document_windows")
     p.add_argument("--seq-length", type=int, required=True)
     p.add_argument("--global-batch-size", type=int, required=True)
     p.add_argument("--seed", type=int, default=1234)
@@ -56,7 +52,9 @@ def main(argv: list[str] | None = None) -> int:
 
     tokenizer = tokenizer_from_args(args)
     if tokenizer is None:
-        raise ValueError("give --tokenizer-model (GPT2BPETokenizer: --vocab-file and --merge-file) to decode the samples")
+        raise ValueError(
+            "give --tokenizer-model (GPT2BPETokenizer: --vocab-file and --merge-file) to decode the samples"
+        )
 
     cfg = DataConfig(
         data_path=args.data_path,
@@ -72,8 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         step=args.step,
         global_batch_size=args.global_batch_size,
         seed=args.seed,
-        num_train_samples=args.train_samples
-        or (args.train_iters and args.train_iters * args.global_batch_size),
+        num_train_samples=args.train_samples or (args.train_iters and args.train_iters * args.global_batch_size),
         max_chars=args.max_chars,
     )
     for record in records:

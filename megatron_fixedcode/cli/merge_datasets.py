@@ -17,6 +17,7 @@ def main(argv=None) -> int:
     p.add_argument("--pattern", default="*", help="glob for prefixes inside --input directories")
     args = p.parse_args(argv)
     from megatron_fixedcode.data.preprocess import merge_datasets
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     result = merge_datasets(args.input, args.output_prefix, args.pattern)
     print(f"{result['documents']} documents, {result['tokens']} tokens -> {result['output_prefix']}")

@@ -23,7 +23,9 @@ def parse_args(argv=None) -> PreprocessConfig:
     add_tokenizer_args(p)
     p.add_argument("--eod-token", default=None, help="end-of-document token, when the tokenizer names none")
     p.add_argument("--json-keys", nargs="+", default=["text"])
-    p.add_argument("--id-key", default=None, help="document id field for the split hash (records without one: their text)")
+    p.add_argument(
+        "--id-key", default=None, help="document id field for the split hash (records without one: their text)"
+    )
     p.add_argument("--append-eod", action="store_true")
     p.add_argument("--split-sentences", action="store_true")
     p.add_argument("--workers", type=int, default=1)
@@ -32,8 +34,12 @@ def parse_args(argv=None) -> PreprocessConfig:
     p.add_argument("--min-doc-tokens", type=int, default=2049, help="only counted in the summary")
     p.add_argument("--skip-bad-documents", action="store_true")
     p.add_argument("--log-interval", type=int, default=10000, help="documents between progress lines")
-    p.add_argument("--max-document-bytes", type=int, default=8 << 20,
-                   help="largest text of one record (UTF-8 bytes per key); larger ones are an error (memory bound)")
+    p.add_argument(
+        "--max-document-bytes",
+        type=int,
+        default=8 << 20,
+        help="largest text of one record (UTF-8 bytes per key); larger ones are an error (memory bound)",
+    )
     p.add_argument("--chunk-docs", type=int, default=1024)
     p.add_argument("--chunk-bytes", type=int, default=1 << 20)
     return PreprocessConfig(**vars(p.parse_args(argv)))

@@ -62,18 +62,41 @@ def main(argv=None) -> int:
     from megatron_fixedcode.utils.files import DiskFull
 
     if args.command == "plan":
-        settings = {k: v for k, v in vars(args).items()
-                    if k not in ("command", "input", "output_dir", "tokenizer_type", "tokenizer_model",
-                                 "shards_per_task", "array_size", "dry_run")}
-        plan = shards.make_plan(args.input, args.output_dir, args.tokenizer_type, args.tokenizer_model,
-                                args.shards_per_task, args.array_size, **settings)
-        print(f"# {len(plan['inputs'])} shards, {plan['num_tasks']} array tasks (0-{plan['num_tasks'] - 1}) "
-              f"of at most {plan['shards_per_task']} shards, outputs in {plan['output_dir']}")
+        settings = {
+            k: v
+            for k, v in vars(args).items()
+            if k
+            not in (
+                "command",
+                "input",
+                "output_dir",
+                "tokenizer_type",
+                "tokenizer_model",
+                "shards_per_task",
+                "array_size",
+                "dry_run",
+            )
+        }
+        plan = shards.make_plan(
+            args.input,
+            args.output_dir,
+            args.tokenizer_type,
+            args.tokenizer_model,
+            args.shards_per_task,
+            args.array_size,
+            **settings,
+        )
+        print(
+            f"# {len(plan['inputs'])} shards, {plan['num_tasks']} array tasks (0-{plan['num_tasks'] - 1}) "
+            f"of at most {plan['shards_per_task']} shards, outputs in {plan['output_dir']}"
+        )
         for i in range(plan["num_tasks"]):
             print(f"task {i}: " + " ".join(shards.shard_name(f) for f in shards.task_inputs(plan, i)))
         todo = shards.tasks_to_run(plan)
-        print(f"# tasks to run: {shards.array_spec(todo) or 'none'} ({len(todo)} of {plan['num_tasks']}; "
-              "the others' shards are complete)")
+        print(
+            f"# tasks to run: {shards.array_spec(todo) or 'none'} ({len(todo)} of {plan['num_tasks']}; "
+            "the others' shards are complete)"
+        )
         if not args.dry_run:
             print(f"# plan: {shards.write_plan(plan)}")
         return 0
@@ -87,8 +110,11 @@ def main(argv=None) -> int:
         except DiskFull as e:
             print(f"error: task {task_id}: {e}", file=sys.stderr)
             return 2
-        print(f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
-              f"{len(report['failed'])} failed" + (f", {len(report['busy'])} busy in another task" if report["busy"] else ""))
+        print(
+            f"task {task_id}: {len(report['done'])} indexed, {len(report['skipped'])} already complete, "
+            f"{len(report['failed'])} failed"
+            + (f", {len(report['busy'])} busy in another task" if report["busy"] else "")
+        )
         for name, error in report["failed"].items():
             print(f"error: shard {name}: {error}", file=sys.stderr)
         return 1 if report["failed"] else 0

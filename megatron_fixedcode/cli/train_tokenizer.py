@@ -15,6 +15,7 @@ def main(argv=None) -> int:
     parser.add_argument("--min-frequency", type=int, default=2)
     args = parser.parse_args(argv)
     from megatron_fixedcode.tokenizers import train_bpe_tokenizer
+
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(message)s", stream=sys.stderr)
     path = train_bpe_tokenizer(args.input, args.vocab_size, args.output, args.min_frequency)
     print(path)

@@ -27,15 +27,25 @@ from megatron_fixedcode.data.verify import verify_paths
 @user_errors
 def main(argv=None) -> int:
     p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("paths", nargs="+", help="dataset prefixes, output directories, *_summary.json or manifest.json files")
-    add_tokenizer_args(p, type_default="HuggingFaceTokenizer",
-                       model_help="gives V (the vocabulary size); without V ids are not checked")
+    p.add_argument(
+        "paths", nargs="+", help="dataset prefixes, output directories, *_summary.json or manifest.json files"
+    )
+    add_tokenizer_args(
+        p,
+        type_default="HuggingFaceTokenizer",
+        model_help="gives V (the vocabulary size); without V ids are not checked",
+    )
     p.add_argument("--vocab-size", type=int, default=None, help="V without a tokenizer")
     p.add_argument("--seq-length", type=int, default=2048, help="eligible documents have >= seq_length + 1 tokens")
     p.add_argument("--json", action="store_true", help="print the per-shard report as JSON lines")
-    p.add_argument("--progress-interval", type=float, default=10.0, metavar="SECONDS",
-                   help="at most one progress line (shards, bytes, rate, ETA) on stderr this often; the first "
-                        "after this long, so a short run prints none (default 10; negative: never)")
+    p.add_argument(
+        "--progress-interval",
+        type=float,
+        default=10.0,
+        metavar="SECONDS",
+        help="at most one progress line (shards, bytes, rate, ETA) on stderr this often; the first "
+        "after this long, so a short run prints none (default 10; negative: never)",
+    )
     args = p.parse_args(argv)
     vocab_size = args.vocab_size
     if vocab_size is None:
@@ -49,20 +59,31 @@ def main(argv=None) -> int:
         if args.json:
             print(json.dumps(r))
         else:
-            print(f"ok {r['prefix']}: {r['tokens']} tokens, {r['documents']} documents, "
-                  f"{r['eligible_documents']} with >= {args.seq_length + 1} tokens")
+            print(
+                f"ok {r['prefix']}: {r['tokens']} tokens, {r['documents']} documents, "
+                f"{r['eligible_documents']} with >= {args.seq_length + 1} tokens"
+            )
     total = {k: sum(r[k] for r in results) for k in ("tokens", "documents", "eligible_documents")}
-    print(f"{len(results)} shards ok, {len(errors)} bad: {total['tokens']} tokens, {total['documents']} documents, "
-          f"{total['eligible_documents']} eligible", file=sys.stderr)
+    print(
+        f"{len(results)} shards ok, {len(errors)} bad: {total['tokens']} tokens, {total['documents']} documents, "
+        f"{total['eligible_documents']} eligible",
+        file=sys.stderr,
+    )
     if vocab_size is None:
-        print("note: token ids were not checked (no tokenizer or --vocab-size); structure, counts and "
-              "recorded hashes were", file=sys.stderr)
+        print(
+            "note: token ids were not checked (no tokenizer or --vocab-size); structure, counts and "
+            "recorded hashes were",
+            file=sys.stderr,
+        )
     unhashed = [r["prefix"] for r in results if r["content"] is None]
     if unhashed:
-        print(f"note: {len(unhashed)} of {len(results)} shards verified without a recorded .bin sha256 (indexed "
-              f"before it was recorded, or no summary beside them), so a change of their tokens cannot be seen: "
-              f"{', '.join(unhashed[:3])}"
-              f"{' ...' if len(unhashed) > 3 else ''}; re-index them to record it", file=sys.stderr)
+        print(
+            f"note: {len(unhashed)} of {len(results)} shards verified without a recorded .bin sha256 (indexed "
+            f"before it was recorded, or no summary beside them), so a change of their tokens cannot be seen: "
+            f"{', '.join(unhashed[:3])}"
+            f"{' ...' if len(unhashed) > 3 else ''}; re-index them to record it",
+            file=sys.stderr,
+        )
     for e in errors:
         print(f"error: {e}", file=sys.stderr)
     return 2 if errors else 0

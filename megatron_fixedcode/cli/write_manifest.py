@@ -29,8 +29,10 @@ def main(argv=None) -> int:
 
     manifest, path = write_manifest(args.output_dir, args.skip_failed, args.output)
     for split, t in manifest["totals"].items():
-        print(f"{split}: {len(manifest['shards'])} shards, {t['documents']} documents, {t['tokens']} tokens, "
-              f"{t['eligible_documents']} with >= {manifest['min_doc_tokens']} tokens")
+        print(
+            f"{split}: {len(manifest['shards'])} shards, {t['documents']} documents, {t['tokens']} tokens, "
+            f"{t['eligible_documents']} with >= {manifest['min_doc_tokens']} tokens"
+        )
     for e in manifest["excluded"]:
         print(f"excluded {e['name']}: {e['error']}", file=sys.stderr)
     print(f"manifest: {path}")

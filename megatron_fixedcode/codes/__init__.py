@@ -1,4 +1,5 @@
 """Fixed token codes: pure numpy math, no torch, no distributed state, no file I/O."""
+
 from megatron_fixedcode.codes.families import CODE_FAMILIES, CodeFamily
 from megatron_fixedcode.codes.binary import bits_to_ids, canonical_bits, min_code_bits, resolve_code_bits
 from megatron_fixedcode.codes.gf2 import gf2_byte_tables, gf2_inverse, gf2_rank, sample_recoding_matrix

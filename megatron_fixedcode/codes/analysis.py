@@ -1,4 +1,5 @@
 """Properties of a code that a user should see before training on it (pure numpy)."""
+
 from __future__ import annotations
 
 from typing import Any
@@ -21,21 +22,32 @@ def analyze_float_code(spec: CodeSpec, max_listed_tokens: int = 16) -> dict[str,
     """Collisions and the minimum pairwise distance at the activation dtype, rank, norms."""
     rows_VK = quantize(spec.input_table(), spec.dtype)
     lifted_sq_V = (rows_VK.astype(np.float64) ** 2) @ np.bincount(
-        lift_source_bits(spec.num_bits, spec.hidden_size), minlength=spec.num_bits)
+        lift_source_bits(spec.num_bits, spec.hidden_size), minlength=spec.num_bits
+    )
     min_dist, pair = min_pairwise_distance(rows_VK)
     zero = np.nonzero(lifted_sq_V == 0)[0]
     return {
-        "kind": spec.kind, "vocab_size": spec.vocab_size, "hidden_size": spec.hidden_size, "K": spec.num_bits,
-        "tiles": spec.hidden_size / spec.num_bits, "dtype": spec.dtype,
+        "kind": spec.kind,
+        "vocab_size": spec.vocab_size,
+        "hidden_size": spec.hidden_size,
+        "K": spec.num_bits,
+        "tiles": spec.hidden_size / spec.num_bits,
+        "dtype": spec.dtype,
         "collisions": len(duplicate_rows(rows_VK)),
         # distance between the K-wide rows; the lifted inputs are ~sqrt(d/K) times further apart
-        "min_pairwise_distance": min_dist, "closest_pair": list(pair),
+        "min_pairwise_distance": min_dist,
+        "closest_pair": list(pair),
         "input_rank": int(np.linalg.matrix_rank(rows_VK.astype(np.float64))),
-        "input_norm_min": float(np.sqrt(lifted_sq_V.min())), "input_norm_max": float(np.sqrt(lifted_sq_V.max())),
+        "input_norm_min": float(np.sqrt(lifted_sq_V.min())),
+        "input_norm_max": float(np.sqrt(lifted_sq_V.max())),
         "input_rms": float(np.sqrt(lifted_sq_V.mean() / spec.hidden_size)),
         "learned_baseline_row_norm": 0.02 * float(np.sqrt(spec.hidden_size)),
-        "zero_code_tokens": [int(t) for t in zero[:max_listed_tokens]], "num_zero_code_tokens": int(zero.size),
-        "seed": spec.seed, "base": spec.base, "scale": spec.scale, "trainable": spec.family.trainable,
+        "zero_code_tokens": [int(t) for t in zero[:max_listed_tokens]],
+        "num_zero_code_tokens": int(zero.size),
+        "seed": spec.seed,
+        "base": spec.base,
+        "scale": spec.scale,
+        "trainable": spec.family.trainable,
         "fingerprint": spec.fingerprint,
     }
 
@@ -56,7 +68,9 @@ def analyze_code(spec: CodeSpec, max_listed_tokens: int = 16) -> dict[str, Any]:
     # Lifted Hamming weight: every bit appears full_tiles times, bits j < rest once more.
     lifted_weight_V = full_tiles * weight_V + codebook_VK[:, :rest].sum(axis=1)
     # centred: every coordinate is ±scale
-    norm_V = abs(spec.scale) * np.sqrt(np.full_like(lifted_weight_V, spec.hidden_size) if spec.centered else lifted_weight_V)
+    norm_V = abs(spec.scale) * np.sqrt(
+        np.full_like(lifted_weight_V, spec.hidden_size) if spec.centered else lifted_weight_V
+    )
     zero_tokens = np.nonzero(weight_V == 0)[0] if not spec.centered else np.zeros(0, dtype=np.int64)  # ±1: never 0
     hist = np.bincount(weight_V, minlength=spec.num_bits + 1)
     return {
@@ -90,19 +104,21 @@ def analyze_code(spec: CodeSpec, max_listed_tokens: int = 16) -> dict[str, Any]:
 def format_report(report: dict[str, Any]) -> str:
     """Human-readable lines for :func:`analyze_code`'s result."""
     if "min_pairwise_distance" in report:
-        return "\n".join([
-            f"code            {report['kind']} (seed {report['seed']}, base {report['base']}, scale {report['scale']:g}"
-            f"{', trainable init' if report['trainable'] else ''})",
-            f"vocabulary      V = {report['vocab_size']}, width K' = {report['K']}, at {report['dtype']}",
-            f"lift            d = {report['hidden_size']}, tiles = {report['tiles']:g}",
-            f"injectivity     {report['collisions']} collisions; min pairwise distance {report['min_pairwise_distance']:.4g} "
-            f"(tokens {report['closest_pair'][0]}, {report['closest_pair'][1]})",
-            f"input span      rank {report['input_rank']}",
-            f"input norm      {report['input_norm_min']:.3f} .. {report['input_norm_max']:.3f}, RMS {report['input_rms']:.4g} "
-            f"(learned table at init ~ {report['learned_baseline_row_norm']:.3f}, RMS 0.02)",
-            f"zero vector     tokens {report['zero_code_tokens'] or 'none'}",
-            f"fingerprint     {report['fingerprint']}",
-        ])
+        return "\n".join(
+            [
+                f"code            {report['kind']} (seed {report['seed']}, base {report['base']}, scale {report['scale']:g}"
+                f"{', trainable init' if report['trainable'] else ''})",
+                f"vocabulary      V = {report['vocab_size']}, width K' = {report['K']}, at {report['dtype']}",
+                f"lift            d = {report['hidden_size']}, tiles = {report['tiles']:g}",
+                f"injectivity     {report['collisions']} collisions; min pairwise distance {report['min_pairwise_distance']:.4g} "
+                f"(tokens {report['closest_pair'][0]}, {report['closest_pair'][1]})",
+                f"input span      rank {report['input_rank']}",
+                f"input norm      {report['input_norm_min']:.3f} .. {report['input_norm_max']:.3f}, RMS {report['input_rms']:.4g} "
+                f"(learned table at init ~ {report['learned_baseline_row_norm']:.3f}, RMS 0.02)",
+                f"zero vector     tokens {report['zero_code_tokens'] or 'none'}",
+                f"fingerprint     {report['fingerprint']}",
+            ]
+        )
     hist = ", ".join(f"{w}:{n}" for w, n in report["hamming_weight_histogram"].items() if n)
     zero = report["zero_code_tokens"] or "none"
     return "\n".join(

@@ -2,6 +2,7 @@
 
 Shapes: ``N`` any batch of ids, ``K`` code bits.
 """
+
 from __future__ import annotations
 
 import numpy as np

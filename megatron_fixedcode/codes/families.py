@@ -6,6 +6,7 @@
 * ``lowdim`` is the one trainable family: its table is the *initialization* of learned
   K-dimensional coordinates, lifted by the same fixed R.
 """
+
 from __future__ import annotations
 
 import dataclasses

@@ -2,6 +2,7 @@
 
 Matrices are uint8 arrays of 0/1. Everything here is exact integer arithmetic.
 """
+
 from __future__ import annotations
 
 import numpy as np
@@ -71,8 +72,9 @@ def gf2_byte_tables(matrix_KK: np.ndarray) -> np.ndarray:
     a = np.asarray(matrix_KK, dtype=np.int64) & 1
     num_bits = a.shape[0]
     byte_values = np.arange(256, dtype=np.int64)
-    tables = [bits_to_ids(gf2_apply(a, canonical_bits(byte_values << (8 * j), num_bits)))
-              for j in range(-(-num_bits // 8))]  # bits above K of byte_value << 8j fall away
+    tables = [
+        bits_to_ids(gf2_apply(a, canonical_bits(byte_values << (8 * j), num_bits))) for j in range(-(-num_bits // 8))
+    ]  # bits above K of byte_value << 8j fall away
     return np.stack(tables)
 
 
@@ -91,9 +93,7 @@ def _raw_bits(bit_generator: np.random.BitGenerator, count: int) -> np.ndarray:
 def sample_recoding_matrix(num_bits: int, seed: int, min_weight: int = 4) -> np.ndarray:
     """A ∈ GL(K, 2) drawn from PCG64(seed): full rank, every row and column weight ≥ min_weight."""
     if min_weight > num_bits:
-        raise ValueError(
-            f"min_weight={min_weight} exceeds code_bits={num_bits}: no row can have that many ones"
-        )
+        raise ValueError(f"min_weight={min_weight} exceeds code_bits={num_bits}: no row can have that many ones")
     bit_generator = np.random.PCG64(seed)
     for _ in range(_MAX_DRAWS):
         a = _raw_bits(bit_generator, num_bits * num_bits).reshape(num_bits, num_bits)

@@ -1,4 +1,5 @@
 """The tiled lift R = [I_K; I_K; ...] ∈ {0,1}^{d×K}: the K-bit code repeated along the width."""
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ numpy has no bfloat16, so it is emulated bit-exactly: float32 → bfloat16 is ro
 on the top 16 bits, which is what torch's ``Tensor.to(torch.bfloat16)`` does on CPU and GPU
 (``tests/codes/test_codes_families.py`` checks the emulation against torch on every table we build).
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -4,6 +4,7 @@ Entries are N(0, 1) by Box–Muller from PCG64(seed)'s raw 64-bit stream (``rand
 PCG64's specification; ``Generator.normal`` may change between numpy releases), row-major over
 (token, coordinate), so the table for V tokens is a prefix of the table for more tokens.
 """
+
 from __future__ import annotations
 
 import numpy as np

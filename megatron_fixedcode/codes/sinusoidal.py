@@ -4,6 +4,7 @@ Coordinates 2i and 2i+1 are sin(t·ω_i) and cos(t·ω_i) with ω_i = base^(−2
 in float64 from the integer id: computing t·ω in bf16 would round t itself (spacing 256 near
 t = 49,152), which is exactly the collision the precision check exists to catch.
 """
+
 from __future__ import annotations
 
 import numpy as np

@@ -5,6 +5,7 @@ b ∈ {0,1}^K and R the tiled lift to width d (centred: 2·(A·c ⊕ b) − 1). 
 (``codes/families.py``): x(t) = R · fl(scale · T[t]) for a V×K table T, fl the rounding to the
 activation dtype. The fingerprint hashes exactly the fields that define the map.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -98,9 +99,19 @@ class CodeSpec:
         if not np.isfinite(scale) or scale == 0:
             raise ValueError(f"code_scale must be finite and non-zero, got {scale}")
         if not CODE_FAMILIES[kind].bits:
-            return cls._create_float(kind=kind, vocab_size=vocab_size, hidden_size=hidden_size, width=code_bits,
-                                     seed=seed, offset=offset, matrix=matrix, scale=scale, centered=centered,
-                                     base=base, dtype=dtype)
+            return cls._create_float(
+                kind=kind,
+                vocab_size=vocab_size,
+                hidden_size=hidden_size,
+                width=code_bits,
+                seed=seed,
+                offset=offset,
+                matrix=matrix,
+                scale=scale,
+                centered=centered,
+                base=base,
+                dtype=dtype,
+            )
         if base is not None:
             raise ValueError(f"code_base is only meaningful for kind='sinusoidal', not {kind!r}")
         num_bits = resolve_code_bits(vocab_size, code_bits)
@@ -136,8 +147,9 @@ class CodeSpec:
         )
 
     @classmethod
-    def _create_float(cls, *, kind, vocab_size, hidden_size, width, seed, offset, matrix, scale, centered,
-                      base, dtype) -> "CodeSpec":
+    def _create_float(
+        cls, *, kind, vocab_size, hidden_size, width, seed, offset, matrix, scale, centered, base, dtype
+    ) -> "CodeSpec":
         family = CODE_FAMILIES[kind]
         if matrix is not None or offset:
             raise ValueError(f"code_matrix/code_offset are only meaningful for the bit codes, not {kind!r}")
@@ -154,9 +166,20 @@ class CodeSpec:
         lift_source_bits(width, hidden_size)  # d >= K′
         if family.needs_seed and seed is None:
             raise ValueError(f"kind={kind!r} needs code_seed")
-        spec = cls(kind=kind, vocab_size=vocab_size, num_bits=width, hidden_size=hidden_size,
-                   seed=int(seed) if family.needs_seed else None, min_weight=0, matrix=(), offset=(),
-                   scale=float(scale), implementation="lookup", base=base, dtype=dtype)
+        spec = cls(
+            kind=kind,
+            vocab_size=vocab_size,
+            num_bits=width,
+            hidden_size=hidden_size,
+            seed=int(seed) if family.needs_seed else None,
+            min_weight=0,
+            matrix=(),
+            offset=(),
+            scale=float(scale),
+            implementation="lookup",
+            base=base,
+            dtype=dtype,
+        )
         spec.check_injective()
         return spec
 

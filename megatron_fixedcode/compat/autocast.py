@@ -10,6 +10,7 @@ pipeline schedules wrap the forward step in ``torch.autocast("cuda")``) but two 
   CPU their backward multiplies a BF16 gradient by an FP32 weight; :func:`patch_linear_autocast_for_cpu`
   re-decorates them for "cpu" (CPU runs only; on GPUs megatron's own decorators are right).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -78,6 +79,7 @@ def _residual_dtype_bda(bda):
     """megatron's bias-dropout-add casts the residual to the sublayer output's dtype (BF16 under
     autocast, "to keep pipeline communication in one dtype"); PyTorch's own rule, which the paper
     follows, promotes: FP32 residual + BF16 output = FP32. Cast the output up instead."""
+
     @functools.wraps(bda)
     def factory(training, fused):
         add = bda(training, fused)

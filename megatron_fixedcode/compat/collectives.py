@@ -1,5 +1,6 @@
 """Count the collective calls (and bytes) a piece of code issues, by wrapping the methods of
 torch's ProcessGroup class — every torch.distributed collective, whatever alias called it."""
+
 from __future__ import annotations
 
 import collections
@@ -9,11 +10,30 @@ import torch
 
 _ProcessGroup = torch._C._distributed_c10d.ProcessGroup
 _COLLECTIVES = (
-    "broadcast", "allreduce", "allreduce_coalesced", "reduce", "allgather", "all_gather_single",
-    "_allgather_base", "allgather_coalesced", "all_gather_single_coalesced",
-    "allgather_into_tensor_coalesced", "gather", "scatter", "reduce_scatter", "reduce_scatter_single",
-    "_reduce_scatter_base", "reduce_scatter_single_coalesced", "reduce_scatter_tensor_coalesced",
-    "all_to_all_single", "alltoall_base", "alltoall", "send", "recv", "recv_anysource", "barrier",
+    "broadcast",
+    "allreduce",
+    "allreduce_coalesced",
+    "reduce",
+    "allgather",
+    "all_gather_single",
+    "_allgather_base",
+    "allgather_coalesced",
+    "all_gather_single_coalesced",
+    "allgather_into_tensor_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "all_to_all_single",
+    "alltoall_base",
+    "alltoall",
+    "send",
+    "recv",
+    "recv_anysource",
+    "barrier",
 )
 
 

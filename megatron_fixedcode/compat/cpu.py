@@ -4,6 +4,7 @@
 Every patch below is applied once, only when CUDA is unavailable, and says in one line why.
 On a GPU machine :func:`apply_cpu_patches` does nothing.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -20,12 +21,12 @@ _APPLIED = False
 
 # Modules that create tensors with a literal device="cuda".
 _MODULES_WITH_CUDA_LITERALS = (
-    "megatron.core.transformer.utils",          # get_default_causal_mask
+    "megatron.core.transformer.utils",  # get_default_causal_mask
     "megatron.core.pipeline_parallel.schedules",  # total_num_tokens counters
-    "megatron.core.optimizer.optimizer",        # found_inf / scale scalars
-    "megatron.core.optimizer.clip_grads",       # grad-norm scalars
-    "megatron.core.optimizer.grad_scaler",      # loss-scale scalars
-    "megatron.core.utils",                      # local_multi_tensor_l2_norm result
+    "megatron.core.optimizer.optimizer",  # found_inf / scale scalars
+    "megatron.core.optimizer.clip_grads",  # grad-norm scalars
+    "megatron.core.optimizer.grad_scaler",  # loss-scale scalars
+    "megatron.core.utils",  # local_multi_tensor_l2_norm result
     "megatron.core.dist_checkpointing.exchange_utils",  # empty tensors of the fully parallel load's exchange
 )
 
@@ -33,8 +34,20 @@ _MODULES_WITH_CUDA_LITERALS = (
 class _CpuTorch:
     """A view of ``torch`` whose tensor factories put ``device="cuda"`` tensors on the CPU."""
 
-    _FACTORIES = {"tensor", "zeros", "ones", "empty", "full", "arange", "zeros_like", "ones_like",
-                  "empty_like", "full_like", "randn", "rand"}
+    _FACTORIES = {
+        "tensor",
+        "zeros",
+        "ones",
+        "empty",
+        "full",
+        "arange",
+        "zeros_like",
+        "ones_like",
+        "empty_like",
+        "full_like",
+        "randn",
+        "rand",
+    }
 
     def __getattr__(self, name):
         attr = getattr(torch, name)
@@ -68,6 +81,7 @@ class _NullStream:
 
 def _cuda_with(**overrides):
     """``torch.cuda`` with ``overrides`` in place of some of its functions."""
+
     class _Cuda:
         def __getattr__(self, name):
             return getattr(torch.cuda, name)
@@ -102,11 +116,13 @@ class _FusedCpuAdamTorch:
         import functools
         import types
 
-        self.optim = types.SimpleNamespace(**{
-            **vars(torch.optim),
-            "Adam": functools.partial(torch.optim.Adam, fused=True),
-            "AdamW": functools.partial(torch.optim.AdamW, fused=True),
-        })
+        self.optim = types.SimpleNamespace(
+            **{
+                **vars(torch.optim),
+                "Adam": functools.partial(torch.optim.Adam, fused=True),
+                "AdamW": functools.partial(torch.optim.AdamW, fused=True),
+            }
+        )
 
     def __getattr__(self, name):
         return getattr(torch, name)
@@ -178,8 +194,11 @@ _METHODS_ASSUMING_CUDA_TENSORS = (
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),
     ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params", "__init__"),
     ("megatron.core.dist_checkpointing.strategies.fully_parallel", "FullyParallelLoadStrategyWrapper", "load"),
-    ("megatron.core.models.common.language_module.language_module", "LanguageModule",
-     "setup_embeddings_and_output_layer"),
+    (
+        "megatron.core.models.common.language_module.language_module",
+        "LanguageModule",
+        "setup_embeddings_and_output_layer",
+    ),
 )
 
 

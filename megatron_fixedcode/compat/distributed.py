@@ -2,6 +2,7 @@
 
 Everything else receives a ``ProcessGroupCollection`` and a :class:`ParallelLayout`.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -28,13 +29,17 @@ def describe_runtime() -> str:
     """One line: which runtime this process uses, and why the CPU one when it is chosen."""
     if torch.cuda.is_available():
         index = int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count()
-        return (f"runtime: CUDA + NCCL on {torch.cuda.get_device_name(index)} "
-                f"({torch.cuda.device_count()} visible; torch {torch.__version__}, CUDA {torch.version.cuda})")
+        return (
+            f"runtime: CUDA + NCCL on {torch.cuda.get_device_name(index)} "
+            f"({torch.cuda.device_count()} visible; torch {torch.__version__}, CUDA {torch.version.cuda})"
+        )
     if torch.version.cuda is None:
         why = f"torch {torch.__version__} is a CPU-only build"
     else:
-        why = (f"torch {torch.__version__} has CUDA {torch.version.cuda} but sees no GPU "
-               f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s})")
+        why = (
+            f"torch {torch.__version__} has CUDA {torch.version.cuda} but sees no GPU "
+            f"(CUDA_VISIBLE_DEVICES={os.environ.get('CUDA_VISIBLE_DEVICES', '<unset>')!s})"
+        )
     return f"runtime: CPU + gloo, megatron-core patched for CPU (compat/cpu.py): {why}"
 
 
@@ -82,12 +87,14 @@ def collective_timeout(group=None) -> datetime.timedelta | None:
 
 def _groups_match(layout: ParallelLayout) -> bool:
     """megatron's groups already exist for this layout (a second initialisation in one process)."""
-    return (parallel_state.model_parallel_is_initialized()
-            and parallel_state.get_tensor_model_parallel_world_size() == layout.tensor_model_parallel_size
-            and parallel_state.get_pipeline_model_parallel_world_size() == layout.pipeline_model_parallel_size
-            and parallel_state.get_context_parallel_world_size() == layout.context_parallel_size
-            and parallel_state.get_virtual_pipeline_model_parallel_world_size()
-            == layout.virtual_pipeline_model_parallel_size)
+    return (
+        parallel_state.model_parallel_is_initialized()
+        and parallel_state.get_tensor_model_parallel_world_size() == layout.tensor_model_parallel_size
+        and parallel_state.get_pipeline_model_parallel_world_size() == layout.pipeline_model_parallel_size
+        and parallel_state.get_context_parallel_world_size() == layout.context_parallel_size
+        and parallel_state.get_virtual_pipeline_model_parallel_world_size()
+        == layout.virtual_pipeline_model_parallel_size
+    )
 
 
 def free_port() -> int:

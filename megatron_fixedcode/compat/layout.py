@@ -1,4 +1,5 @@
 """`ParallelLayout`: model-parallel sizes as plain data (no torch, so argument parsing stays light)."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -27,7 +28,5 @@ class ParallelLayout:
 
     def data_parallel_size(self, world_size: int) -> int:
         if world_size % self.model_parallel_size:
-            raise ValueError(
-                f"world size {world_size} is not divisible by TP×PP×CP = {self.model_parallel_size}"
-            )
+            raise ValueError(f"world size {world_size} is not divisible by TP×PP×CP = {self.model_parallel_size}")
         return world_size // self.model_parallel_size

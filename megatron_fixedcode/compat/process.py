@@ -83,6 +83,7 @@ def install_die_with_parent_for_forks() -> bool:
 
     original = mp_process.BaseProcess._bootstrap
     if not getattr(original, "_mfc_die_with_parent", False):
+
         def _bootstrap(self, *args, **kwargs):
             die_with_parent(signal.SIGKILL)
             return original(self, *args, **kwargs)

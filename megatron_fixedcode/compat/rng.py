@@ -14,6 +14,7 @@ the parallel layout.
   full weight and slices it. On GPUs megatron draws TP-sharded weights on each TP rank's own
   stream, so there init depends on TP (as in Megatron-LM) but not on PP.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -22,8 +23,8 @@ import torch
 from megatron.core import tensor_parallel
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-_DETOUR_SEED_OFFSET = 7919       # the learned input table's streams (prime: no layer seed equals it)
-_LAYER_SEED_STRIDE = 1009        # global layer n initialises from seed + 1009·n
+_DETOUR_SEED_OFFSET = 7919  # the learned input table's streams (prime: no layer seed equals it)
+_LAYER_SEED_STRIDE = 1009  # global layer n initialises from seed + 1009·n
 PIPELINE_STAGE_SEED_STRIDE = 100  # runtime streams of pipeline stage p: seed + 100·p (Megatron-LM)
 
 
@@ -44,10 +45,12 @@ def capture_rng_state() -> dict:
     Checkpoints save it (per rank), :func:`seeded_streams` takes one around its body (model init,
     the learned table's detour); :func:`restore_rng_state` puts it back."""
     tracker = get_cuda_rng_tracker()
-    return {"torch": torch.get_rng_state(),
-            "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
-            "tracker": {k: v.clone() for k, v in tracker.get_states().items()},
-            "tracker_seeds": sorted(tracker.seeds_)}
+    return {
+        "torch": torch.get_rng_state(),
+        "cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+        "tracker": {k: v.clone() for k, v in tracker.get_states().items()},
+        "tracker_seeds": sorted(tracker.seeds_),
+    }
 
 
 def restore_rng_state(state: dict) -> None:

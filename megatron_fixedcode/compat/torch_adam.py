@@ -6,6 +6,7 @@ Adam keeps it per parameter, and two of megatron's paths miss that (0.16 and 0.1
 patch below says in one line why; :func:`apply_torch_adam_patches` applies them once, and only
 when megatron found neither TE nor apex.
 """
+
 from __future__ import annotations
 
 import functools
@@ -14,8 +15,12 @@ import torch
 
 _APPLIED = False
 # The distributed optimizer's loaders of checkpointed state (one per format).
-_STATE_LOADERS = ("load_parameter_state_from_fully_reshardable", "load_parameter_state_from_dp_reshardable",
-                  "load_parameter_state_from_fs_model_space", "load_parameter_state_from_dp_zero")
+_STATE_LOADERS = (
+    "load_parameter_state_from_fully_reshardable",
+    "load_parameter_state_from_dp_reshardable",
+    "load_parameter_state_from_fs_model_space",
+    "load_parameter_state_from_dp_zero",
+)
 
 
 def _materialize_state_before_first_step(state_dict):
@@ -31,9 +36,11 @@ def _materialize_state_before_first_step(state_dict):
                 on_device = group.get("fused") or group.get("capturable")
                 for p in group["params"]:
                     if not inner.state[p]:
-                        inner.state[p] = {"step": torch.zeros((), dtype=torch.float32,
-                                                              device=p.device if on_device else "cpu"),
-                                          "exp_avg": torch.zeros_like(p), "exp_avg_sq": torch.zeros_like(p)}
+                        inner.state[p] = {
+                            "step": torch.zeros((), dtype=torch.float32, device=p.device if on_device else "cpu"),
+                            "exp_avg": torch.zeros_like(p),
+                            "exp_avg_sq": torch.zeros_like(p),
+                        }
         return state_dict(self)
 
     return wrapped

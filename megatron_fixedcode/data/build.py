@@ -29,7 +29,11 @@ def check_data_shards(cfg: DataConfig, tokenizer: Any) -> None:
 
 
 def build_document_window_datasets(
-    cfg: DataConfig, *, num_train_samples: int, num_valid_samples: int, seed: int,
+    cfg: DataConfig,
+    *,
+    num_train_samples: int,
+    num_valid_samples: int,
+    seed: int,
     vocab_size: int | None = None,
 ) -> tuple[DocumentWindowDataset, DocumentWindowDataset | None]:
     """Train windows over `data_path`; valid windows over `valid_data_path` (own stream), if set."""
@@ -77,8 +81,9 @@ def build_datasets(
     is checked first (``check_data_shards``), and every sample's ids as it is read.
     """
     if cfg.dataset_type == "sft":  # JSONL files, tokenised here with the run's tokenizer
-        return build_sft_datasets(cfg, tokenizer, num_train_samples=num_train_samples,
-                                  num_valid_samples=num_valid_samples, seed=seed)
+        return build_sft_datasets(
+            cfg, tokenizer, num_train_samples=num_train_samples, num_valid_samples=num_valid_samples, seed=seed
+        )
     vocab_size = getattr(tokenizer, "vocab_size", None)
     check_data_shards(cfg, tokenizer)
     if cfg.dataset_type == "gpt":
@@ -91,6 +96,9 @@ def build_datasets(
             is_built_on_rank=is_built_on_rank,
         )
     return build_document_window_datasets(
-        cfg, num_train_samples=num_train_samples, num_valid_samples=num_valid_samples, seed=seed,
+        cfg,
+        num_train_samples=num_train_samples,
+        num_valid_samples=num_valid_samples,
+        seed=seed,
         vocab_size=None if vocab_size is None else int(vocab_size),
     )

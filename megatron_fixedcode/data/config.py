@@ -33,6 +33,7 @@ class SFTFields:
     response: str = "response"
     messages: str = "messages"
 
+
 # Paper 2: 1024 microbatches per rank per shard visit, 8 sequences per microbatch, 2 ranks.
 PAPER2_SAMPLES_PER_SHARD_VISIT = 1024 * 8 * 2
 
@@ -50,13 +51,13 @@ def check_blend_weights(weights, names, field_name: str) -> None:
     for weight, name in zip(weights, names):
         value = float(weight)
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"{field_name}: the weight of {name} is {weight}; every blend weight must be a finite "
-                             "number > 0 (leave a dataset out of the blend instead of weighting it 0)")
+            raise ValueError(
+                f"{field_name}: the weight of {name} is {weight}; every blend weight must be a finite "
+                "number > 0 (leave a dataset out of the blend instead of weighting it 0)"
+            )
 
 
-def parse_blend(
-    data_path: list[str] | str, field_name: str = "data_path"
-) -> tuple[list[str], list[float] | None]:
+def parse_blend(data_path: list[str] | str, field_name: str = "data_path") -> tuple[list[str], list[float] | None]:
     """Parse Megatron's `--data-path` list: `A B C` (prefixes) or `0.8 A 0.2 B` (weight/prefix).
 
     Megatron's own `get_blend_from_list` silently falls back to "prefixes only" on a
@@ -75,15 +76,12 @@ def parse_blend(
         return prefixes, weights
     if any(numeric):
         raise ValueError(
-            f"{field_name}: expected either prefixes only or weight/prefix pairs "
-            f"(e.g. '0.8 A 0.2 B'), got {items}"
+            f"{field_name}: expected either prefixes only or weight/prefix pairs (e.g. '0.8 A 0.2 B'), got {items}"
         )
     return items, None
 
 
-def samples_per_shard_visit(
-    microbatches_per_rank: int, micro_batch_size: int, data_parallel_size: int
-) -> int:
+def samples_per_shard_visit(microbatches_per_rank: int, micro_batch_size: int, data_parallel_size: int) -> int:
     """Global samples in one shard visit, from the paper's per-rank wording.
 
     The visit is fixed in global samples so the stream does not change when a resumed
@@ -134,15 +132,11 @@ class DataConfig:
 
     def __post_init__(self) -> None:
         if self.dataset_type not in DATASET_TYPES:
-            raise ValueError(
-                f"dataset_type: must be one of {DATASET_TYPES}, got {self.dataset_type!r}"
-            )
+            raise ValueError(f"dataset_type: must be one of {DATASET_TYPES}, got {self.dataset_type!r}")
         if self.seq_length <= 0:
             raise ValueError(f"seq_length: must be positive, got {self.seq_length}")
         if self.samples_per_shard_visit <= 0:
-            raise ValueError(
-                f"samples_per_shard_visit: must be positive, got {self.samples_per_shard_visit}"
-            )
+            raise ValueError(f"samples_per_shard_visit: must be positive, got {self.samples_per_shard_visit}")
         if self.num_dataset_builder_threads <= 0:
             raise ValueError("num_dataset_builder_threads: must be positive")
         if self.mock:
@@ -152,11 +146,11 @@ class DataConfig:
             return
         self.blend = parse_blend(self.data_path, "data_path")
         self.valid_blend = (
-            None
-            if self.valid_data_path is None
-            else parse_blend(self.valid_data_path, "valid_data_path")
+            None if self.valid_data_path is None else parse_blend(self.valid_data_path, "valid_data_path")
         )
         if self.dataset_type == "sft":
             for name, blend in (("data_path", self.blend), ("valid_data_path", self.valid_blend)):
                 if blend is not None and blend[1] is not None:
-                    raise ValueError(f"{name}: --dataset-type sft reads JSONL files in order; blend weights are not supported")
+                    raise ValueError(
+                        f"{name}: --dataset-type sft reads JSONL files in order; blend weights are not supported"
+                    )

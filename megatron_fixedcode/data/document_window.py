@@ -124,7 +124,10 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         for prefix, count, dataset in zip(self.prefixes, counts, self.datasets):
             logger.info(
                 "%s: %d of %d documents have >= %d tokens",
-                prefix, count, len(dataset.document_indices) - 1, self.seq_length + 1,
+                prefix,
+                count,
+                len(dataset.document_indices) - 1,
+                self.seq_length + 1,
             )
         if weights is None:
             shards = numpy.array([s for s, c in enumerate(counts) if c > 0], dtype=numpy.int64)
@@ -181,18 +184,21 @@ class DocumentWindowDataset(torch.utils.data.Dataset):
         eligible = self.eligible[location.shard]
         k = int(numpy.searchsorted(eligible.document, location.document))
         first_sequence = int(eligible.first_sequence[k])
-        return self.datasets[location.shard].get(
-            first_sequence, offset=location.start, length=self.seq_length + 1
-        )
+        return self.datasets[location.shard].get(first_sequence, offset=location.start, length=self.seq_length + 1)
 
     def __getitem__(self, index: int) -> dict[str, torch.Tensor]:
         if not 0 <= index < self.num_samples:
             raise IndexError(f"sample {index} outside [0, {self.num_samples})")
         location = self.locate(index)
         window = self.window_tokens(location)
-        check_token_ids(window, self.vocab_size, lambda: (
-            f"{location.prefix} (document {location.document}, tokens {location.start}.."
-            f"{location.start + self.seq_length}, sample {index})"))
+        check_token_ids(
+            window,
+            self.vocab_size,
+            lambda: (
+                f"{location.prefix} (document {location.document}, tokens {location.start}.."
+                f"{location.start + self.seq_length}, sample {index})"
+            ),
+        )
         text = torch.from_numpy(window.astype(numpy.int64))
         return {
             "tokens": text[:-1].contiguous(),

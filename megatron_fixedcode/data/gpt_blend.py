@@ -88,7 +88,8 @@ class CheckedGPTDataset(GPTDataset):
         out = super()._query_document_sample_shuffle_indices(idx)
         text, document_ids = out[0], out[1]
         check_token_ids(
-            text, getattr(self.config.tokenizer, "vocab_size", None),
+            text,
+            getattr(self.config.tokenizer, "vocab_size", None),
             lambda: f"{self.dataset.path_prefix} (documents {[int(d) for d in document_ids]}, sample {idx})",
         )
         return out
@@ -96,10 +97,18 @@ class CheckedGPTDataset(GPTDataset):
 
 def gpt_dataset_config(cfg: DataConfig, tokenizer: Any, seed: int) -> GPTDatasetConfig:
     """The GPTDatasetConfig for `cfg`: every position is a prediction target."""
-    knobs = dict(random_seed=seed, sequence_length=cfg.seq_length, path_to_cache=cfg.cache_path,
-                 mmap_bin_files=cfg.mmap_bin_files, num_dataset_builder_threads=cfg.num_dataset_builder_threads,
-                 tokenizer=MegatronTokenizerView(tokenizer), reset_position_ids=False, reset_attention_mask=False,
-                 eod_mask_loss=False, create_attention_mask=False)
+    knobs = dict(
+        random_seed=seed,
+        sequence_length=cfg.seq_length,
+        path_to_cache=cfg.cache_path,
+        mmap_bin_files=cfg.mmap_bin_files,
+        num_dataset_builder_threads=cfg.num_dataset_builder_threads,
+        tokenizer=MegatronTokenizerView(tokenizer),
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        create_attention_mask=False,
+    )
     if cfg.mock:  # no blend: megatron-core sets mock and its even split "1,1,1" itself
         return GPTDatasetConfig(blend=None, blend_per_split=None, split=None, **knobs)
     lengths = _Lengths()
@@ -142,8 +151,10 @@ def build_gpt_datasets(
         raise ValueError(f"num_valid_samples: must be >= 0, got {num_valid_samples}")
     config = gpt_dataset_config(cfg, tokenizer, seed)
     builder = BlendedMegatronDatasetBuilder(
-        MockGPTDataset if cfg.mock else CheckedGPTDataset, [num_train_samples, num_valid_samples, 0],
-        is_built_on_rank, config
+        MockGPTDataset if cfg.mock else CheckedGPTDataset,
+        [num_train_samples, num_valid_samples, 0],
+        is_built_on_rank,
+        config,
     )
     train_ds, valid_ds, _ = builder.build()
     if valid_ds is not None and len(valid_ds) == 0:
@@ -179,8 +190,10 @@ def _check_splits_not_empty(config: GPTDatasetConfig, lengths: _Lengths) -> None
         beg, end = int(round(lo * num_seqs)), int(round(hi * num_seqs))
         if int(seq_lengths[beg:end].sum(dtype=numpy.int64)) == 0:
             if config.blend_per_split is not None:  # no --split in play: the shard itself is empty
-                raise ValueError(f"{name} {prefix}: its {num_seqs} sequences hold no tokens; leave it out "
-                                 "or re-index it from a non-empty input")
+                raise ValueError(
+                    f"{name} {prefix}: its {num_seqs} sequences hold no tokens; leave it out "
+                    "or re-index it from a non-empty input"
+                )
             raise ValueError(
                 f"split: the {name} part of {prefix} ({end - beg} of {num_seqs} sequences) "
                 "has no tokens; change --split or give --valid-data-path"

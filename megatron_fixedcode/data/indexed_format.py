@@ -9,6 +9,7 @@ start-up per preprocessing run. The bytes are identical to the builder's
 Layout: header (magic, version, dtype code, #sequences, #document bounds), then the sequence
 lengths (int32), the sequence byte pointers (int64) and the document bounds (int64, documents + 1).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -68,9 +69,11 @@ def read_header(idx_path: str) -> IndexHeader:
     return IndexHeader(CODE_DTYPES[code], num_sequences, num_document_bounds)
 
 
-_ARRAYS = {"lengths": (np.int32, lambda h: HEADER_BYTES, lambda h: h.num_sequences),
-           "pointers": (np.int64, lambda h: h.pointers_offset, lambda h: h.num_sequences),
-           "documents": (np.int64, lambda h: h.documents_offset, lambda h: h.num_document_bounds)}
+_ARRAYS = {
+    "lengths": (np.int32, lambda h: HEADER_BYTES, lambda h: h.num_sequences),
+    "pointers": (np.int64, lambda h: h.pointers_offset, lambda h: h.num_sequences),
+    "documents": (np.int64, lambda h: h.documents_offset, lambda h: h.num_document_bounds),
+}
 
 
 def read_array(idx_path: str, header: IndexHeader, name: str, start: int = 0, count: int | None = None) -> np.ndarray:

@@ -43,9 +43,7 @@ def ensure_process_group() -> None:
     if torch.distributed.is_initialized():
         return
     store = os.path.join(tempfile.mkdtemp(prefix="mfc_pg_"), "store")
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{store}", world_size=1, rank=0
-    )
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
 
 
 def describe_samples(
@@ -99,9 +97,7 @@ def inspect_global_batch(
         raise ValueError(f"num_train_samples: {num_train_samples} does not cover step {step}")
     if cfg.dataset_type == "gpt":
         ensure_process_group()
-    train_ds, _ = build_datasets(
-        cfg, tokenizer, num_train_samples=num_train_samples, num_valid_samples=0, seed=seed
-    )
+    train_ds, _ = build_datasets(cfg, tokenizer, num_train_samples=num_train_samples, num_valid_samples=0, seed=seed)
     return describe_samples(train_ds, indices, tokenizer, max_chars)
 
 

@@ -1,4 +1,5 @@
 """JSON Lines records with the ``FILE:LINE`` every error message about them names."""
+
 from __future__ import annotations
 
 import json

@@ -19,8 +19,10 @@ import numpy
 from megatron_fixedcode.data.config import check_blend_weights
 
 MANIFEST_FORMAT = "megatron-fixedcode-shard-manifest"
-SPLIT_RULE = ("valid when blake2b(key, key=split_seed) as a 64-bit integer < valid_fraction * 2^64; "
-              "key = the record's id_key value where present, else the text of the first json key")
+SPLIT_RULE = (
+    "valid when blake2b(key, key=split_seed) as a 64-bit integer < valid_fraction * 2^64; "
+    "key = the record's id_key value where present, else the text of the first json key"
+)
 
 
 def _tokens(prefix: str) -> tuple[int, int]:
@@ -43,15 +45,21 @@ def build_manifest(output_dir: str, skip_failed: bool = False) -> dict:
     st = plan["settings"]
     tokenizer = shard_plan.plan_tokenizer(plan)
     status = shard_plan.plan_status(plan, tokenizer.fingerprint)
-    pending = [f"{n} ({s}{': ' + d if s == 'stale' else ''})" for n, (s, d) in status.items() if s in ("missing", "stale")]
+    pending = [
+        f"{n} ({s}{': ' + d if s == 'stale' else ''})" for n, (s, d) in status.items() if s in ("missing", "stale")
+    ]
     failed = {n: d for n, (s, d) in status.items() if s == "failed"}
     if pending:
-        raise ValueError(f"{output_dir}: {len(pending)} of {len(status)} shards are not complete: "
-                         f"{', '.join(pending[:5])}{' ...' if len(pending) > 5 else ''}; re-submit the array job")
+        raise ValueError(
+            f"{output_dir}: {len(pending)} of {len(status)} shards are not complete: "
+            f"{', '.join(pending[:5])}{' ...' if len(pending) > 5 else ''}; re-submit the array job"
+        )
     if failed and not skip_failed:
         first = next(iter(failed))
-        raise ValueError(f"{output_dir}: {len(failed)} shards failed ({', '.join(failed)}); first: {first}: "
-                         f"{failed[first]}; fix or remove them, or write the manifest without them (--skip-failed)")
+        raise ValueError(
+            f"{output_dir}: {len(failed)} shards failed ({', '.join(failed)}); first: {first}: "
+            f"{failed[first]}; fix or remove them, or write the manifest without them (--skip-failed)"
+        )
     out = Path(plan["output_dir"])
     entries, excluded = [], []
     for path in plan["inputs"]:
@@ -67,24 +75,41 @@ def build_manifest(output_dir: str, skip_failed: bool = False) -> dict:
             except ValueError as e:
                 raise ValueError(f"{output_dir}: shard {name} is inconsistent: {e}") from None
             if documents != summary["documents"][split]:
-                raise ValueError(f"{output_dir}: shard {name}: {prefix} holds {documents} documents, its summary "
-                                 f"says {summary['documents'][split]}; re-index it")
+                raise ValueError(
+                    f"{output_dir}: shard {name}: {prefix} holds {documents} documents, its summary "
+                    f"says {summary['documents'][split]}; re-index it"
+                )
             # the content record (.bin size and sha256, .idx sha256) for tools/verify_dataset.py; a shard
             # indexed before .bin hashes were recorded carries what its summary has
             content = summary.get("outputs_sha256", {}).get(os.path.basename(prefix), {})
-            entry[split] = {"prefix": os.path.relpath(prefix, out), "documents": documents, "tokens": tokens,
-                            "eligible_documents": summary["documents_with_min_doc_tokens"][split], **content}
+            entry[split] = {
+                "prefix": os.path.relpath(prefix, out),
+                "documents": documents,
+                "tokens": tokens,
+                "eligible_documents": summary["documents_with_min_doc_tokens"][split],
+                **content,
+            }
         entries.append(entry)
     splits = ("train", "valid") if st["valid_fraction"] > 0 else ("train",)
-    totals = {s: {k: sum(e[s][k] for e in entries) for k in ("documents", "tokens", "eligible_documents")}
-              for s in splits}
+    totals = {
+        s: {k: sum(e[s][k] for e in entries) for k in ("documents", "tokens", "eligible_documents")} for s in splits
+    }
     return {
-        "format": MANIFEST_FORMAT, "version": 1,
+        "format": MANIFEST_FORMAT,
+        "version": 1,
         "tokenizer": tokenizer.describe(),
-        "split": {"rule": SPLIT_RULE, "id_key": st["id_key"], "valid_fraction": st["valid_fraction"],
-                  "split_seed": st["split_seed"]},
-        "json_key": st["json_keys"][0], "append_eod": st["append_eod"], "min_doc_tokens": st["min_doc_tokens"],
-        "totals": totals, "shards": entries, "excluded": excluded,
+        "split": {
+            "rule": SPLIT_RULE,
+            "id_key": st["id_key"],
+            "valid_fraction": st["valid_fraction"],
+            "split_seed": st["split_seed"],
+        },
+        "json_key": st["json_keys"][0],
+        "append_eod": st["append_eod"],
+        "min_doc_tokens": st["min_doc_tokens"],
+        "totals": totals,
+        "shards": entries,
+        "excluded": excluded,
     }
 
 
@@ -117,9 +142,12 @@ def _fmt(weight: float) -> str:
     return repr(float(weight))
 
 
-def blend_from_manifests(paths: Sequence[str], weights: Optional[Sequence[float]] = None,
-                         tokenizer_fingerprint: Optional[str] = None, tokenizer_model: Optional[str] = None
-                         ) -> tuple[list[str], Optional[list[str]]]:
+def blend_from_manifests(
+    paths: Sequence[str],
+    weights: Optional[Sequence[float]] = None,
+    tokenizer_fingerprint: Optional[str] = None,
+    tokenizer_model: Optional[str] = None,
+) -> tuple[list[str], Optional[list[str]]]:
     """``(data_path, valid_data_path)`` in Megatron's list form from one or more manifests.
 
     One manifest without weights: its prefixes in manifest order (exactly what one would type).
@@ -138,7 +166,8 @@ def blend_from_manifests(paths: Sequence[str], weights: Optional[Sequence[float]
             raise ValueError(
                 f"--data-manifest {path}: indexed with tokenizer {m['tokenizer']['path']} (fingerprint {fp}), but "
                 f"this run's tokenizer {tokenizer_model} has fingerprint {tokenizer_fingerprint}; train with the "
-                "tokenizer the data was indexed with, or re-index")
+                "tokenizer the data was indexed with, or re-index"
+            )
     result = []
     for split in ("train", "valid"):
         items = []
@@ -178,13 +207,25 @@ def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
     if isinstance(manifests, str):
         manifests = manifests.split()
     recipe = recipe or {}
-    replaced = (("data_path", "train_data_path", "valid_data_path") if manifests
-                else ("data_path", "train_data_path") if args.data_args_path else ())
+    replaced = (
+        ("data_path", "train_data_path", "valid_data_path")
+        if manifests
+        else ("data_path", "train_data_path")
+        if args.data_args_path
+        else ()
+    )
     for key in replaced:
         if recipe.get(key) is not None and getattr(args, key, None) == recipe[key]:
             setattr(args, key, None)
-    sources = [flag for flag, value in (("--data-path", args.data_path), ("--data-args-path", args.data_args_path),
-                                        ("--data-manifest", manifests)) if value]
+    sources = [
+        flag
+        for flag, value in (
+            ("--data-path", args.data_path),
+            ("--data-args-path", args.data_args_path),
+            ("--data-manifest", manifests),
+        )
+        if value
+    ]
     if manifests and getattr(args, "train_data_path", None):
         sources.append("--train-data-path")
     if len(sources) > 1:
@@ -198,8 +239,12 @@ def resolve_data_sources(args, recipe: Optional[dict] = None) -> None:
 
         tokenizer = tokenizer_from_args(args)
         fingerprint = tokenizer.fingerprint if tokenizer is not None else None
-        train, valid = blend_from_manifests(manifests, args.data_manifest_weights, fingerprint,
-                                            str(tokenizer.model_path) if tokenizer is not None else None)
+        train, valid = blend_from_manifests(
+            manifests,
+            args.data_manifest_weights,
+            fingerprint,
+            str(tokenizer.model_path) if tokenizer is not None else None,
+        )
         if args.valid_data_path is None:
             args.valid_data_path = valid
         if args.valid_data_path:  # a validation blend of its own: Megatron-LM's per-split paths

@@ -1,6 +1,7 @@
 """The quickstart's corpus (``quickstart_pipeline.py``): without ``--input``, the docstrings of the Python
 standard library's sources (read with ``ast``, nothing imported), one document per module in sorted path
 order, so the same Python version gives the same bytes; with it, the user's JSONL/JSON(.gz) or text files."""
+
 from __future__ import annotations
 
 import ast
@@ -34,7 +35,11 @@ def stdlib_documents(max_bytes: int = 3 << 20) -> Iterator[dict]:
             tree = ast.parse(path.read_bytes())
         except (SyntaxError, ValueError):
             continue
-        nodes = (n for n in ast.walk(tree) if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)))
+        nodes = (
+            n
+            for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+        )
         text = "\n\n".join(d for d in (ast.get_docstring(n) for n in nodes) if d)
         try:
             size = len(text.encode("utf-8"))

@@ -62,11 +62,7 @@ def rank_microbatch_indices(
         raise ValueError(f"microbatch: {microbatch} outside [0, {count})")
     if not 0 <= dp_rank < dp_size:
         raise ValueError(f"dp_rank: {dp_rank} outside [0, {dp_size})")
-    first = (
-        step * global_batch_size
-        + microbatch * micro_batch_size * dp_size
-        + dp_rank * micro_batch_size
-    )
+    first = step * global_batch_size + microbatch * micro_batch_size * dp_size + dp_rank * micro_batch_size
     return list(range(first, first + micro_batch_size))
 
 

@@ -26,6 +26,7 @@ Tokenisation happens at load time (SFT sets are small); sample ``i`` is record
 epoch), a pure function of ``i``: the trainer's step counter is its consumed-samples position,
 so a resumed run continues the exact stream. Validation reads the held-out file in order.
 """
+
 from __future__ import annotations
 
 import logging
@@ -93,15 +94,18 @@ def _segments(record: Any, fields: SFTFields, where: str) -> list[tuple[str | No
             raise SFTDataError(f"{where}: no assistant message (the loss is on assistant turns)")
         return out
     if fields.prompt not in record and fields.response not in record:
-        raise SFTDataError(f"{where}: missing fields {fields.prompt!r} and {fields.response!r} "
-                           f"(--sft-prompt-key, --sft-response-key) or {fields.messages!r} (--sft-messages-key)")
+        raise SFTDataError(
+            f"{where}: missing fields {fields.prompt!r} and {fields.response!r} "
+            f"(--sft-prompt-key, --sft-response-key) or {fields.messages!r} (--sft-messages-key)"
+        )
     prompt = _string(record, fields.prompt, "--sft-prompt-key", where, empty_ok=True)
     response = _string(record, fields.response, "--sft-response-key", where, empty_ok=False)
     return [(prompt, False), (response, True), (None, True)]
 
 
-def encode_record(record: Any, fields: SFTFields, tokenize: Callable[[str], list[int]], eod: int,
-                  where: str) -> SFTExample:
+def encode_record(
+    record: Any, fields: SFTFields, tokenize: Callable[[str], list[int]], eod: int, where: str
+) -> SFTExample:
     ids: list[int] = []
     target: list[int] = []
     for text, is_target in _segments(record, fields, where):
@@ -141,13 +145,22 @@ def load_sft_examples(paths: Sequence[str], fields: SFTFields, tokenizer: Any) -
 def fit_to_window(examples: list[SFTExample], seq_length: int, where: str) -> list[SFTExample]:
     """Cut each record to ``seq_length + 1`` tokens; drop those left with no loss target."""
     width = seq_length + 1
-    kept = [SFTExample(ids=e.ids[:width], target=e.target[:width], where=e.where) for e in examples
-            if any(e.target[1:width])]
+    kept = [
+        SFTExample(ids=e.ids[:width], target=e.target[:width], where=e.where)
+        for e in examples
+        if any(e.target[1:width])
+    ]
     cut = sum(len(e.ids) > width for e in examples)
     if cut:
-        logger.warning("%s: %d of %d records exceed %d tokens and are cut at the right; %d dropped "
-                       "(no response token inside the window)", where, cut, len(examples), width,
-                       len(examples) - len(kept))
+        logger.warning(
+            "%s: %d of %d records exceed %d tokens and are cut at the right; %d dropped "
+            "(no response token inside the window)",
+            where,
+            cut,
+            len(examples),
+            width,
+            len(examples) - len(kept),
+        )
     if not kept:
         raise SFTDataError(f"{where}: no record has a response token within seq_length + 1 = {width} tokens")
     return kept
@@ -159,8 +172,17 @@ class SFTDataset(torch.utils.data.Dataset):
     ``loss_mask[j]`` is 1 exactly when ``labels[j]`` is a response token (or its closing EOD).
     """
 
-    def __init__(self, examples: list[SFTExample], *, seq_length: int, num_samples: int, seed: int,
-                 stream_id: int = 0, pad_id: int, shuffle: bool = True) -> None:
+    def __init__(
+        self,
+        examples: list[SFTExample],
+        *,
+        seq_length: int,
+        num_samples: int,
+        seed: int,
+        stream_id: int = 0,
+        pad_id: int,
+        shuffle: bool = True,
+    ) -> None:
         if not examples:
             raise ValueError("examples: needs at least one record")
         self.examples = examples
@@ -181,7 +203,9 @@ class SFTDataset(torch.utils.data.Dataset):
         if not self.shuffle:
             return k
         if self._order[0] != epoch:
-            rng = numpy.random.Generator(numpy.random.Philox(numpy.random.SeedSequence([self.seed, self.stream_id, epoch])))
+            rng = numpy.random.Generator(
+                numpy.random.Philox(numpy.random.SeedSequence([self.seed, self.stream_id, epoch]))
+            )
             self._order = (epoch, rng.permutation(n))
         return int(self._order[1][k])
 
@@ -195,24 +219,42 @@ class SFTDataset(torch.utils.data.Dataset):
         n = min(len(ex.ids), width)  # longer records are cut at the right (fit_to_window logs them)
         ids[:n] = torch.tensor(ex.ids[:n], dtype=torch.long)
         target[:n] = torch.tensor(ex.target[:n], dtype=torch.float)
-        return {"tokens": ids[:-1].contiguous(), "labels": ids[1:].contiguous(),
-                "loss_mask": target[1:].contiguous(), "position_ids": self._position_ids.clone()}
+        return {
+            "tokens": ids[:-1].contiguous(),
+            "labels": ids[1:].contiguous(),
+            "loss_mask": target[1:].contiguous(),
+            "position_ids": self._position_ids.clone(),
+        }
 
 
-def build_sft_datasets(cfg, tokenizer: Any, *, num_train_samples: int, num_valid_samples: int,
-                       seed: int) -> tuple[SFTDataset, SFTDataset | None]:
+def build_sft_datasets(
+    cfg, tokenizer: Any, *, num_train_samples: int, num_valid_samples: int, seed: int
+) -> tuple[SFTDataset, SFTDataset | None]:
     """Train: shuffled records of ``data_path``; valid: ``valid_data_path`` in file order (cycled)."""
     pad_id = tokenizer.pad if getattr(tokenizer, "pad", None) is not None else tokenizer.eod
     fields = cfg.sft_fields
     train = fit_to_window(load_sft_examples(cfg.blend[0], fields, tokenizer), cfg.seq_length, "data_path")
-    train_ds = SFTDataset(train, seq_length=cfg.seq_length, num_samples=num_train_samples, seed=seed,
-                          stream_id=0, pad_id=pad_id)
+    train_ds = SFTDataset(
+        train, seq_length=cfg.seq_length, num_samples=num_train_samples, seed=seed, stream_id=0, pad_id=pad_id
+    )
     valid_ds = None
     if cfg.valid_blend is not None and num_valid_samples > 0:
-        valid = fit_to_window(load_sft_examples(cfg.valid_blend[0], fields, tokenizer), cfg.seq_length,
-                              "valid_data_path")
-        valid_ds = SFTDataset(valid, seq_length=cfg.seq_length, num_samples=num_valid_samples, seed=seed,
-                              stream_id=1, pad_id=pad_id, shuffle=False)
-    logger.info("SFT: %d train records%s, padded to %d tokens, loss on response tokens + EOD",
-                len(train), f", {len(valid_ds.examples)} valid records" if valid_ds else "", cfg.seq_length)
+        valid = fit_to_window(
+            load_sft_examples(cfg.valid_blend[0], fields, tokenizer), cfg.seq_length, "valid_data_path"
+        )
+        valid_ds = SFTDataset(
+            valid,
+            seq_length=cfg.seq_length,
+            num_samples=num_valid_samples,
+            seed=seed,
+            stream_id=1,
+            pad_id=pad_id,
+            shuffle=False,
+        )
+    logger.info(
+        "SFT: %d train records%s, padded to %d tokens, loss on response tokens + EOD",
+        len(train),
+        f", {len(valid_ds.examples)} valid records" if valid_ds else "",
+        cfg.seq_length,
+    )
     return train_ds, valid_ds

@@ -34,8 +34,18 @@ from megatron_fixedcode.utils.locks import LockHeld
 logger = logging.getLogger(__name__)
 
 PLAN_FILE = "plan.json"
-SPLIT_SETTINGS = ("json_keys", "id_key", "append_eod", "split_sentences", "valid_fraction", "split_seed",
-                  "min_doc_tokens", "eod_token", "max_document_bytes", "skip_bad_documents")
+SPLIT_SETTINGS = (
+    "json_keys",
+    "id_key",
+    "append_eod",
+    "split_sentences",
+    "valid_fraction",
+    "split_seed",
+    "min_doc_tokens",
+    "eod_token",
+    "max_document_bytes",
+    "skip_bad_documents",
+)
 """Settings that change the outputs: a shard indexed under other values is redone."""
 
 
@@ -56,20 +66,31 @@ def _write_json(path: Path, data: dict) -> None:
     except OSError as e:
         tmp.unlink(missing_ok=True)
         if is_disk_full(e):
-            raise DiskFull(path, e, f"{path.name} is as it was (a shard without its summary is indexed again)") from None
+            raise DiskFull(
+                path, e, f"{path.name} is as it was (a shard without its summary is indexed again)"
+            ) from None
         raise
 
 
-def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, tokenizer_model: Optional[str],
-              shards_per_task: Optional[int] = None, num_tasks: Optional[int] = None, **settings) -> dict:
+def make_plan(
+    inputs: Sequence[str],
+    output_dir: str,
+    tokenizer_type: str,
+    tokenizer_model: Optional[str],
+    shards_per_task: Optional[int] = None,
+    num_tasks: Optional[int] = None,
+    **settings,
+) -> dict:
     """Sorted shards, settings and task groups; give ``shards_per_task`` or ``num_tasks``. GPT2BPETokenizer:
     ``tokenizer_model`` None and ``vocab_file``/``merge_file`` in ``settings`` (Megatron-LM's flags)."""
     files = sorted({str(p.resolve()) for p in expand_inputs(inputs)})
     names = [shard_name(f) for f in files]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
-        raise ValueError(f"--input: several shards share the name {dupes[0]!r} "
-                         "(outputs are named by file name); rename them or index them separately")
+        raise ValueError(
+            f"--input: several shards share the name {dupes[0]!r} "
+            "(outputs are named by file name); rename them or index them separately"
+        )
     if shards_per_task is None:
         num_tasks = max(1, min(num_tasks or len(files), len(files)))
         shards_per_task = math.ceil(len(files) / num_tasks)
@@ -77,13 +98,22 @@ def make_plan(inputs: Sequence[str], output_dir: str, tokenizer_type: str, token
         raise ValueError(f"--shards-per-task must be >= 1, got {shards_per_task}")
     for key in ("vocab_file", "merge_file"):  # array tasks run elsewhere: absolute paths, as for the model
         settings[key] = settings.get(key) and str(Path(settings[key]).resolve())
-    cfg = PreprocessConfig(input=files, output_prefix=str(Path(output_dir) / "x"), tokenizer_type=tokenizer_type,
-                           tokenizer_model=tokenizer_model and str(Path(tokenizer_model).resolve()),
-                           **settings)  # validates settings
+    cfg = PreprocessConfig(
+        input=files,
+        output_prefix=str(Path(output_dir) / "x"),
+        tokenizer_type=tokenizer_type,
+        tokenizer_model=tokenizer_model and str(Path(tokenizer_model).resolve()),
+        **settings,
+    )  # validates settings
     settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in ("input", "output_prefix")}
-    return {"version": 1, "output_dir": str(Path(output_dir).resolve()), "inputs": files,
-            "shards_per_task": shards_per_task, "num_tasks": math.ceil(len(files) / shards_per_task),
-            "settings": settings}
+    return {
+        "version": 1,
+        "output_dir": str(Path(output_dir).resolve()),
+        "inputs": files,
+        "shards_per_task": shards_per_task,
+        "num_tasks": math.ceil(len(files) / shards_per_task),
+        "settings": settings,
+    }
 
 
 def plan_tokenizer(plan: dict):
@@ -113,7 +143,7 @@ def task_inputs(plan: dict, task_id: int) -> list[str]:
     if not 0 <= task_id < plan["num_tasks"]:
         raise ValueError(f"task {task_id} is outside the plan's array 0-{plan['num_tasks'] - 1}")
     k = plan["shards_per_task"]
-    return plan["inputs"][task_id * k:(task_id + 1) * k]
+    return plan["inputs"][task_id * k : (task_id + 1) * k]
 
 
 def shard_config(plan: dict, input_path: str) -> PreprocessConfig:
@@ -135,7 +165,10 @@ def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tup
     current = _input_record(input_path)
     if failed_path.is_file():
         failure = json.loads(failed_path.read_text())
-        if all(failure.get(k) == v for k, v in current.items()) and failure.get("tokenizer_fingerprint") == tokenizer_fingerprint:
+        if (
+            all(failure.get(k) == v for k, v in current.items())
+            and failure.get("tokenizer_fingerprint") == tokenizer_fingerprint
+        ):
             return "failed", failure["error"]
         return "stale", "failed before, the input or tokenizer changed since"
     if not summary_path.is_file():
@@ -151,14 +184,20 @@ def shard_status(plan: dict, input_path: str, tokenizer_fingerprint: str) -> tup
         if record.get(key) != value:
             return "stale", f"input changed since indexing ({key} {record.get(key)} -> {value})"
     if record.get("tokenizer_fingerprint") != tokenizer_fingerprint:
-        return "stale", f"indexed with tokenizer {record.get('tokenizer_fingerprint')}, the plan's is {tokenizer_fingerprint}"
+        return (
+            "stale",
+            f"indexed with tokenizer {record.get('tokenizer_fingerprint')}, the plan's is {tokenizer_fingerprint}",
+        )
     if record.get("settings") != {k: plan["settings"][k] for k in SPLIT_SETTINGS}:
         return "stale", "indexed with other settings"
     for base, files in summary.get("outputs_sha256", {}).items():
         prefix = out / base
         if not (Path(f"{prefix}.bin").is_file() and Path(f"{prefix}.idx").is_file()):
             return "stale", f"{prefix}.bin/.idx missing"
-        if os.path.getsize(f"{prefix}.bin") != files["bin_bytes"] or file_sha256(f"{prefix}.idx") != files["idx_sha256"]:
+        if (
+            os.path.getsize(f"{prefix}.bin") != files["bin_bytes"]
+            or file_sha256(f"{prefix}.idx") != files["idx_sha256"]
+        ):
             return "stale", f"{prefix} differs from what its summary recorded"
     return "done", ""
 
@@ -223,8 +262,9 @@ def tasks_to_run(plan: dict) -> list[int]:
     """The array tasks with a shard that is not done (missing, stale or failed): a re-submission runs only these."""
     fingerprint = plan_tokenizer(plan).fingerprint
     status = plan_status(plan, fingerprint)
-    return [i for i in range(plan["num_tasks"])
-            if any(status[shard_name(p)][0] != "done" for p in task_inputs(plan, i))]
+    return [
+        i for i in range(plan["num_tasks"]) if any(status[shard_name(p)][0] != "done" for p in task_inputs(plan, i))
+    ]
 
 
 def array_spec(tasks: Sequence[int]) -> str:

@@ -73,8 +73,12 @@ def check_shard(prefix: str, vocab_size: Optional[int] = None, field: str = "dat
             f"{where}: tokens are stored as {dtype.name} (ids up to {numpy.iinfo(dtype).max}) but the "
             f"vocabulary has {vocab_size} ids; the shard was indexed with another tokenizer"
         )
-    return {"dtype": dtype.name, "sequences": num_sequences, "documents": max(num_documents - 1, 0),
-            "bin_bytes": bin_size}
+    return {
+        "dtype": dtype.name,
+        "sequences": num_sequences,
+        "documents": max(num_documents - 1, 0),
+        "bin_bytes": bin_size,
+    }
 
 
 def check_shards(prefixes: Iterable[str], vocab_size: Optional[int], field: str) -> list[dict]:

@@ -47,8 +47,14 @@ class Progress:
     rate and ETA, at most one line per ``interval_s`` (the first after ``interval_s``, so that a
     short run prints none)."""
 
-    def __init__(self, num_shards: int, total_bytes: int, interval_s: float = 10.0, stream: TextIO | None = None,
-                 clock: Callable[[], float] = time.monotonic):
+    def __init__(
+        self,
+        num_shards: int,
+        total_bytes: int,
+        interval_s: float = 10.0,
+        stream: TextIO | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ):
         self.num_shards, self.total_bytes, self.interval_s = num_shards, total_bytes, interval_s
         self.stream, self.clock = stream or sys.stderr, clock
         self.shards_done = self.bytes_done = self.current = self.lines = 0
@@ -72,8 +78,10 @@ class Progress:
         eta = (self.total_bytes - done) / rate if rate > 0 else float("inf")
         eta_text = "?" if eta == float("inf") else time.strftime("%H:%M:%S", time.gmtime(max(eta, 0)))
         pct = 100.0 * done / self.total_bytes if self.total_bytes else 100.0
-        return (f"verify: {self.shards_done}/{self.num_shards} shards, {_size(done)} of {_size(self.total_bytes)} "
-                f"({pct:.0f}%), {_size(rate)}/s, ETA {eta_text}")
+        return (
+            f"verify: {self.shards_done}/{self.num_shards} shards, {_size(done)} of {_size(self.total_bytes)} "
+            f"({pct:.0f}%), {_size(rate)}/s, ETA {eta_text}"
+        )
 
     def finish(self) -> None:
         """The closing line, where progress was shown at all."""
@@ -91,8 +99,13 @@ class Progress:
         print(self.line(), file=self.stream, flush=True)
 
 
-def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[int] = None,
-                 recorded: Optional[dict] = None, on_block: Optional[Callable[[int], None]] = None) -> dict:
+def verify_shard(
+    prefix: str,
+    vocab_size: Optional[int],
+    seq_length: Optional[int] = None,
+    recorded: Optional[dict] = None,
+    on_block: Optional[Callable[[int], None]] = None,
+) -> dict:
     """Check one ``prefix.bin/.idx`` completely; returns its counts or raises :class:`ShardError`.
 
     ``recorded`` is what indexing wrote down about the shard (see :func:`summary_record`), each
@@ -115,37 +128,56 @@ def verify_shard(prefix: str, vocab_size: Optional[int], seq_length: Optional[in
     expected_pointers = numpy.concatenate([[0], numpy.cumsum(sizes.astype(numpy.int64))[:-1]]) * dtype.itemsize
     if len(sizes) and not numpy.array_equal(pointers, expected_pointers):
         bad = int(numpy.flatnonzero(pointers != expected_pointers)[0])
-        raise ShardError(f"{prefix}: {prefix}.idx sequence {bad} starts at byte {int(pointers[bad])}, its lengths "
-                         f"say {int(expected_pointers[bad])}; the index is damaged")
+        raise ShardError(
+            f"{prefix}: {prefix}.idx sequence {bad} starts at byte {int(pointers[bad])}, its lengths "
+            f"say {int(expected_pointers[bad])}; the index is damaged"
+        )
     if len(documents) and (numpy.diff(documents) < 0).any():
         raise ShardError(f"{prefix}: {prefix}.idx document bounds decrease; the index is damaged")
     tokens = int(sizes.sum(dtype=numpy.int64))
     if recorded.get("idx_sha256") and recorded["idx_sha256"] != file_sha256(prefix + ".idx"):
-        raise ShardError(f"{prefix}: {prefix}.idx differs from the one {source} recorded (sha256); "
-                         "the index was changed or damaged after indexing")
+        raise ShardError(
+            f"{prefix}: {prefix}.idx differs from the one {source} recorded (sha256); "
+            "the index was changed or damaged after indexing"
+        )
     digest = _scan_bin(prefix, dtype, vocab_size, want_sha256=bool(recorded.get("bin_sha256")), on_block=on_block)
     if digest is not None and digest != recorded["bin_sha256"]:
-        raise ShardError(f"{prefix}: {prefix}.bin differs from the one {source} recorded (sha256 {digest[:12]}..., "
-                         f"recorded {recorded['bin_sha256'][:12]}...); its tokens were changed or damaged after "
-                         "indexing: restore or re-index it")
+        raise ShardError(
+            f"{prefix}: {prefix}.bin differs from the one {source} recorded (sha256 {digest[:12]}..., "
+            f"recorded {recorded['bin_sha256'][:12]}...); its tokens were changed or damaged after "
+            "indexing: restore or re-index it"
+        )
     bounds = numpy.concatenate([[0], numpy.cumsum(sizes, dtype=numpy.int64)])  # token offset of each sequence
     doc_tokens = bounds[documents[1:]] - bounds[documents[:-1]] if len(documents) > 1 else numpy.zeros(0, numpy.int64)
-    result = {"prefix": prefix, "dtype": dtype.name, "tokens": tokens, "documents": int(max(len(documents) - 1, 0)),
-              "sequences": int(len(sizes)), "content": "sha256" if digest is not None else None}
+    result = {
+        "prefix": prefix,
+        "dtype": dtype.name,
+        "tokens": tokens,
+        "documents": int(max(len(documents) - 1, 0)),
+        "sequences": int(len(sizes)),
+        "content": "sha256" if digest is not None else None,
+    }
     if seq_length is not None:
         result["eligible_documents"] = int((doc_tokens >= seq_length + 1).sum())
     want = recorded.get("documents")
     if want is not None and want != result["documents"]:
-        raise ShardError(f"{prefix}: holds {result['documents']} documents, {source} says {want}; "
-                         "the shard and its record come from different runs (re-index the shard)")
+        raise ShardError(
+            f"{prefix}: holds {result['documents']} documents, {source} says {want}; "
+            "the shard and its record come from different runs (re-index the shard)"
+        )
     want_tokens = recorded.get("tokens")
     if want_tokens is not None and want_tokens != tokens:
         raise ShardError(f"{prefix}: holds {tokens} tokens, {source} says {want_tokens}")
     return result
 
 
-def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_sha256: bool,
-              on_block: Optional[Callable[[int], None]] = None) -> Optional[str]:
+def _scan_bin(
+    prefix: str,
+    dtype: numpy.dtype,
+    vocab_size: Optional[int],
+    want_sha256: bool,
+    on_block: Optional[Callable[[int], None]] = None,
+) -> Optional[str]:
     """One pass over the ``.bin`` in blocks (bounded memory): every id in ``[0, V)`` when V is
     known, and the file's sha256 when one was recorded (returned, else ``None``)."""
     if vocab_size is None and not want_sha256:
@@ -158,8 +190,10 @@ def _scan_bin(prefix: str, dtype: numpy.dtype, vocab_size: Optional[int], want_s
             ids = numpy.frombuffer(block, dtype, count=len(block) // dtype.itemsize)
             if vocab_size is not None and len(ids) and (int(ids.max()) >= vocab_size or int(ids.min()) < 0):
                 where = int(numpy.flatnonzero((ids >= vocab_size) | (ids < 0))[0])
-                raise ShardError(f"{prefix}: token {start + where} of {prefix}.bin is id {int(ids[where])}, outside "
-                                 f"the vocabulary [0, {vocab_size}); indexed with another tokenizer or damaged")
+                raise ShardError(
+                    f"{prefix}: token {start + where} of {prefix}.bin is id {int(ids[where])}, outside "
+                    f"the vocabulary [0, {vocab_size}); indexed with another tokenizer or damaged"
+                )
             start += len(ids)
             if on_block is not None:
                 on_block(len(block))
@@ -205,8 +239,9 @@ def summary_jobs(summary: dict, path: Path) -> list[tuple[str, dict, str, dict]]
     return jobs
 
 
-def verify_summary(summary: dict, path: Path, vocab_size: Optional[int], seq_length: Optional[int]
-                   ) -> tuple[list[dict], list[str]]:
+def verify_summary(
+    summary: dict, path: Path, vocab_size: Optional[int], seq_length: Optional[int]
+) -> tuple[list[dict], list[str]]:
     """Every output of one preprocessing summary, checked against what the summary recorded."""
     return _verify_jobs(summary_jobs(summary, path), vocab_size, seq_length, None)
 
@@ -215,8 +250,9 @@ def _shard_bytes(prefix: str) -> int:
     return sum(os.path.getsize(prefix + ext) for ext in (".bin", ".idx") if os.path.isfile(prefix + ext))
 
 
-def _verify_jobs(jobs: list, vocab_size: Optional[int], seq_length: Optional[int], progress: Optional[Progress]
-                 ) -> tuple[list[dict], list[str]]:
+def _verify_jobs(
+    jobs: list, vocab_size: Optional[int], seq_length: Optional[int], progress: Optional[Progress]
+) -> tuple[list[dict], list[str]]:
     results, errors = [], []
     for prefix, record, split, extra in jobs:
         try:
@@ -270,8 +306,12 @@ def _records_beside(directory: Path) -> dict[str, dict]:
     return records
 
 
-def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Optional[int],
-                 progress_interval_s: Optional[float] = None) -> tuple[list[dict], list[str]]:
+def verify_paths(
+    paths: Iterable[str],
+    vocab_size: Optional[int],
+    seq_length: Optional[int],
+    progress_interval_s: Optional[float] = None,
+) -> tuple[list[dict], list[str]]:
     """Verify dataset prefixes, directories (their summaries, else their ``.bin/.idx`` pairs),
     summary files or manifests; keep going past a bad shard so that one run names all of them.
     A prefix is checked against the summary beside it where one describes it. With
@@ -296,12 +336,17 @@ def verify_paths(paths: Iterable[str], vocab_size: Optional[int], seq_length: Op
             elif path.is_dir() and not list(path.glob("*_summary.json")):
                 found = sorted(p for p in (str(i)[: -len(".idx")] for i in path.glob("*.idx")) if is_dataset_prefix(p))
                 if not found:
-                    raise ShardError(f"{item}: not a dataset: no {item}.bin/.idx, and no *_summary.json or "
-                                     ".bin/.idx pairs in this directory")
+                    raise ShardError(
+                        f"{item}: not a dataset: no {item}.bin/.idx, and no *_summary.json or "
+                        ".bin/.idx pairs in this directory"
+                    )
                 jobs = [(p, None, None, {}) for p in found]
             elif path.is_dir() or item.endswith(".json"):
-                jobs = [job for summary, summary_path in find_summaries([item])
-                        for job in summary_jobs(summary, summary_path)]
+                jobs = [
+                    job
+                    for summary, summary_path in find_summaries([item])
+                    for job in summary_jobs(summary, summary_path)
+                ]
             else:  # a prefix with a file missing: named by the shard check
                 jobs = [(prefix, None, None, {})]
         except ShardError as e:

@@ -14,5 +14,12 @@ _EXPORTS = {
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 
-__all__ = ["compare", "comparison_markdown", "document_nll", "indexed_documents", "model_markdown",
-           "seed_summary", "text_documents"]
+__all__ = [
+    "compare",
+    "comparison_markdown",
+    "document_nll",
+    "indexed_documents",
+    "model_markdown",
+    "seed_summary",
+    "text_documents",
+]

@@ -12,6 +12,7 @@ Truncation is counted as lm-eval's HF model applies it: a loglikelihood request 
 ``generate_until`` keeps the last ``max_length - max_gen_toks`` context tokens; rolling
 loglikelihoods (perplexity tasks) are scored in windows and never truncated.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,6 +61,7 @@ class RequestAudit:
         def audited(requests, *args, **kwargs):
             self.record(req_type, requests)
             return method(requests, *args, **kwargs)
+
         return audited
 
     def record(self, req_type: str, requests) -> None:
@@ -74,20 +76,31 @@ class RequestAudit:
         out = {}
         for task, keys in self.keys.items():
             digest = hashlib.sha256("\n".join(sorted(keys)).encode()).hexdigest()
-            out[task] = {"requests": len(keys), "sha256": digest, "truncated": self.truncated.get(task, 0),
-                         "max_length": self.lm.max_length}
+            out[task] = {
+                "requests": len(keys),
+                "sha256": digest,
+                "truncated": self.truncated.get(task, 0),
+                "max_length": self.lm.max_length,
+            }
         return out
 
 
 def differing_request_sets(results: list[dict[str, Any]]) -> dict[str, dict[str, str | None]]:
     """Tasks whose request hashes differ between the given results: ``{task: {label: sha256}}``."""
     by_task: dict[str, dict[str, str | None]] = {}
-    labelled = [(r.get("label") or r.get("input_embedding") or r.get("model"), r) for r in results
-                if r.get("requests") is not None]
+    labelled = [
+        (r.get("label") or r.get("input_embedding") or r.get("model"), r)
+        for r in results
+        if r.get("requests") is not None
+    ]
     tasks = sorted(set().union(*[set(r["requests"]) for _, r in labelled])) if labelled else []
     for task in tasks:
-        hashes = {f"{label} (seed {r.get('seed')})" if r.get("seed") is not None else str(label):
-                  (r["requests"].get(task) or {}).get("sha256") for label, r in labelled}
+        hashes = {
+            f"{label} (seed {r.get('seed')})" if r.get("seed") is not None else str(label): (
+                r["requests"].get(task) or {}
+            ).get("sha256")
+            for label, r in labelled
+        }
         if len(set(hashes.values())) > 1:
             by_task[task] = hashes
     return by_task

@@ -9,6 +9,7 @@ TensorBoard (an event file of this checkpoint's own, tags ``downstream/<task>/<m
 training run's id, x axis ``downstream/step``) and, last, the JSONL: one line per task, its presence marks the
 checkpoint scored. A killed job leaves no line: the next training start starts it again.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -45,7 +46,7 @@ def read_scores(path: str | Path) -> list[dict]:
     """The JSONL's records (a torn last line of a killed writer skipped)."""
     path = Path(path)
     out = []
-    for line in (path.read_text().splitlines() if path.is_file() else []):
+    for line in path.read_text().splitlines() if path.is_file() else []:
         with contextlib.suppress(ValueError):
             record = json.loads(line)
             if isinstance(record, dict) and "step" in record:
@@ -61,7 +62,7 @@ def scored_steps(path: str | Path, tasks: str, limit: float | None) -> set[int]:
 
 def task_tag(key: str) -> str:
     """``piqa_local@0shot`` -> ``piqa_local``; a few-shot run keeps its shots (``mmlu@5shot``)."""
-    return key[:-len("@0shot")] if key.endswith("@0shot") else key
+    return key[: -len("@0shot")] if key.endswith("@0shot") else key
 
 
 def acquire(save: str | Path, step: int, wait_s: float = 5.0):
@@ -129,8 +130,10 @@ def score(a: argparse.Namespace) -> list[dict]:
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
     if not (checkpoint_dir(a.save, a.step) / "metadata.json").exists():
-        raise ValueError(f"{checkpoint_dir(a.save, a.step)}: no such checkpoint (removed by --ckpt-keep-last or "
-                         f"--save-retain-interval before its evaluation started?)")
+        raise ValueError(
+            f"{checkpoint_dir(a.save, a.step)}: no such checkpoint (removed by --ckpt-keep-last or "
+            f"--save-retain-interval before its evaluation started?)"
+        )
     hf = job_file(a.save, a.step, ".hf")
     t0 = time.time()
     try:
@@ -140,15 +143,26 @@ def score(a: argparse.Namespace) -> list[dict]:
             result = run_harness(hf, a.tasks, limit=limit, batch_size=a.batch_size, device=a.device)
     finally:
         shutil.rmtree(hf, ignore_errors=True)
-    scalars = {f"downstream/{task_tag(task)}/{metric}": value for task, metrics in result["results"].items()
-               for metric, value in metrics.items()}
+    scalars = {
+        f"downstream/{task_tag(task)}/{metric}": value
+        for task, metrics in result["results"].items()
+        for metric, value in metrics.items()
+    }
     if a.tensorboard_dir:
         write_tensorboard(a.tensorboard_dir, a.step, scalars)
     if a.wandb_project and a.wandb_run_id:
         write_wandb(a.wandb_project, a.wandb_run_id, a.wandb_exp_name, a.step, scalars)
-    records = [{"step": a.step, "task": task_tag(task), "metrics": metrics, "protocol": protocol(a.tasks, a.limit),
-                "requests": result["requests"].get(task), "seconds": round(time.time() - t0, 1)}
-               for task, metrics in sorted(result["results"].items())]
+    records = [
+        {
+            "step": a.step,
+            "task": task_tag(task),
+            "metrics": metrics,
+            "protocol": protocol(a.tasks, a.limit),
+            "requests": result["requests"].get(task),
+            "seconds": round(time.time() - t0, 1),
+        }
+        for task, metrics in sorted(result["results"].items())
+    ]
     append_scores(Path(a.scores), records)
     return records
 

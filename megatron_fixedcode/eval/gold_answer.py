@@ -14,6 +14,7 @@ the right like in training (SFT); both are counted.
 
 Shape legend: B sequences in a batch, S positions, V vocabulary.
 """
+
 from __future__ import annotations
 
 import json
@@ -43,9 +44,14 @@ def _squad_rows(path: Path) -> Iterable[tuple[str, dict]]:
         for a, article in enumerate(data.get("data", [])):
             for p, para in enumerate(article.get("paragraphs", [])):
                 for qa in para.get("qas", []):
-                    yield f"{path}: article {a} paragraph {p} question {qa.get('id', '?')}", {
-                        "context": para.get("context"), "question": qa.get("question"),
-                        "answers": [x.get("text") for x in qa.get("answers", [])]}
+                    yield (
+                        f"{path}: article {a} paragraph {p} question {qa.get('id', '?')}",
+                        {
+                            "context": para.get("context"),
+                            "question": qa.get("question"),
+                            "answers": [x.get("text") for x in qa.get("answers", [])],
+                        },
+                    )
         return
     for where, row in jsonl_records(path, text.splitlines()):
         if not isinstance(row, dict):
@@ -56,7 +62,9 @@ def _squad_rows(path: Path) -> Iterable[tuple[str, dict]]:
         yield where, {"context": row.get("context"), "question": row.get("question"), "answers": answers}
 
 
-def squad_examples(path: str | Path, tokenize: Callable[[str], list[int]]) -> tuple[list[tuple[list[int], list[int]]], int]:
+def squad_examples(
+    path: str | Path, tokenize: Callable[[str], list[int]]
+) -> tuple[list[tuple[list[int], list[int]]], int]:
     """(ids, target mask) per answerable question, and the number of unanswerable ones skipped."""
     path = Path(path)
     if not path.is_file():
@@ -91,8 +99,15 @@ def fit(ids: list[int], target: list[int], seq_length: int, *, keep: str) -> tup
 
 
 @torch.no_grad()
-def target_nll(logits_fn: LogitsFn, examples: list[tuple[list[int], list[int]]], *, seq_length: int,
-               pad_id: int, keep: str = "right", batch_size: int = 8) -> dict:
+def target_nll(
+    logits_fn: LogitsFn,
+    examples: list[tuple[list[int], list[int]]],
+    *,
+    seq_length: int,
+    pad_id: int,
+    keep: str = "right",
+    batch_size: int = 8,
+) -> dict:
     """``{"loss", "ppl", "tokens", "examples", "truncated"}`` over the target tokens (target mask 1);
     token j is scored from positions < j; right padding is causal-safe."""
     total, count, truncated = 0.0, 0, 0
@@ -117,5 +132,11 @@ def target_nll(logits_fn: LogitsFn, examples: list[tuple[list[int], list[int]]],
         count += num_targets
     loss = total / count
     check_finite_loss(loss, "evaluation")
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "examples": len(fitted),
-            "truncated": truncated, "seq_length": seq_length}
+    return {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 700.0)),
+        "tokens": count,
+        "examples": len(fitted),
+        "truncated": truncated,
+        "seq_length": seq_length,
+    }

@@ -6,6 +6,7 @@ the benchmarks in their original formats from the shared data directory (offline
 Contexts get no BOS; an empty context is the EOD token (``prefix_token_id``), which for the
 canonical and zero-offset GF(2) codes is the zero input vector (docs/evaluation.md).
 """
+
 from __future__ import annotations
 
 import json
@@ -58,6 +59,7 @@ def all_local(spec: str, tasks_dir: Path = LOCAL_TASKS_DIR) -> bool:
 
     def is_local(name: str) -> bool:
         return name in local and all(is_local(m) for m in local[name].get("members", []))
+
     return all(is_local(name) for name, _ in parse_tasks(spec))
 
 
@@ -76,9 +78,17 @@ def flatten_results(results: dict[str, Any], num_fewshot: int) -> dict[str, dict
     return rows
 
 
-def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None = None, batch_size: int = 8,
-                device: str | None = None, dtype: str = "float32", include_path: str | Path | None = LOCAL_TASKS_DIR,
-                trust_remote_code: bool = False) -> dict[str, Any]:
+def run_harness(
+    model_dir: str | Path,
+    tasks: str,
+    *,
+    limit: int | float | None = None,
+    batch_size: int = 8,
+    device: str | None = None,
+    dtype: str = "float32",
+    include_path: str | Path | None = LOCAL_TASKS_DIR,
+    trust_remote_code: bool = False,
+) -> dict[str, Any]:
     """Run every (task, shots) of ``tasks``; returns ``{"model", "results", "config"}``. ``device``:
     default CUDA when torch sees a GPU (:func:`~megatron_fixedcode.eval.perplexity.default_device`);
     ``dtype``: the weights' dtype in the harness (float32, bfloat16 or float16)."""
@@ -91,11 +101,16 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
     lm_eval = require("lm_eval", "eval", "evaluate --tasks (the LM Evaluation Harness)")
     from lm_eval.api.registry import get_model
     from lm_eval.tasks import TaskManager
+
     model_dir = Path(model_dir)
     config = hf_io.read_config(model_dir)
     eod = config.get("eos_token_id")
-    model_args = {"pretrained": str(model_dir), "dtype": dtype, "trust_remote_code": trust_remote_code,
-                  "add_bos_token": False}
+    model_args = {
+        "pretrained": str(model_dir),
+        "dtype": dtype,
+        "trust_remote_code": trust_remote_code,
+        "add_bos_token": False,
+    }
     if eod is not None:
         model_args["prefix_token_id"] = eod
     # local-file tasks only: lm-eval need not index its own task files (seconds on every call)
@@ -108,19 +123,40 @@ def run_harness(model_dir: str | Path, tasks: str, *, limit: int | float | None 
     requests: dict[str, dict[str, Any]] = {}
     for task, shots in runs:
         audit.reset()
-        out = lm_eval.simple_evaluate(model=lm, tasks=[task], num_fewshot=shots,
-                                      limit=limit, task_manager=manager,
-                                      apply_chat_template=False, random_seed=0, numpy_random_seed=0,
-                                      torch_random_seed=0, fewshot_random_seed=1234, log_samples=False)
+        out = lm_eval.simple_evaluate(
+            model=lm,
+            tasks=[task],
+            num_fewshot=shots,
+            limit=limit,
+            task_manager=manager,
+            apply_chat_template=False,
+            random_seed=0,
+            numpy_random_seed=0,
+            torch_random_seed=0,
+            fewshot_random_seed=1234,
+            log_samples=False,
+        )
         rows.update(flatten_results(out["results"], shots))
         requests.update({f"{name}@{shots}shot": summary for name, summary in audit.summary().items()})
     fixed = config.get("fixed_code")
-    return {"model": str(model_dir), "input_embedding": fixed["input_embedding"] if fixed else "learned",
-            "code_fingerprint": fixed["fingerprint"] if fixed else None,
-            "provenance": config.get("megatron_fixedcode"), "results": rows, "requests": requests,
-            "config": {"tasks": tasks, "limit": limit, "prefix_token_id": eod, "chat_template": False,
-                       "device": device, "dtype": dtype, "batch_size": batch_size,
-                       "bos": "none; empty contexts get the EOD token as prefix"}}
+    return {
+        "model": str(model_dir),
+        "input_embedding": fixed["input_embedding"] if fixed else "learned",
+        "code_fingerprint": fixed["fingerprint"] if fixed else None,
+        "provenance": config.get("megatron_fixedcode"),
+        "results": rows,
+        "requests": requests,
+        "config": {
+            "tasks": tasks,
+            "limit": limit,
+            "prefix_token_id": eod,
+            "chat_template": False,
+            "device": device,
+            "dtype": dtype,
+            "batch_size": batch_size,
+            "bos": "none; empty contexts get the EOD token as prefix",
+        },
+    }
 
 
 def save_json(path: str | Path, data: dict[str, Any]) -> None:

@@ -12,6 +12,7 @@ documents. Every token of every document is a prediction target, counted once.
 
 Shape legend: B windows in a batch, S positions, V vocabulary.
 """
+
 from __future__ import annotations
 
 import math
@@ -83,8 +84,10 @@ def indexed_documents(prefix: str) -> list[list[int]]:
         raise ValueError(f"--data-path: no {prefix}.idx")
     ds = IndexedDataset(prefix)
     bounds = ds.document_indices
-    return [np.concatenate([ds[j] for j in range(bounds[d], bounds[d + 1])]).astype(np.int64).tolist()
-            for d in range(len(bounds) - 1)]
+    return [
+        np.concatenate([ds[j] for j in range(bounds[d], bounds[d + 1])]).astype(np.int64).tolist()
+        for d in range(len(bounds) - 1)
+    ]
 
 
 def windows(docs: list[list[int]], seq_length: int, eod: int) -> Iterator[tuple[list[int], list[int]]]:
@@ -97,8 +100,15 @@ def windows(docs: list[list[int]], seq_length: int, eod: int) -> Iterator[tuple[
 
 
 @torch.no_grad()
-def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int, eod: int,
-                 batch_size: int = 8, max_tokens: int | None = None) -> dict:
+def document_nll(
+    logits_fn: LogitsFn,
+    docs: list[list[int]],
+    *,
+    seq_length: int,
+    eod: int,
+    batch_size: int = 8,
+    max_tokens: int | None = None,
+) -> dict:
     """``{"loss", "ppl", "tokens", "documents", "windows"}``; right padding is causal-safe."""
     total, count, num_windows = 0.0, 0, 0
     pending: list[tuple[list[int], list[int]]] = []
@@ -129,8 +139,15 @@ def document_nll(logits_fn: LogitsFn, docs: list[list[int]], *, seq_length: int,
         raise ValueError("no tokens to evaluate (empty documents?)")
     loss = total / count
     check_finite_loss(loss, "evaluation")
-    return {"loss": loss, "ppl": math.exp(min(loss, 700.0)), "tokens": count, "documents": len(docs),
-            "windows": num_windows, "seq_length": seq_length, "eod": eod}
+    return {
+        "loss": loss,
+        "ppl": math.exp(min(loss, 700.0)),
+        "tokens": count,
+        "documents": len(docs),
+        "windows": num_windows,
+        "seq_length": seq_length,
+        "eod": eod,
+    }
 
 
 def megatron_logits_fn(model: torch.nn.Module, vocab_size: int) -> LogitsFn:

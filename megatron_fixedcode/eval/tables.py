@@ -6,6 +6,7 @@ variant, e.g. ``binary``) and ``seed``; references (e.g. SmolLM2-135M under the 
 carry ``"reference": true`` and are listed, never aggregated. Standard errors shown are
 evaluation errors of one run, not seed variability.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -23,15 +24,24 @@ def metric_rows(result: dict[str, Any]) -> dict[str, float]:
     become ``validation/loss`` and ``validation/ppl``."""
     if "results" not in result:
         return {f"{_section(result)}/{k}": float(result[k]) for k in ("loss", "ppl") if k in result}
-    return {f"{task}/{metric}": value for task, metrics in result["results"].items()
-            for metric, value in metrics.items() if not metric.endswith("_stderr") and metric != "sample_len"}
+    return {
+        f"{task}/{metric}": value
+        for task, metrics in result["results"].items()
+        for metric, value in metrics.items()
+        if not metric.endswith("_stderr") and metric != "sample_len"
+    }
 
 
 def seed_summary(values: list[float]) -> dict[str, float]:
     mean = sum(values) / len(values)
     spread = max(values) - min(values)
-    return {"mean": mean, "min": min(values), "max": max(values), "n": len(values),
-            "relative_range": spread / mean if mean else float("nan")}
+    return {
+        "mean": mean,
+        "min": min(values),
+        "max": max(values),
+        "n": len(values),
+        "relative_range": spread / mean if mean else float("nan"),
+    }
 
 
 def compare(results: list[dict[str, Any]]) -> dict[str, Any]:
@@ -60,8 +70,12 @@ def _fmt(value: float) -> str:
 
 def model_markdown(result: dict[str, Any]) -> str:
     """One model: task, metric, value ± stderr."""
-    lines = [f"### {result.get('label') or result.get('model')}", "", "| task | metric | value | stderr |",
-             "|---|---|---|---|"]
+    lines = [
+        f"### {result.get('label') or result.get('model')}",
+        "",
+        "| task | metric | value | stderr |",
+        "|---|---|---|---|",
+    ]
     if "results" not in result:
         lines += [f"| {_section(result)} | {k} | {_fmt(result[k])} | |" for k in ("loss", "ppl") if k in result]
     else:
@@ -74,8 +88,10 @@ def model_markdown(result: dict[str, Any]) -> str:
     if result.get("requests"):
         lines += ["", "| task | requests | truncated to context | request set sha256 |", "|---|---|---|---|"]
         for task, audit in sorted(result["requests"].items()):
-            lines.append(f"| {task} | {audit['requests']} | {audit['truncated']} (context {audit['max_length']}) | "
-                         f"{audit['sha256'][:16]} |")
+            lines.append(
+                f"| {task} | {audit['requests']} | {audit['truncated']} (context {audit['max_length']}) | "
+                f"{audit['sha256'][:16]} |"
+            )
     return "\n".join(lines) + "\n"
 
 

@@ -1,6 +1,7 @@
 """Whether an lm-eval task list can run here, checked before a training run that evaluates its checkpoints
 starts: the local-file tasks (``examples/eval``) and their data files cheaply, from the task files; a name
 that is not one of them through lm-eval's own task index (seconds: only then)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -55,5 +56,7 @@ def check_tasks(spec: str, flag: str, tasks_dir: Path = LOCAL_TASKS_DIR, index_o
         known = set(TaskManager(include_path=str(tasks_dir)).all_tasks)
         unknown = [n for n in others if n not in known]
         if unknown:
-            raise ValueError(f"{flag}: unknown lm-eval task {unknown[0]!r} (the local tasks: "
-                             f"{', '.join(sorted(local))}; else one of lm-eval's task names)")
+            raise ValueError(
+                f"{flag}: unknown lm-eval task {unknown[0]!r} (the local tasks: "
+                f"{', '.join(sorted(local))}; else one of lm-eval's task names)"
+            )

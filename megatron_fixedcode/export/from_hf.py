@@ -6,6 +6,7 @@ from it with ``--load DIR --finetune``. Our own exports are recognized by
 ``config.json["fixed_code"]``: the code is rebuilt from the recorded spec, its fingerprint must
 match, and a stored ``embed_tokens`` table must equal the code's vectors exactly.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -39,16 +40,28 @@ from megatron_fixedcode.utils.finite import refuse_non_finite
 logger = logging.getLogger(__name__)
 LLAMA_ARCHITECTURES = ("LlamaForCausalLM", "FixedCodeLlamaForCausalLM")
 # The trainer compares these with its own run unless --finetune; None never matches.
-STREAM_KEYS = ("global_batch_size", "seq_length", "seed", "dataset_type", "data_path", "valid_data_path",
-               "samples_per_shard_visit", "num_train_samples")
+STREAM_KEYS = (
+    "global_batch_size",
+    "seq_length",
+    "seed",
+    "dataset_type",
+    "data_path",
+    "valid_data_path",
+    "samples_per_shard_visit",
+    "num_train_samples",
+)
 
 
 def trainer_state_for(cfg: ModelConfig, tokenizer: dict[str, Any] | None, source: str) -> dict[str, Any]:
     """The common-state ``trainer`` dict of a weights-only checkpoint (step 0, no data stream)."""
     code = cfg.code_spec()
     return {
-        "step": 0, "tokens": 0,
-        "identity": {"input_embedding": cfg.input_embedding, "code_fingerprint": code.fingerprint if code else "learned"},
+        "step": 0,
+        "tokens": 0,
+        "identity": {
+            "input_embedding": cfg.input_embedding,
+            "code_fingerprint": code.fingerprint if code else "learned",
+        },
         **{key: None for key in STREAM_KEYS},
         "model_config": dataclasses.asdict(cfg),
         "code_spec": code.to_dict() if code else None,
@@ -77,7 +90,9 @@ def _tokenizer_record(model_dir: Path, vocab_size: int) -> dict[str, Any] | None
             if tok.vocab_size != vocab_size:
                 raise ValueError(f"{path}: {tok.vocab_size} tokens, but config.json has vocab_size={vocab_size}")
             return {"type": kind, "model": str(path.resolve())}
-    logger.warning("%s has no tokenizer.json or tokenizer.model: train with --vocab-size on pre-tokenized data", model_dir)
+    logger.warning(
+        "%s has no tokenizer.json or tokenizer.model: train with --vocab-size on pre-tokenized data", model_dir
+    )
     return None
 
 
@@ -86,8 +101,9 @@ def _config_error(hf_dir: Path, e: Exception) -> ValueError:
     return ValueError(f"{hf_dir}/config.json: {what}")
 
 
-def check_tensors(hf_dir: Path, config: dict[str, Any], cfg: ModelConfig, found: dict[str, list[int]],
-                  code: CodeSpec | None) -> None:
+def check_tensors(
+    hf_dir: Path, config: dict[str, Any], cfg: ModelConfig, found: dict[str, list[int]], code: CodeSpec | None
+) -> None:
     """Every tensor in the safetensors is used and every tensor the model needs is there, with the
     shape config.json implies; otherwise one error naming them, before anything is loaded or
     written (a config.json with fewer layers than the weights would drop layers silently)."""
@@ -105,9 +121,13 @@ def check_tensors(hf_dir: Path, config: dict[str, Any], cfg: ModelConfig, found:
     if not (missing or unused or wrong):
         return
     layers = {int(m.group(1)) for k in found if (m := re.search(r"\.(?:layers|h)\.(\d+)\.", k))}
-    parts = [f"config.json says {'n_layer' if gpt2 else 'num_hidden_layers'}={cfg.num_layers}, the safetensors hold "
-             f"{len(layers)} layers" if layers != set(range(cfg.num_layers)) else f"config.json: {cfg.num_layers} "
-             f"layers, hidden {cfg.hidden_size}, FFN {cfg.ffn_hidden_size}, vocabulary {cfg.vocab_size}"]
+    parts = [
+        f"config.json says {'n_layer' if gpt2 else 'num_hidden_layers'}={cfg.num_layers}, the safetensors hold "
+        f"{len(layers)} layers"
+        if layers != set(range(cfg.num_layers))
+        else f"config.json: {cfg.num_layers} "
+        f"layers, hidden {cfg.hidden_size}, FFN {cfg.ffn_hidden_size}, vocabulary {cfg.vocab_size}"
+    ]
     for label, names in (("not used by the model", unused), ("missing", missing), ("of another shape", wrong)):
         if names:
             more = f" (+{len(names) - 10} more)" if len(names) > 10 else ""
@@ -115,37 +135,48 @@ def check_tensors(hf_dir: Path, config: dict[str, Any], cfg: ModelConfig, found:
     raise ValueError(f"{hf_dir}: the weights do not fit config.json; refusing to import ({'; '.join(parts)})")
 
 
-def _model_config(config: dict[str, Any], arch: str, seq_length: int | None,
-                  make_vocab_size_divisible_by: int) -> ModelConfig:
+def _model_config(
+    config: dict[str, Any], arch: str, seq_length: int | None, make_vocab_size_divisible_by: int
+) -> ModelConfig:
     if arch in LLAMA_ARCHITECTURES:
-        return model_config_from_llama(config, seq_length=seq_length,
-                                       make_vocab_size_divisible_by=make_vocab_size_divisible_by)
-    fields = model_config_from_gpt2(config, seq_length=seq_length,
-                                    make_vocab_size_divisible_by=make_vocab_size_divisible_by)
+        return model_config_from_llama(
+            config, seq_length=seq_length, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+        )
+    fields = model_config_from_gpt2(
+        config, seq_length=seq_length, make_vocab_size_divisible_by=make_vocab_size_divisible_by
+    )
     fields.update(code_fields_from(config))
     if fields["input_embedding"] != "learned":  # our fixed-code GPT-2 export: no position table, untied head
         fields.update(position_embedding_type="none", share_embeddings_and_output_weights=False)
     return ModelConfig(**fields)
 
 
-def _check_code_table(hf_dir: Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig, code: CodeSpec,
-                      table_name: str) -> None:
+def _check_code_table(
+    hf_dir: Path, tensors: dict[str, torch.Tensor], cfg: ModelConfig, code: CodeSpec, table_name: str
+) -> None:
     if cfg.code_spec().fingerprint != code.fingerprint:
-        raise ValueError(f"{hf_dir}/config.json: fixed_code (fingerprint {code.fingerprint}) cannot be rebuilt from "
-                         f"its seed (got {cfg.code_spec().fingerprint}); refusing to import a different code")
+        raise ValueError(
+            f"{hf_dir}/config.json: fixed_code (fingerprint {code.fingerprint}) cannot be rebuilt from "
+            f"its seed (got {cfg.code_spec().fingerprint}); refusing to import a different code"
+        )
     table = tensors.pop(table_name, None)
     if table is not None and not torch.equal(table, fixed_code_table(code)):
         bad = int((table != fixed_code_table(code)).any(dim=1).sum())
-        raise ValueError(f"{hf_dir}: {table_name} differs from the fixed code {code.fingerprint} in {bad} "
-                         "rows (was it fine-tuned?); refusing to import it as that code")
+        raise ValueError(
+            f"{hf_dir}: {table_name} differs from the fixed code {code.fingerprint} in {bad} "
+            "rows (was it fine-tuned?); refusing to import it as that code"
+        )
     wpe = tensors.pop("transformer.wpe.weight", None)
     if wpe is not None and wpe.any():
-        raise ValueError(f"{hf_dir}: transformer.wpe.weight is not zero, but a fixed-code model has no position table "
-                         "(was it fine-tuned?); refusing to import it")
+        raise ValueError(
+            f"{hf_dir}: transformer.wpe.weight is not zero, but a fixed-code model has no position table "
+            "(was it fine-tuned?); refusing to import it"
+        )
 
 
-def convert_hf_to_megatron(hf_dir: str | Path, save: str | Path, *, seq_length: int | None = None,
-                           make_vocab_size_divisible_by: int = 128) -> Path:
+def convert_hf_to_megatron(
+    hf_dir: str | Path, save: str | Path, *, seq_length: int | None = None, make_vocab_size_divisible_by: int = 128
+) -> Path:
     """Write ``save/iter_0000000`` + ``latest_checkpointed_iteration.txt``; returns the iter dir.
     Everything is checked before anything is written: an incomplete directory, a config.json
     that is not a Llama or GPT-2 we can build, and weights that do not fit it exactly are refused."""

@@ -14,6 +14,7 @@ A fixed code has no position table (``position_embedding_type=none``, untied hea
 with ``wpe`` all zeros (adding 0.0 changes no float), the code's frozen rows as ``wte`` and
 ``tie_word_embeddings=False``. RoPE has no place in GPT-2 and is refused.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -40,8 +41,10 @@ def is_gpt2_block(cfg: ModelConfig) -> bool:
 def check_gpt2_exact(cfg: ModelConfig) -> None:
     why = []
     if not is_gpt2_block(cfg):
-        why.append(f"block={cfg.block}, add_bias_linear={cfg.add_bias_linear}, position_embedding_type="
-                   f"{cfg.position_embedding_type} (GPT-2 is gpt_gelu with linear biases and learned positions)")
+        why.append(
+            f"block={cfg.block}, add_bias_linear={cfg.add_bias_linear}, position_embedding_type="
+            f"{cfg.position_embedding_type} (GPT-2 is gpt_gelu with linear biases and learned positions)"
+        )
     if cfg.num_query_groups not in (None, cfg.num_attention_heads):
         why.append(f"num_query_groups={cfg.num_query_groups} (GPT-2 has no grouped-query attention)")
     for name in ("qk_layernorm", "squared_relu", "layernorm_zero_centered_gamma"):
@@ -140,12 +143,21 @@ def gpt2_tensor_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
         layer = GPT2_LAYER.format(i=i)
         for name in ("ln_1", "ln_2"):
             shapes.update({layer + name + ".weight": [hidden], layer + name + ".bias": [hidden]})
-        shapes.update({layer + "attn.c_attn.weight": [hidden, 3 * hidden], layer + "attn.c_attn.bias": [3 * hidden],
-                       layer + "attn.c_proj.weight": [hidden, hidden], layer + "attn.c_proj.bias": [hidden],
-                       layer + "mlp.c_fc.weight": [hidden, ffn], layer + "mlp.c_fc.bias": [ffn],
-                       layer + "mlp.c_proj.weight": [ffn, hidden], layer + "mlp.c_proj.bias": [hidden]})
-    shapes.update({"transformer.ln_f.weight": [hidden], "transformer.ln_f.bias": [hidden],
-                   "lm_head.weight": [vocab, hidden]})
+        shapes.update(
+            {
+                layer + "attn.c_attn.weight": [hidden, 3 * hidden],
+                layer + "attn.c_attn.bias": [3 * hidden],
+                layer + "attn.c_proj.weight": [hidden, hidden],
+                layer + "attn.c_proj.bias": [hidden],
+                layer + "mlp.c_fc.weight": [hidden, ffn],
+                layer + "mlp.c_fc.bias": [ffn],
+                layer + "mlp.c_proj.weight": [ffn, hidden],
+                layer + "mlp.c_proj.bias": [hidden],
+            }
+        )
+    shapes.update(
+        {"transformer.ln_f.weight": [hidden], "transformer.ln_f.bias": [hidden], "lm_head.weight": [vocab, hidden]}
+    )
     return shapes
 
 
@@ -162,8 +174,9 @@ def canonical_gpt2_names(tensors: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
-def gpt2_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None,
-                dtype: str = "float32") -> dict[str, Any]:
+def gpt2_config(
+    cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None, dtype: str = "float32"
+) -> dict[str, Any]:
     check_gpt2_exact(cfg)
     config = {
         "architectures": ["GPT2LMHeadModel"],
@@ -194,8 +207,9 @@ def gpt2_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int
     return config
 
 
-def model_config_from_gpt2(config: dict[str, Any], *, seq_length: int | None = None,
-                           make_vocab_size_divisible_by: int = 128) -> dict[str, Any]:
+def model_config_from_gpt2(
+    config: dict[str, Any], *, seq_length: int | None = None, make_vocab_size_divisible_by: int = 128
+) -> dict[str, Any]:
     """ModelConfig fields for a GPT-2 config.json (the code fields are added by the caller)."""
     for key in ("n_layer", "n_embd", "n_head", "vocab_size", "n_positions"):
         value = config.get(key)
@@ -203,9 +217,11 @@ def model_config_from_gpt2(config: dict[str, Any], *, seq_length: int | None = N
             raise ValueError(f"{key}={value!r}: expected a positive integer" if key in config else f"no {key}")
     act = config.get("activation_function", "gelu_new")
     if act not in GELU_FROM_HF:
-        raise ValueError(f"activation_function={act!r}: megatron-core's MLP computes erf GELU ('gelu') or its tanh "
-                         f"approximation ({', '.join(k for k in GELU_FROM_HF if k != 'gelu')}); importing another "
-                         "activation would change the model's function")
+        raise ValueError(
+            f"activation_function={act!r}: megatron-core's MLP computes erf GELU ('gelu') or its tanh "
+            f"approximation ({', '.join(k for k in GELU_FROM_HF if k != 'gelu')}); importing another "
+            "activation would change the model's function"
+        )
     unsupported = [k for k in ("scale_attn_by_inverse_layer_idx", "add_cross_attention") if config.get(k)]
     if not config.get("scale_attn_weights", True):
         unsupported.append("scale_attn_weights=False")
@@ -213,13 +229,23 @@ def model_config_from_gpt2(config: dict[str, Any], *, seq_length: int | None = N
         raise ValueError(f"unsupported GPT-2 features {unsupported}")
     hidden = config["n_embd"]
     return dict(
-        num_layers=config["n_layer"], hidden_size=hidden, num_attention_heads=config["n_head"],
-        ffn_hidden_size=config.get("n_inner") or 4 * hidden, seq_length=seq_length or config["n_positions"],
-        max_position_embeddings=config["n_positions"], vocab_size=config["vocab_size"], block="gpt_gelu",
+        num_layers=config["n_layer"],
+        hidden_size=hidden,
+        num_attention_heads=config["n_head"],
+        ffn_hidden_size=config.get("n_inner") or 4 * hidden,
+        seq_length=seq_length or config["n_positions"],
+        max_position_embeddings=config["n_positions"],
+        vocab_size=config["vocab_size"],
+        block="gpt_gelu",
         gelu_approximation=GELU_FROM_HF[act],
-        add_bias_linear=True, add_qkv_bias=True, norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
-        init_method_std=config.get("initializer_range", 0.02), position_embedding_type="learned_absolute",
+        add_bias_linear=True,
+        add_qkv_bias=True,
+        norm_epsilon=config.get("layer_norm_epsilon", 1e-5),
+        init_method_std=config.get("initializer_range", 0.02),
+        position_embedding_type="learned_absolute",
         share_embeddings_and_output_weights=config.get("tie_word_embeddings", True),
-        make_vocab_size_divisible_by=make_vocab_size_divisible_by, transformer_impl="local",
-        hidden_dropout=config.get("resid_pdrop", 0.1), attention_dropout=config.get("attn_pdrop", 0.1),
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        transformer_impl="local",
+        hidden_dropout=config.get("resid_pdrop", 0.1),
+        attention_dropout=config.get("attn_pdrop", 0.1),
     )

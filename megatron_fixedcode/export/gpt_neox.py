@@ -8,6 +8,7 @@ exported as exact zeros (adding 0.0 changes no float). Multi-query/grouped atten
 (GPT-NeoX has none). With one head per query group megatron's ``linear_qkv`` rows are already
 GPT-NeoX's per-head ``[q_h, k_h, v_h]`` layout.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -37,7 +38,10 @@ def megatron_to_neox(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[s
     out: dict[str, torch.Tensor] = {"gpt_neox.embed_in.weight": input_table(state, cfg)}
     for i in range(cfg.num_layers):
         src, dst = LAYER.format(i=i), NEOX_LAYER.format(i=i)
-        for m_norm, hf_norm in (("input_layernorm", "input_layernorm"), ("pre_mlp_layernorm", "post_attention_layernorm")):
+        for m_norm, hf_norm in (
+            ("input_layernorm", "input_layernorm"),
+            ("pre_mlp_layernorm", "post_attention_layernorm"),
+        ):
             out[dst + hf_norm + ".weight"] = state[src + m_norm + ".weight"]
             out[dst + hf_norm + ".bias"] = state[src + m_norm + ".bias"]
         out[dst + "attention.query_key_value.weight"] = state[src + "self_attention.linear_qkv.weight"]
@@ -53,8 +57,9 @@ def megatron_to_neox(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[s
     return {k: v.detach().to(torch.float32).contiguous().clone() for k, v in out.items()}
 
 
-def neox_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None,
-                dtype: str = "float32") -> dict[str, Any]:
+def neox_config(
+    cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None, dtype: str = "float32"
+) -> dict[str, Any]:
     check_neox_exact(cfg)
     theta = float(cfg.rotary_base)
     config = {

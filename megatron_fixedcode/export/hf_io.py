@@ -2,6 +2,7 @@
 completeness of a directory (an export is written to a sibling ``NAME.partial`` that holds
 ``INCOMPLETE_MARKER`` and is renamed to ``NAME`` when complete, so a killed export leaves nothing
 under the final name; readers refuse what is incomplete in one line)."""
+
 from __future__ import annotations
 
 import json
@@ -33,8 +34,12 @@ def parse_size(size: str | int) -> int:
     raise ValueError(f"--max-shard-size {size!r}: expected e.g. 5GB, 500MB or a byte count")
 
 
-def write_safetensors(out_dir: Path, tensors: dict[str, torch.Tensor], max_shard_size: str | int = "5GB",
-                      metadata: dict[str, str] | None = None) -> list[str]:
+def write_safetensors(
+    out_dir: Path,
+    tensors: dict[str, torch.Tensor],
+    max_shard_size: str | int = "5GB",
+    metadata: dict[str, str] | None = None,
+) -> list[str]:
     """Shards of at most ``max_shard_size`` bytes (a bigger tensor gets its own shard) with a
     ``model.safetensors.index.json``; one ``model.safetensors`` when everything fits."""
     from safetensors.torch import save_file
@@ -93,8 +98,9 @@ def safetensors_shapes(path: Path) -> dict[str, list[int]]:
     except (AttributeError, KeyError, TypeError, IndexError, ValueError):
         raise ValueError(f"{path}: not a safetensors file (an empty or truncated write?)") from None
     if os.path.getsize(path) != 8 + length + end:
-        raise ValueError(f"{path}: {os.path.getsize(path)} bytes, its header describes {8 + length + end} "
-                         "(a truncated write?)")
+        raise ValueError(
+            f"{path}: {os.path.getsize(path)} bytes, its header describes {8 + length + end} (a truncated write?)"
+        )
     return {k: list(v["shape"]) for k, v in entries.items()}
 
 
@@ -137,8 +143,10 @@ def read_config(model_dir: Path) -> dict[str, Any]:
         hint = f"; {partial} is an export that did not finish" if partial.is_dir() else ""
         raise ValueError(f"{model_dir}: no such directory{hint}")
     if (model_dir / INCOMPLETE_MARKER).exists():
-        raise ValueError(f"{model_dir}: an incomplete export (its writer stopped before finishing; "
-                         f"{INCOMPLETE_MARKER} is there): export the checkpoint again")
+        raise ValueError(
+            f"{model_dir}: an incomplete export (its writer stopped before finishing; "
+            f"{INCOMPLETE_MARKER} is there): export the checkpoint again"
+        )
     path = model_dir / "config.json"
     if not path.is_file():
         raise ValueError(f"{model_dir}: no config.json (an incomplete export?)")
@@ -193,8 +201,9 @@ def finish_export(tmp: Path, out_dir: Path) -> Path:
     return out_dir
 
 
-def write_tokenizer(out_dir: Path, tokenizer_type: str | None, tokenizer_model: str | None,
-                    tokenizer: Any, model_max_length: int) -> list[str]:
+def write_tokenizer(
+    out_dir: Path, tokenizer_type: str | None, tokenizer_model: str | None, tokenizer: Any, model_max_length: int
+) -> list[str]:
     """Copy the training tokenizer and describe it for ``AutoTokenizer`` (no BOS/EOS is added
     on encode: the training data had none but the EOD separator)."""
     if not tokenizer_model:
@@ -218,8 +227,13 @@ def write_tokenizer(out_dir: Path, tokenizer_type: str | None, tokenizer_model: 
     else:
         shutil.copyfile(src, out_dir / "tokenizer.model")
         written.append("tokenizer.model")
-        config = {"tokenizer_class": "LlamaTokenizer", "legacy": True, "add_bos_token": False,
-                  "add_eos_token": False, "sp_model_kwargs": {}}
+        config = {
+            "tokenizer_class": "LlamaTokenizer",
+            "legacy": True,
+            "add_bos_token": False,
+            "add_eos_token": False,
+            "sp_model_kwargs": {},
+        }
     config.update(special, model_max_length=model_max_length)
     write_json(out_dir / "tokenizer_config.json", config)
     write_json(out_dir / "special_tokens_map.json", special)

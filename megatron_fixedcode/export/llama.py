@@ -7,6 +7,7 @@ megatron's ``linear_qkv.weight`` is ``[G·(Q+2)·D, H]`` laid out per query grou
 ``[q_g (Q·D rows), k_g (D), v_g (D)]``; ``linear_fc1.weight`` is ``[gate; up]`` (``[2F, H]``).
 Non-interleaved RoPE in megatron is HF's ``rotate_half``: no permutation of q/k rows.
 """
+
 from __future__ import annotations
 
 from typing import Any
@@ -20,13 +21,17 @@ from megatron_fixedcode.models.config import ModelConfig
 LAYER = "decoder.layers.{i}."
 HF_LAYER = "model.layers.{i}."
 # Norm weights: megatron's local spec names (TP=1 state dict of a local-spec model).
-_NORMS = {"input_layernorm.weight": "input_layernorm.weight",
-          "pre_mlp_layernorm.weight": "post_attention_layernorm.weight"}
+_NORMS = {
+    "input_layernorm.weight": "input_layernorm.weight",
+    "pre_mlp_layernorm.weight": "post_attention_layernorm.weight",
+}
 # The same norms as the Transformer Engine spec names them (fused into the following linear).
-TE_NORM_NAMES = {"self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
-                 "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
-                 "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
-                 "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias"}
+TE_NORM_NAMES = {
+    "self_attention.linear_qkv.layer_norm_weight": "input_layernorm.weight",
+    "self_attention.linear_qkv.layer_norm_bias": "input_layernorm.bias",
+    "mlp.linear_fc1.layer_norm_weight": "pre_mlp_layernorm.weight",
+    "mlp.linear_fc1.layer_norm_bias": "pre_mlp_layernorm.bias",
+}
 
 
 def _heads(cfg: ModelConfig) -> tuple[int, int, int]:
@@ -67,7 +72,9 @@ def megatron_to_llama(state: dict[str, torch.Tensor], cfg: ModelConfig) -> dict[
     out: dict[str, torch.Tensor] = {"model.embed_tokens.weight": input_table(state, cfg)}
     for i in range(cfg.num_layers):
         src, dst = LAYER.format(i=i), HF_LAYER.format(i=i)
-        qkv_GRH = state[src + "self_attention.linear_qkv.weight"].reshape(num_groups, (q_per_group + 2) * head_dim, hidden)
+        qkv_GRH = state[src + "self_attention.linear_qkv.weight"].reshape(
+            num_groups, (q_per_group + 2) * head_dim, hidden
+        )
         q, k, v = torch.split(qkv_GRH, [q_per_group * head_dim, head_dim, head_dim], dim=1)
         out[dst + "self_attn.q_proj.weight"] = q.reshape(-1, hidden)
         out[dst + "self_attn.k_proj.weight"] = k.reshape(-1, hidden)
@@ -104,7 +111,9 @@ def llama_to_megatron(hf: dict[str, torch.Tensor], cfg: ModelConfig, padded_voca
         v = hf[src + "self_attn.v_proj.weight"].reshape(num_groups, head_dim, hidden)
         out[dst + "self_attention.linear_qkv.weight"] = torch.cat([q, k, v], dim=1).reshape(-1, hidden)
         out[dst + "self_attention.linear_proj.weight"] = hf[src + "self_attn.o_proj.weight"]
-        out[dst + "mlp.linear_fc1.weight"] = torch.cat([hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]])
+        out[dst + "mlp.linear_fc1.weight"] = torch.cat(
+            [hf[src + "mlp.gate_proj.weight"], hf[src + "mlp.up_proj.weight"]]
+        )
         out[dst + "mlp.linear_fc2.weight"] = hf[src + "mlp.down_proj.weight"]
         for m_name, hf_name in _NORMS.items():
             out[dst + m_name] = hf[src + hf_name]
@@ -121,16 +130,18 @@ def llama_tensor_shapes(cfg: ModelConfig) -> dict[str, list[int]]:
     shapes = {"model.embed_tokens.weight": [vocab, hidden]}
     for i in range(cfg.num_layers):
         layer = HF_LAYER.format(i=i)
-        shapes.update({
-            layer + "self_attn.q_proj.weight": [num_groups * q_per_group * head_dim, hidden],
-            layer + "self_attn.k_proj.weight": [num_groups * head_dim, hidden],
-            layer + "self_attn.v_proj.weight": [num_groups * head_dim, hidden],
-            layer + "self_attn.o_proj.weight": [hidden, num_groups * q_per_group * head_dim],
-            layer + "mlp.gate_proj.weight": [ffn, hidden],
-            layer + "mlp.up_proj.weight": [ffn, hidden],
-            layer + "mlp.down_proj.weight": [hidden, ffn],
-            **{layer + hf_name: [hidden] for hf_name in _NORMS.values()},
-        })
+        shapes.update(
+            {
+                layer + "self_attn.q_proj.weight": [num_groups * q_per_group * head_dim, hidden],
+                layer + "self_attn.k_proj.weight": [num_groups * head_dim, hidden],
+                layer + "self_attn.v_proj.weight": [num_groups * head_dim, hidden],
+                layer + "self_attn.o_proj.weight": [hidden, num_groups * q_per_group * head_dim],
+                layer + "mlp.gate_proj.weight": [ffn, hidden],
+                layer + "mlp.up_proj.weight": [ffn, hidden],
+                layer + "mlp.down_proj.weight": [hidden, ffn],
+                **{layer + hf_name: [hidden] for hf_name in _NORMS.values()},
+            }
+        )
     shapes["model.norm.weight"] = [hidden]
     shapes["lm_head.weight"] = [vocab, hidden]
     return shapes
@@ -141,8 +152,9 @@ def fixed_code_table(code: CodeSpec) -> torch.Tensor:
     return torch.from_numpy(code.vectors(np.arange(code.vocab_size)).astype(np.float32))
 
 
-def llama_config(cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None,
-                 dtype: str = "float32") -> dict[str, Any]:
+def llama_config(
+    cfg: ModelConfig, *, bos_token_id: int | None, eos_token_id: int | None, dtype: str = "float32"
+) -> dict[str, Any]:
     """config.json of the export. Both ``rope_theta`` (transformers 4.x) and ``rope_parameters``
     (5.x) are written so neither version silently falls back to its default base."""
     num_groups, _, head_dim = _heads(cfg)
@@ -183,8 +195,13 @@ def fixed_code_entry(cfg: ModelConfig) -> dict[str, Any]:
     code = cfg.code_spec()
     if code is None:
         return {}
-    return {"fixed_code": {**code.to_dict(), "input_embedding": cfg.input_embedding,
-                           "note": "the input table holds scale*R*code(t), frozen; it is not a learned embedding"}}
+    return {
+        "fixed_code": {
+            **code.to_dict(),
+            "input_embedding": cfg.input_embedding,
+            "note": "the input table holds scale*R*code(t), frozen; it is not a learned embedding",
+        }
+    }
 
 
 def code_fields_from(config: dict[str, Any]) -> dict[str, Any]:
@@ -192,17 +209,23 @@ def code_fields_from(config: dict[str, Any]) -> dict[str, Any]:
     fixed = config.get("fixed_code")
     if fixed is None:
         return {"input_embedding": "learned"}
-    fields = {"input_embedding": fixed["kind"], "code_seed": fixed["seed"] if fixed["seed"] is not None else 0,
-              "code_offset": sum(b << j for j, b in enumerate(fixed["offset"])),
-              "code_impl": fixed.get("implementation", "table_free"), "code_scale": fixed["scale"],
-              "code_bits": fixed["num_bits"], "code_min_weight": fixed["min_weight"]}
+    fields = {
+        "input_embedding": fixed["kind"],
+        "code_seed": fixed["seed"] if fixed["seed"] is not None else 0,
+        "code_offset": sum(b << j for j, b in enumerate(fixed["offset"])),
+        "code_impl": fixed.get("implementation", "table_free"),
+        "code_scale": fixed["scale"],
+        "code_bits": fixed["num_bits"],
+        "code_min_weight": fixed["min_weight"],
+    }
     if fixed["kind"] == "gf2" and fixed["seed"] is None:  # a matrix given as data (--code-matrix)
         fields["code_matrix"] = fixed["matrix"]
     return fields
 
 
-def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = None,
-                            make_vocab_size_divisible_by: int = 128) -> ModelConfig:
+def model_config_from_llama(
+    config: dict[str, Any], *, seq_length: int | None = None, make_vocab_size_divisible_by: int = 128
+) -> ModelConfig:
     """A ModelConfig for a Llama config.json; refuses what our llama block cannot express (the
     messages name the key; the caller names the file)."""
     for key in ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size"):
@@ -229,10 +252,18 @@ def model_config_from_llama(config: dict[str, Any], *, seq_length: int | None = 
         raise ValueError(f"rope_theta={theta} is not an integer (megatron's rotary_base is)")
     code_fields = code_fields_from(config)
     return ModelConfig(
-        num_layers=config["num_hidden_layers"], hidden_size=hidden, num_attention_heads=heads,
-        num_query_groups=groups, ffn_hidden_size=config["intermediate_size"],
-        seq_length=seq_length or config.get("max_position_embeddings", 2048), vocab_size=config["vocab_size"],
-        block="llama", norm_epsilon=config.get("rms_norm_eps", 1e-6), rotary_base=int(theta),
-        init_method_std=config.get("initializer_range", 0.02), make_vocab_size_divisible_by=make_vocab_size_divisible_by,
-        transformer_impl="local", **code_fields,
+        num_layers=config["num_hidden_layers"],
+        hidden_size=hidden,
+        num_attention_heads=heads,
+        num_query_groups=groups,
+        ffn_hidden_size=config["intermediate_size"],
+        seq_length=seq_length or config.get("max_position_embeddings", 2048),
+        vocab_size=config["vocab_size"],
+        block="llama",
+        norm_epsilon=config.get("rms_norm_eps", 1e-6),
+        rotary_base=int(theta),
+        init_method_std=config.get("initializer_range", 0.02),
+        make_vocab_size_divisible_by=make_vocab_size_divisible_by,
+        transformer_impl="local",
+        **code_fields,
     )

@@ -5,6 +5,7 @@ along the width. No embedding table is stored or allocated. Load with
 ``AutoModelForCausalLM.from_pretrained(dir, trust_remote_code=True)``. This file depends only on
 torch and transformers (it is not part of megatron_fixedcode at run time).
 """
+
 from __future__ import annotations
 
 import torch
@@ -61,4 +62,3 @@ class FixedCodeLlamaForCausalLM(LlamaForCausalLM):
 
     def resize_token_embeddings(self, *args, **kwargs):
         raise NotImplementedError("a fixed code has no table to resize")
-

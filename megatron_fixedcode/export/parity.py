@@ -8,6 +8,7 @@ report (``parity.json`` in the export) gives max |Δlogit|, the mean next-token 
 |ΔNLL|, next-token (argmax) agreement, the ids and their source, and ``passed`` against
 :data:`THRESHOLDS` (docs/export.md says why these values).
 """
+
 from __future__ import annotations
 
 import json
@@ -111,8 +112,9 @@ def builtin_text_ids(tokenizer: Any, num_tokens: int, vocab_size: int) -> tuple[
     return np.asarray(ids[:num_tokens], dtype=np.int64), source
 
 
-def parity_tokens(trainer_state: dict[str, Any], tokenizer: Any, vocab_size: int,
-                  seq_length: int) -> tuple[torch.Tensor, str]:
+def parity_tokens(
+    trainer_state: dict[str, Any], tokenizer: Any, vocab_size: int, seq_length: int
+) -> tuple[torch.Tensor, str]:
     """``[B, S]`` ids (B=2, S=min(seq_length, 128)) and where they came from."""
     length = min(seq_length, MAX_TOKENS)
     total = NUM_SEQUENCES * length
@@ -152,8 +154,11 @@ def compare_logits(ref_BSV: torch.Tensor, got_BSV: torch.Tensor, ids_BS: torch.T
         "mean_nll_hf": nll_got,
         "abs_nll_diff": abs(nll_got - nll_ref),
         "next_token_agreement": (ref.argmax(-1) == got.argmax(-1)).double().mean().item(),
-        "threshold": {**limits, "rule": "max_abs_logit_diff <= logit_rel * max(1, max_abs_logit) and "
-                                        "abs_nll_diff <= nll_rel * max(1, mean_nll_megatron)"},
+        "threshold": {
+            **limits,
+            "rule": "max_abs_logit_diff <= logit_rel * max(1, max_abs_logit) and "
+            "abs_nll_diff <= nll_rel * max(1, mean_nll_megatron)",
+        },
     }
 
 
@@ -161,8 +166,9 @@ def hf_model_logits(hf_dir: str | Path, ids_BS: torch.Tensor, trust_remote_code:
     """Logits of the export loaded with plain ``transformers`` in FP32 (weights upcast from the export dtype)."""
     from transformers import AutoModelForCausalLM
 
-    model = AutoModelForCausalLM.from_pretrained(str(hf_dir), dtype=torch.float32,
-                                                 trust_remote_code=trust_remote_code).eval()
+    model = AutoModelForCausalLM.from_pretrained(
+        str(hf_dir), dtype=torch.float32, trust_remote_code=trust_remote_code
+    ).eval()
     with torch.no_grad():
         logits = model(ids_BS).logits.float()
     del model
@@ -187,9 +193,15 @@ def check_export(ckpt: Any, hf_dir: str | Path, tokenizer: Any = None) -> dict[s
     report = compare_logits(ref, got, ids, dtype)
     import transformers
 
-    report.update(export_dtype=dtype, compute_dtype="float32", architecture=(config.get("architectures") or ["?"])[0],
-                  checkpoint=str(ckpt.path), step=ckpt.step, transformers_version=transformers.__version__,
-                  tokens={"source": source, "shape": list(ids.shape), "ids": ids.tolist()})
+    report.update(
+        export_dtype=dtype,
+        compute_dtype="float32",
+        architecture=(config.get("architectures") or ["?"])[0],
+        checkpoint=str(ckpt.path),
+        step=ckpt.step,
+        transformers_version=transformers.__version__,
+        tokens={"source": source, "shape": list(ids.shape), "ids": ids.tolist()},
+    )
     return report
 
 
@@ -198,11 +210,13 @@ def summary(report: dict[str, Any]) -> str:
     if "error" in report:
         return f"parity check FAILED: {report['error']}"
     verdict = "passed" if report["passed"] else "FAILED"
-    return (f"parity check {verdict} ({report.get('export_dtype', '?')} export, {report.get('architecture', '?')}): "
-            f"max |dlogit| {report['max_abs_logit_diff']:.3g} (max |logit| {report['max_abs_logit']:.3g}), "
-            f"NLL {report['mean_nll_megatron']:.5f} megatron vs {report['mean_nll_hf']:.5f} HF, next-token "
-            f"agreement {report['next_token_agreement']:.1%}, on {report['tokens']['shape'][0]}x"
-            f"{report['tokens']['shape'][1]} tokens of {report['tokens']['source']}")
+    return (
+        f"parity check {verdict} ({report.get('export_dtype', '?')} export, {report.get('architecture', '?')}): "
+        f"max |dlogit| {report['max_abs_logit_diff']:.3g} (max |logit| {report['max_abs_logit']:.3g}), "
+        f"NLL {report['mean_nll_megatron']:.5f} megatron vs {report['mean_nll_hf']:.5f} HF, next-token "
+        f"agreement {report['next_token_agreement']:.1%}, on {report['tokens']['shape'][0]}x"
+        f"{report['tokens']['shape'][1]} tokens of {report['tokens']['source']}"
+    )
 
 
 def write_report(hf_dir: str | Path, report: dict[str, Any]) -> Path:
@@ -223,8 +237,12 @@ def checkpoint_tokenizer(ckpt: Any, tokenizer_model: str | None = None) -> Any:
     record = ckpt.trainer_state.get("tokenizer") or {}
     try:
         model, merge_file = checkpoint_tokenizer_files(
-            record, ckpt.path.parent, f"--load {ckpt.path.parent}", tokenizer_model,
-            (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint"))
+            record,
+            ckpt.path.parent,
+            f"--load {ckpt.path.parent}",
+            tokenizer_model,
+            (ckpt.trainer_state.get("identity") or {}).get("tokenizer_fingerprint"),
+        )
     except ValueError:
         if tokenizer_model:
             raise  # another tokenizer than the checkpoint's: refused, not silently ignored

@@ -6,6 +6,7 @@ A first build compiles in a child process in its own session (:func:`_build_in_o
 SIGTERM or SIGINT meant for the trainer — torchrun, Slurm and a terminal signal the whole process
 group — reaches the trainer's handler and not the compiler, so every rank's build finishes (it
 used to kill one rank's compiler while another compiled on)."""
+
 from __future__ import annotations
 
 import fcntl
@@ -35,15 +36,20 @@ def fixed_code_cpu_kernel() -> ModuleType | None:
     source = Path(__file__).with_name("fixed_code_cpu.cpp")
     logger.info("loading the fused CPU fixed-code kernel (compiled once per machine, ~30 s)")
     name = f"megatron_fixedcode_fixed_code_cpu_{'avx2' if avx2 else 'generic'}"
-    spec = dict(name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *(["-mavx2", "-mfma"] if avx2 else [])])
+    spec = dict(
+        name=name, sources=[str(source)], extra_cflags=["-O3", "-fopenmp", *(["-mavx2", "-mfma"] if avx2 else [])]
+    )
     try:
         with _build_directory_guard(name) as build_directory:
             if not (Path(build_directory) / f"{name}.so").exists():
                 _build_in_own_session({**spec, "build_directory": build_directory})
             return load(**spec, build_directory=build_directory, verbose=False)
     except Exception as exc:  # noqa: BLE001 - any build failure means: use the torch path
-        logger.warning("fused CPU fixed-code kernel unavailable (%s: %s); using the torch path",
-                       type(exc).__name__, str(exc).splitlines()[0] if str(exc) else "")
+        logger.warning(
+            "fused CPU fixed-code kernel unavailable (%s: %s); using the torch path",
+            type(exc).__name__,
+            str(exc).splitlines()[0] if str(exc) else "",
+        )
         return None
 
 
@@ -61,8 +67,9 @@ load(**json.loads(sys.argv[1]), verbose=False)
 def _build_in_own_session(spec: dict) -> None:
     """Compile in a child process in a new session: signals sent to the trainer's process group do
     not reach it, and the trainer waits for it (its signal handler runs meanwhile)."""
-    proc = subprocess.run([sys.executable, "-c", _BUILD, json.dumps(spec)], start_new_session=True,
-                          capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", _BUILD, json.dumps(spec)], start_new_session=True, capture_output=True, text=True
+    )
     if proc.returncode != 0:
         lines = [line for line in (proc.stderr or "").splitlines() if line.strip()]
         raise RuntimeError(lines[-1] if lines else f"the kernel build exited with {proc.returncode}")
@@ -83,7 +90,9 @@ class _build_directory_guard:
         # the compile command (torch's include paths, the source's path) differs from the last build's,
         # so two environments or checkouts sharing one directory would rebuild each other's kernel (a
         # minute each) on every alternation.
-        where = hashlib.sha256(f"{torch.__file__}\n{torch.__version__}\n{Path(__file__).parent}".encode()).hexdigest()[:10]
+        where = hashlib.sha256(f"{torch.__file__}\n{torch.__version__}\n{Path(__file__).parent}".encode()).hexdigest()[
+            :10
+        ]
         self.directory = root / f"py{sys.version_info.major}{sys.version_info.minor}_cpu" / f"{name}-{where}"
 
     def __enter__(self) -> str:

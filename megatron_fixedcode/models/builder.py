@@ -1,4 +1,5 @@
 """Build a megatron-core GPT model from a `ModelConfig`: TransformerConfig, layer spec, model."""
+
 from __future__ import annotations
 
 import functools
@@ -38,9 +39,11 @@ def use_transformer_engine(cfg: ModelConfig) -> bool:
         where = "a CUDA GPU and Transformer Engine" if not torch.cuda.is_available() else "Transformer Engine"
         raise ValueError(f"{what} needs {where}: {TE_INSTALL_HINT}; use transformer_impl='local' without FP8 otherwise")
     if cfg.transformer_impl == "auto" and torch.cuda.is_available() and not te_available:
-        _warn_once("transformer_impl=auto on a GPU without Transformer Engine: building megatron-core's local "
-                   "layers (no FP8, no fused attention). Name transformer_engine to require TE, or local to "
-                   f"choose these layers; {TE_INSTALL_HINT}")
+        _warn_once(
+            "transformer_impl=auto on a GPU without Transformer Engine: building megatron-core's local "
+            "layers (no FP8, no fused attention). Name transformer_engine to require TE, or local to "
+            f"choose these layers; {TE_INSTALL_HINT}"
+        )
     return wants_te or (cfg.transformer_impl == "auto" and te_available)
 
 
@@ -65,8 +68,9 @@ def mlp_activation(cfg: ModelConfig, *, fused: bool):
     return gelu_tanh if cfg.gelu_approximation == "tanh" and not fused else torch.nn.functional.gelu
 
 
-def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_layers: bool | None = None,
-                             **overrides) -> TransformerConfig:
+def build_transformer_config(
+    cfg: ModelConfig, layout: ParallelLayout, *, te_layers: bool | None = None, **overrides
+) -> TransformerConfig:
     """Megatron TransformerConfig for the block of ``cfg`` (init std 0.02, out-projections
     0.02/sqrt(2L) — megatron's default output_layer_init_method). ``te_layers``: the trainer's
     decision (:func:`use_transformer_engine`, taken once); None decides it here."""
@@ -110,8 +114,13 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
         transformer_impl="transformer_engine" if te_layers else "local",
     )
     if cfg.fp8:
-        fields.update(fp8=cfg.fp8, fp8_recipe=cfg.fp8_recipe, fp8_amax_history_len=cfg.fp8_amax_history_len,
-                      fp8_amax_compute_algo=cfg.fp8_amax_compute_algo, fp8_param=cfg.fp8_param)
+        fields.update(
+            fp8=cfg.fp8,
+            fp8_recipe=cfg.fp8_recipe,
+            fp8_amax_history_len=cfg.fp8_amax_history_len,
+            fp8_amax_compute_algo=cfg.fp8_amax_compute_algo,
+            fp8_param=cfg.fp8_param,
+        )
     if cfg.autocast_bf16:
         # FP32 parameters, the forward step under torch.autocast(bf16) (megatron's schedules and
         # training/forward_backward.py read these two fields).
@@ -122,8 +131,9 @@ def build_transformer_config(cfg: ModelConfig, layout: ParallelLayout, *, te_lay
     if cfg.autocast_bf16 and fields.get("gradient_accumulation_fusion"):
         # apex's fused weight-gradient GEMM takes input and output gradient of one dtype; under
         # autocast megatron's linear layers save the FP32 input and get a BF16 gradient.
-        _warn_once("gradient_accumulation_fusion off under fp32-autocast-bf16 (the fused wgrad GEMM needs "
-                   "one input dtype)")
+        _warn_once(
+            "gradient_accumulation_fusion off under fp32-autocast-bf16 (the fused wgrad GEMM needs one input dtype)"
+        )
         fields["gradient_accumulation_fusion"] = False
     return TransformerConfig(**fields)
 

@@ -13,6 +13,7 @@ attribute: megatron checkpoints it as a replica, DDP all-reduces its gradient ov
 ranks); under sequence parallelism each TP rank sees only its positions, so it is tagged
 ``sequence_parallel`` and ``finalize_model_grads`` sums its gradient over the TP group.
 """
+
 from __future__ import annotations
 
 import torch

@@ -17,6 +17,7 @@ Formats, by file suffix:
 
 ``b`` is a K-bit integer mask (as ``--code-offset``, bit j = 2^j) or a list of K bits (j = 0 first).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,12 +50,16 @@ class CodeMatrixFile:
         """One line describing A, and a warning line when a weight is below paper 2's 4."""
         rows, cols = self.weights()
         k = self.num_bits
-        lines = [f"--code-matrix {self.path}: {k}x{k}, full rank over GF(2); row weights {rows} "
-                 f"(min {min(rows)}), column weights {cols} (min {min(cols)})"
-                 + ("" if self.offset is None else f"; offset b = {self.offset}")]
+        lines = [
+            f"--code-matrix {self.path}: {k}x{k}, full rank over GF(2); row weights {rows} "
+            f"(min {min(rows)}), column weights {cols} (min {min(cols)})"
+            + ("" if self.offset is None else f"; offset b = {self.offset}")
+        ]
         if min(rows) < PAPER_MIN_WEIGHT or min(cols) < PAPER_MIN_WEIGHT:
-            lines.append(f"warning: --code-matrix {self.path}: a row or column weight is below {PAPER_MIN_WEIGHT} "
-                         "(paper 2's constraint); the map is still injective, but not of the kind the paper evaluated")
+            lines.append(
+                f"warning: --code-matrix {self.path}: a row or column weight is below {PAPER_MIN_WEIGHT} "
+                "(paper 2's constraint); the map is still injective, but not of the kind the paper evaluated"
+            )
         return lines
 
 
@@ -65,7 +70,11 @@ def _parse_offset(value, num_bits: int) -> int:
         mask = value
     elif isinstance(value, str):
         mask = int(value.strip(), 0)
-    elif isinstance(value, list) and len(value) == num_bits and all(v in (0, 1) and not isinstance(v, bool) for v in value):
+    elif (
+        isinstance(value, list)
+        and len(value) == num_bits
+        and all(v in (0, 1) and not isinstance(v, bool) for v in value)
+    ):
         mask = sum(int(v) << j for j, v in enumerate(value))
     else:
         raise ValueError(f"offset must be an integer mask or a list of {num_bits} bits, got {value!r}")
@@ -121,8 +130,10 @@ def _load(path: str) -> CodeMatrixFile:
         if isinstance(data, dict):
             unknown = set(data) - {"matrix", "offset"}
             if "matrix" not in data or unknown:
-                raise ValueError('expected {"matrix": [[...]], "offset": b} or a list of rows'
-                                 + (f"; unknown keys {sorted(unknown)}" if unknown else ""))
+                raise ValueError(
+                    'expected {"matrix": [[...]], "offset": b} or a list of rows'
+                    + (f"; unknown keys {sorted(unknown)}" if unknown else "")
+                )
             rows, offset_raw = data["matrix"], data.get("offset")
         else:
             rows = data

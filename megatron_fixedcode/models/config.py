@@ -1,4 +1,5 @@
 """`ModelConfig`: the architecture and input interface of one model, as plain data."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -33,8 +34,11 @@ FP8_RECIPES = ("delayed", "tensorwise", "mxfp8", "blockwise")  # TransformerConf
 
 def block_of(normalization: str, gated_linear_unit: bool) -> str:
     """The :data:`BLOCKS` name of Megatron-LM's --normalization and --swiglu."""
-    return next(name for name, b in BLOCKS.items()
-                if (b["normalization"], b["gated_linear_unit"]) == (normalization, gated_linear_unit))
+    return next(
+        name
+        for name, b in BLOCKS.items()
+        if (b["normalization"], b["gated_linear_unit"]) == (normalization, gated_linear_unit)
+    )
 
 
 def fixed_code_conflict(input_embedding: str, *, tied: bool, position_embedding_type: str) -> str | None:
@@ -128,27 +132,35 @@ class ModelConfig:
     fp8_param: bool = False
 
     def __post_init__(self):
-        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size",
-                     "seq_length", "vocab_size"):
+        for name in ("num_layers", "hidden_size", "num_attention_heads", "ffn_hidden_size", "seq_length", "vocab_size"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.padded_vocab is not None and self.padded_vocab < self.vocab_size:
-            raise ValueError(f"--padded-vocab-size {self.padded_vocab} is smaller than the vocabulary ({self.vocab_size}): "
-                             "the output layer needs a row per token")
+            raise ValueError(
+                f"--padded-vocab-size {self.padded_vocab} is smaller than the vocabulary ({self.vocab_size}): "
+                "the output layer needs a row per token"
+            )
         if self.hidden_size % self.num_attention_heads:
             raise ValueError(
                 f"hidden_size={self.hidden_size} is not divisible by num_attention_heads={self.num_attention_heads}"
             )
         if self.gelu_approximation not in GELU_APPROXIMATIONS:
-            raise ValueError(f"gelu_approximation must be one of {GELU_APPROXIMATIONS}, got {self.gelu_approximation!r}")
+            raise ValueError(
+                f"gelu_approximation must be one of {GELU_APPROXIMATIONS}, got {self.gelu_approximation!r}"
+            )
         if self.block not in BLOCKS:
             raise ValueError(f"block must be one of {sorted(BLOCKS)}, got {self.block!r}")
         if self.input_embedding not in INPUT_EMBEDDINGS:
             raise ValueError(f"input_embedding must be one of {INPUT_EMBEDDINGS}, got {self.input_embedding!r}")
         if self.position_embedding_type not in POSITION_EMBEDDINGS:
-            raise ValueError(f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got {self.position_embedding_type!r}")
-        why = fixed_code_conflict(self.input_embedding, tied=self.share_embeddings_and_output_weights,
-                                  position_embedding_type=self.position_embedding_type)
+            raise ValueError(
+                f"position_embedding_type must be one of {POSITION_EMBEDDINGS}, got {self.position_embedding_type!r}"
+            )
+        why = fixed_code_conflict(
+            self.input_embedding,
+            tied=self.share_embeddings_and_output_weights,
+            position_embedding_type=self.position_embedding_type,
+        )
         if why:
             field = "share_embeddings_and_output_weights" if why == NO_TABLE_TO_TIE else "position_embedding_type"
             raise ValueError(f"{field}: input_embedding {self.input_embedding!r} {why}")
@@ -161,7 +173,9 @@ class ModelConfig:
         if self.transformer_impl not in TRANSFORMER_IMPLS:
             raise ValueError(f"transformer_impl must be one of {TRANSFORMER_IMPLS}, got {self.transformer_impl!r}")
         if self.recompute_granularity not in (None, "full", "selective"):
-            raise ValueError(f"recompute_granularity must be full, selective or None, got {self.recompute_granularity!r}")
+            raise ValueError(
+                f"recompute_granularity must be full, selective or None, got {self.recompute_granularity!r}"
+            )
         if self.fp8 not in (None, *FP8_FORMATS):
             raise ValueError(f"fp8 must be one of {FP8_FORMATS} or None, got {self.fp8!r}")
         if self.fp8_recipe not in FP8_RECIPES:
@@ -171,16 +185,22 @@ class ModelConfig:
         if self.fp8_amax_compute_algo not in ("most_recent", "max"):
             raise ValueError(f"fp8_amax_compute_algo must be most_recent or max, got {self.fp8_amax_compute_algo!r}")
         if fp8_needs(self.fp8, bf16=self.bf16, transformer_impl=self.transformer_impl):
-            raise ValueError("fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)")
+            raise ValueError(
+                "fp8 needs bf16=True and Transformer Engine layers (transformer_impl auto or transformer_engine)"
+            )
         if self.bf16 and self.autocast_bf16:
-            raise ValueError("bf16 (BF16 weights) and autocast_bf16 (FP32 weights under BF16 autocast) exclude each other")
+            raise ValueError(
+                "bf16 (BF16 weights) and autocast_bf16 (FP32 weights under BF16 autocast) exclude each other"
+            )
         if self.fp8_param and not self.fp8:
             raise ValueError("fp8_param needs fp8")
         if self.code_matrix is not None:
             self.code_matrix = tuple(tuple(int(v) for v in row) for row in self.code_matrix)  # JSON gives lists
             if self.input_embedding != MATRIX_CODE:
-                raise ValueError(f"code_matrix is the GF(2) recoding matrix: it needs input_embedding {MATRIX_CODE}, "
-                                 f"not {self.input_embedding!r}")
+                raise ValueError(
+                    f"code_matrix is the GF(2) recoding matrix: it needs input_embedding {MATRIX_CODE}, "
+                    f"not {self.input_embedding!r}"
+                )
         self.code_spec()  # validates V vs K, d >= K, seeds
 
     def code_spec(self) -> CodeSpec | None:
@@ -221,12 +241,14 @@ class ModelConfig:
         return CodeSpec.create(**fields, scale=scale)
 
     def padded_vocab_size(self, tensor_model_parallel_size: int = 1) -> int:
-        return padded_vocab_size(self.vocab_size, self.make_vocab_size_divisible_by, tensor_model_parallel_size,
-                                 self.padded_vocab)
+        return padded_vocab_size(
+            self.vocab_size, self.make_vocab_size_divisible_by, tensor_model_parallel_size, self.padded_vocab
+        )
 
 
-def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_model_parallel_size: int = 1,
-                      padded: int | None = None) -> int:
+def padded_vocab_size(
+    vocab_size: int, divisible_by: int, tensor_model_parallel_size: int = 1, padded: int | None = None
+) -> int:
     """Output-layer rows as Megatron-LM sets them: --padded-vocab-size as given, else the vocabulary
     rounded up to a multiple of --make-vocab-size-divisible-by × TP."""
     if padded is not None:

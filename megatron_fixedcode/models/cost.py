@@ -1,4 +1,5 @@
 """What a model costs: parameter counts and the bytes the fixed code saves against the table."""
+
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,9 @@ def parameter_report(
         "learned_table_params": table_params,
         # lowdim keeps a V×K trainable table (replicated over TP ranks): it saves only the rest.
         "optimizer_state_bytes_saved": 0 if learned else (table_params - int(counts[2])) * 8,
-        "table_bytes_saved_per_tp_rank": 0 if learned else table_params * bytes_per_param // tp - int(counts[2]) * bytes_per_param,
+        "table_bytes_saved_per_tp_rank": 0
+        if learned
+        else table_params * bytes_per_param // tp - int(counts[2]) * bytes_per_param,
     }
 
 

@@ -9,6 +9,7 @@ cuts the batch with ``training.batches.split_for_context_parallel``). Nothing is
 The bit tables are buffers: ``module.to(device)`` takes them along, and the forward runs on the
 ids' device (the compiled kernel for CPU ids, torch ops for CUDA ids).
 """
+
 from __future__ import annotations
 
 import json
@@ -101,9 +102,7 @@ class FixedCodeEmbedding(MegatronModule):
                 "fixed code; use 'rope' (the papers) or 'none'"
             )
         if code_spec.hidden_size != config.hidden_size:
-            raise ValueError(
-                f"code hidden_size={code_spec.hidden_size} != model hidden_size={config.hidden_size}"
-            )
+            raise ValueError(f"code hidden_size={code_spec.hidden_size} != model hidden_size={config.hidden_size}")
         self.code_spec = code_spec
         self.scatter_to_sequence_parallel = scatter_to_sequence_parallel
         self.tp_group = tp_group
@@ -116,23 +115,22 @@ class FixedCodeEmbedding(MegatronModule):
         if sys.byteorder != "little":  # code_values reads code words as little-endian bytes
             raise NotImplementedError("FixedCodeEmbedding needs a little-endian machine")
         self._fold_shifts = _parity_fold_shifts(code_spec.num_bits)
-        self.register_buffer(
-            "row_masks_K", torch.tensor(code_spec.row_masks(), dtype=torch.int64), persistent=True
-        )
-        self.register_buffer(
-            "offset_K", torch.tensor(code_spec.offset, dtype=torch.int64), persistent=True
-        )
+        self.register_buffer("row_masks_K", torch.tensor(code_spec.row_masks(), dtype=torch.int64), persistent=True)
+        self.register_buffer("offset_K", torch.tensor(code_spec.offset, dtype=torch.int64), persistent=True)
         if code_spec.implementation == "lookup":
             codebook = torch.from_numpy(code_spec.codebook())
             self.register_buffer("codebook_VK", codebook, persistent=True)
             # Derived, not saved: the codebook's rows packed into code words (bit i = column i).
-            self.register_buffer("codebook_words_V", _to_code_words(bits_to_ids(codebook.numpy()), code_spec.num_bits),
-                                 persistent=False)
+            self.register_buffer(
+                "codebook_words_V", _to_code_words(bits_to_ids(codebook.numpy()), code_spec.num_bits), persistent=False
+            )
         else:
             self.codebook_VK = None
             tables = code_spec.id_byte_tables()
             tables[0] ^= code_spec.offset_mask()  # XOR-ed once per id: fold b into byte 0's table
-            self.register_buffer("id_byte_code_words_J256", _to_code_words(tables, code_spec.num_bits), persistent=False)
+            self.register_buffer(
+                "id_byte_code_words_J256", _to_code_words(tables, code_spec.num_bits), persistent=False
+            )
         self._byte_values_cache: dict[tuple[torch.device, torch.dtype], torch.Tensor] = {}
         self._bit_pair_values: torch.Tensor | None = None
         if self.kernel == "fused" and fixed_code_cpu_kernel() is None:
@@ -219,14 +217,26 @@ class FixedCodeEmbedding(MegatronModule):
         if self._bit_pair_values is None:  # bit_values of a 0 bit and of a 1 bit
             self._bit_pair_values = self.byte_values(input_ids.device)[:2, 0].contiguous()
         lookup = self.codebook_VK is not None
-        if not kernel.fixed_code_lift(input_ids, s_begin, s_count, self.code_spec.vocab_size,
-                                      self.codebook_words_V if lookup else self.id_byte_code_words_J256, lookup,
-                                      self._bit_pair_values, self.code_spec.num_bits, x_SBH):
+        if not kernel.fixed_code_lift(
+            input_ids,
+            s_begin,
+            s_count,
+            self.code_spec.vocab_size,
+            self.codebook_words_V if lookup else self.id_byte_code_words_J256,
+            lookup,
+            self._bit_pair_values,
+            self.code_spec.num_bits,
+            x_SBH,
+        ):
             self.check_token_ids(input_ids[:, s_begin : s_begin + s_count])  # raises, naming the id
         return x_SBH
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor | None = None,
-                tokentype_ids: torch.Tensor | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor | None = None,
+        tokentype_ids: torch.Tensor | None = None,
+    ) -> torch.Tensor:
         if tokentype_ids is not None:
             raise ValueError("FixedCodeEmbedding has no token-type embeddings")
         sequence_parallel = self.config.sequence_parallel and self.scatter_to_sequence_parallel

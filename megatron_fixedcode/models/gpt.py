@@ -8,6 +8,7 @@ Each transformer layer initialises from a seed of its global layer number
 (:func:`compat.rng.layer_init_seed`), so the same layer starts from the same weights whichever
 pipeline stage builds it.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -73,13 +74,21 @@ class InputInterfaceGPTModel(GPTModel):
     LanguageModelEmbedding). With a fixed code the output layer is untied and trainable; the learned
     table may be tied to it (Megatron-LM's default)."""
 
-    def __init__(self, *, embedding_factory: Callable[..., torch.nn.Module] = learned_embedding,
-                 init_seed: int | None = None, **gpt_kwargs):
+    def __init__(
+        self,
+        *,
+        embedding_factory: Callable[..., torch.nn.Module] = learned_embedding,
+        init_seed: int | None = None,
+        **gpt_kwargs,
+    ):
         """``init_seed`` (default: torch's current seed) seeds each layer's init by its global number."""
         gpt_kwargs["transformer_layer_spec"] = with_layout_independent_init(
-            gpt_kwargs["transformer_layer_spec"], torch.initial_seed() if init_seed is None else init_seed)
+            gpt_kwargs["transformer_layer_spec"], torch.initial_seed() if init_seed is None else init_seed
+        )
         if gpt_kwargs.get("share_embeddings_and_output_weights", False) and embedding_factory is not learned_embedding:
-            raise ValueError("share_embeddings_and_output_weights must be False: a fixed code cannot be tied to the head")
+            raise ValueError(
+                "share_embeddings_and_output_weights must be False: a fixed code cannot be tied to the head"
+            )
         if gpt_kwargs.get("mtp_block_spec") is not None:
             raise ValueError("multi-token prediction is not supported (it re-embeds with the input table)")
         # read by GPTModel.__init__ (setup_embeddings_and_output_layer) on every stage, also those

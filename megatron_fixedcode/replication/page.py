@@ -2,6 +2,7 @@
 seed range), each variant's min–max seed range and its mean's difference from learned's in percent,
 loss curves, model readings. Every number on the page is read from a committed JSON (or the study's
 recipe), so re-running the report changes nothing."""
+
 from __future__ import annotations
 
 import json
@@ -61,9 +62,13 @@ def plot_curves(records: dict[Run, dict], out: Path) -> Path:
     import matplotlib.pyplot as plt
 
     first_seed = min(r.seed for r in records)
-    panels = [("learned, binary, gf2: every seed", [r for r in records if r.variant in MAIN_VARIANTS]),
-              (f"controls (seed {first_seed}) beside learned and binary",
-               [r for r in records if r.seed == first_seed and r.variant not in ("gf2",)])]
+    panels = [
+        ("learned, binary, gf2: every seed", [r for r in records if r.variant in MAIN_VARIANTS]),
+        (
+            f"controls (seed {first_seed}) beside learned and binary",
+            [r for r in records if r.seed == first_seed and r.variant not in ("gf2",)],
+        ),
+    ]
     colors = {v: f"C{i % 10}" for i, v in enumerate(VARIANTS)}
     fig, axes = plt.subplots(1, 2, figsize=(13, 5), sharey=True)
     lo = min(min(rec["curve"]["loss"]) for rec in records.values())
@@ -92,8 +97,10 @@ def _fmt(x: float | None, spec: str, none: str = "n/a") -> str:
 
 def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
     head = " | ".join(f"seed {s}" for s in seeds)
-    lines = [f"| input | {head} | mean | seed range (min – max) | rel. seed range | mean vs learned's mean "
-             "| controls for |", "|---|" + "---|" * (len(seeds) + 5)]
+    lines = [
+        f"| input | {head} | mean | seed range (min – max) | rel. seed range | mean vs learned's mean | controls for |",
+        "|---|" + "---|" * (len(seeds) + 5),
+    ]
     for variant, t in table.items():
         by_seed = dict(zip(t["seeds"], t["val_ppl"]))
         cells = [_fmt(by_seed.get(s), PPL, "–") for s in seeds]
@@ -101,8 +108,10 @@ def ppl_table(table: dict[str, dict], seeds: list[int]) -> list[str]:
         spread = f"{t['summary']['min']:{PPL}} – {t['summary']['max']:{PPL}}" if several else "n/a (1 seed)"
         rel = f"{100 * t['summary']['relative_range']:.2f}%" if several else "n/a"
         gap = "–" if variant == "learned" else _fmt(gap_percent(table, variant), "+.1f") + "%"
-        lines.append(f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {spread} | {rel} | {gap} | "
-                     f"{VARIANTS[variant][1]} |")
+        lines.append(
+            f"| {variant} | {' | '.join(cells)} | {t['summary']['mean']:{PPL}} | {spread} | {rel} | {gap} | "
+            f"{VARIANTS[variant][1]} |"
+        )
     return lines
 
 
@@ -111,21 +120,38 @@ def readings_tables(records: dict[Run, dict]) -> list[str]:
     if not analysed:
         return ["No analysed run has finished yet."]
     sites = analysed[0][1]["sites"]
-    lines = ["Mean L2 norm of the residual stream at each site (held-out windows):", "",
-             "| run | " + " | ".join(sites) + " | growth (last / input) |", "|---|" + "---|" * (len(sites) + 1)]
+    lines = [
+        "Mean L2 norm of the residual stream at each site (held-out windows):",
+        "",
+        "| run | " + " | ".join(sites) + " | growth (last / input) |",
+        "|---|" + "---|" * (len(sites) + 1),
+    ]
     for run, rd in analysed:
         norms = rd["mean_norm"]
         lines.append(f"| {run.name} | " + " | ".join(f"{n:.1f}" for n in norms) + f" | {norms[-1] / norms[0]:.1f}× |")
-    lines += ["", "Mean cosine between residual vectors at random position pairs (1 = one shared direction):", "",
-              "| run | " + " | ".join(sites) + " |", "|---|" + "---|" * len(sites)]
+    lines += [
+        "",
+        "Mean cosine between residual vectors at random position pairs (1 = one shared direction):",
+        "",
+        "| run | " + " | ".join(sites) + " |",
+        "|---|" + "---|" * len(sites),
+    ]
     for run, rd in analysed:
         lines.append(f"| {run.name} | " + " | ".join(f"{c:.2f}" for c in rd["mean_cosine"]) + " |")
     blocks = len(analysed[0][1]["ablation_delta"])
-    lines += ["", "Loss increase (nats/token) when one block is skipped:", "",
-              "| run | intact loss | " + " | ".join(f"block {i}" for i in range(blocks)) + " |",
-              "|---|---|" + "---|" * blocks]
+    lines += [
+        "",
+        "Loss increase (nats/token) when one block is skipped:",
+        "",
+        "| run | intact loss | " + " | ".join(f"block {i}" for i in range(blocks)) + " |",
+        "|---|---|" + "---|" * blocks,
+    ]
     for run, rd in analysed:
-        lines.append(f"| {run.name} | {rd['ablation_loss']:.3f} | " + " | ".join(f"{d:+.3f}" for d in rd["ablation_delta"]) + " |")
+        lines.append(
+            f"| {run.name} | {rd['ablation_loss']:.3f} | "
+            + " | ".join(f"{d:+.3f}" for d in rd["ablation_delta"])
+            + " |"
+        )
     return lines
 
 
@@ -135,7 +161,11 @@ def proportions(plan: StudyPlan, records: dict[Run, dict]) -> str:
     r = yaml.safe_load(plan.recipe.read_text())
     k = (plan.vocab_size - 1).bit_length()
     share = [rec["parameters"] for run, rec in records.items() if run.variant == "learned"]
-    table = f"; the learned table's share of parameters {plan.vocab_size * r['hidden_size'] / share[0]:.1%}" if share else ""
+    table = (
+        f"; the learned table's share of parameters {plan.vocab_size * r['hidden_size'] / share[0]:.1%}"
+        if share
+        else ""
+    )
     return f"d/K = {r['hidden_size'] / k:.0f}, papers 64 and 128{table}, papers ~12% and ~5.5%"
 
 
@@ -145,17 +175,29 @@ def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
     d, seq, gbs = r["hidden_size"], r["seq_length"], r["global_batch_size"]
     targets = plan.train_iters * gbs * seq
     params = {run.variant: rec["parameters"] for run, rec in records.items()}
-    table_share = (f"{plan.vocab_size * d / params['learned']:.1%} of the learned model's {params['learned']:,} parameters"
-                   if "learned" in params else "")
+    table_share = (
+        f"{plan.vocab_size * d / params['learned']:.1%} of the learned model's {params['learned']:,} parameters"
+        if "learned" in params
+        else ""
+    )
     speed = sorted(rec["tokens_per_second"] for rec in records.values())
     counts = sorted({rec["val_tokens"] for rec in records.values() if "val_tokens" in rec})
-    scored = ("every record has " + f"{counts[0]:,}" if len(counts) == 1 else
-              "records differ: " + ", ".join(f"{c:,}" for c in counts) if counts else "no record yet")
-    measured = (f"Measured: {speed[len(speed) // 2]:,} tokens/s per run (median of {len(speed)} runs, one "
-                f"single-threaded process each, {len(speed) and min(speed):,}–{max(speed):,}), i.e. "
-                f"~{targets / speed[len(speed) // 2] / 60:.0f} min per run and "
-                f"~{len(plan.runs) * targets / speed[len(speed) // 2] / 3600 / 2:.1f} h for the {len(plan.runs)} runs "
-                f"two at a time." if speed else "")
+    scored = (
+        "every record has " + f"{counts[0]:,}"
+        if len(counts) == 1
+        else "records differ: " + ", ".join(f"{c:,}" for c in counts)
+        if counts
+        else "no record yet"
+    )
+    measured = (
+        f"Measured: {speed[len(speed) // 2]:,} tokens/s per run (median of {len(speed)} runs, one "
+        f"single-threaded process each, {len(speed) and min(speed):,}–{max(speed):,}), i.e. "
+        f"~{targets / speed[len(speed) // 2] / 60:.0f} min per run and "
+        f"~{len(plan.runs) * targets / speed[len(speed) // 2] / 3600 / 2:.1f} h for the {len(plan.runs)} runs "
+        f"two at a time."
+        if speed
+        else ""
+    )
     return (
         f"**Data.** {plan.corpus_mb:g} MB of the shared English corpus (Gutenberg books without license text, State of "
         f"the Union speeches, WikiText-2 valid) as ~4,000-character paragraph-aligned documents, split train/held-out by "
@@ -177,20 +219,26 @@ def setup_text(plan: StudyPlan, records: dict[Run, dict], data: dict) -> str:
         f"Recipe `{plan.recipe.relative_to(plan.recipe.parents[2])}`; each run's exact flags are in its record.\n\n"
         f"**Evaluation.** Held-out perplexity on the held-out documents in order, EOD before each, in windows of "
         f"{seq}, whole windows until at least {plan.eval_tokens:,} targets: {scored} scored targets "
-        f"(the same windows for every run).\n\n{measured}")
+        f"(the same windows for every run).\n\n{measured}"
+    )
 
 
 def write_report(plan: StudyPlan, records: dict[Run, dict], data: dict, out: Path, results_dir: Path) -> Path:
     """The page at ``out``; the plot and the hand-written reading live with the records."""
     seeds = sorted({r.seed for r in plan.runs})
     missing = [r.name for r in plan.runs if r not in records]
-    status = (f"All {len(plan.runs)} runs of the plan are done." if not missing else
-              f"**In progress: {len(records)} of {len(plan.runs)} runs done.** Still to run: {', '.join(missing)}. "
-              "Re-running the command trains only these.")
+    status = (
+        f"All {len(plan.runs)} runs of the plan are done."
+        if not missing
+        else f"**In progress: {len(records)} of {len(plan.runs)} runs done.** Still to run: {', '.join(missing)}. "
+        "Re-running the command trains only these."
+    )
     figure = plot_curves(records, results_dir / "loss_curves.png") if records else None
     table = variant_table(records)
     reading_path = results_dir / READING_FILE
-    reading = reading_path.read_text() if reading_path.is_file() else "(The reading is written when the study is complete.)"
+    reading = (
+        reading_path.read_text() if reading_path.is_file() else "(The reading is written when the study is complete.)"
+    )
     dates = sorted(rec["date"] for rec in records.values())
     text = f"""# Small-scale study (CPU): learned input table vs fixed codes, with controls
 

@@ -1,6 +1,7 @@
 """Finished runs on disk: one JSON per run (``<variant>_s<seed>.json``), written atomically when the
 run's evaluation is complete, so a killed sitting never leaves a record that looks finished. A
 record counts as done only for the config hash it was made with."""
+
 from __future__ import annotations
 
 import json

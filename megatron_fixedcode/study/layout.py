@@ -1,4 +1,5 @@
 """Where everything of one study lives: a single directory, so that the study is one unit."""
+
 from __future__ import annotations
 
 import dataclasses

@@ -16,6 +16,7 @@ what the study *meant* to run:
 :func:`check_comparable` is the report's gate: runs whose data, tokenizer or protocol differ are
 refused, naming the field.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -46,15 +47,22 @@ def eval_protocol(tasks: str, limit: float | None, tasks_dir: str | Path | None 
     """What fixes the evaluation: the same dict for every model of a study (hashed in the record)."""
     try:
         import importlib.metadata as md
+
         lm_eval_version = md.version("lm_eval")
     except Exception:  # noqa: BLE001 - not installed: recorded as such
         lm_eval_version = None
     files = {}
     if tasks_dir and Path(tasks_dir).is_dir():
-        files = {p.name: file_sha256(p) for p in sorted(Path(tasks_dir).iterdir())
-                 if p.suffix in (".yaml", ".py")}
-    return {"tasks": tasks, "limit": limit, "lm_eval": lm_eval_version, "task_files": files,
-            "chat_template": False, "add_bos_token": False, "prefix_token": "eod"}
+        files = {p.name: file_sha256(p) for p in sorted(Path(tasks_dir).iterdir()) if p.suffix in (".yaml", ".py")}
+    return {
+        "tasks": tasks,
+        "limit": limit,
+        "lm_eval": lm_eval_version,
+        "task_files": files,
+        "chat_template": False,
+        "add_bos_token": False,
+        "prefix_token": "eod",
+    }
 
 
 def training_state(ckpt_dir: str | Path) -> dict | None:
@@ -71,8 +79,11 @@ def planned_steps(state: dict) -> int:
     --train-tokens rounded up to a whole step)."""
     cfg = state["run_config"]
     per_step = state["global_batch_size"] * cfg["seq_length"]
-    candidates = [s for s in (cfg.get("train_iters"),
-                              -(-cfg["train_tokens"] // per_step) if cfg.get("train_tokens") else None) if s]
+    candidates = [
+        s
+        for s in (cfg.get("train_iters"), -(-cfg["train_tokens"] // per_step) if cfg.get("train_tokens") else None)
+        if s
+    ]
     return min(candidates)
 
 
@@ -81,8 +92,9 @@ def training_finished(ckpt_dir: str | Path) -> bool:
     return state is not None and state["step"] >= planned_steps(state)
 
 
-def build_record(*, variant: str, recipe: str, ckpt_dir: Path, manifest: Path, eval_result: dict,
-                 protocol: dict) -> dict[str, Any]:
+def build_record(
+    *, variant: str, recipe: str, ckpt_dir: Path, manifest: Path, eval_result: dict, protocol: dict
+) -> dict[str, Any]:
     state = training_state(ckpt_dir)
     if state is None:
         raise ValueError(f"{ckpt_dir}: no complete checkpoint; the training of {variant} has not finished")
@@ -116,14 +128,25 @@ def check_comparable(records: list[dict[str, Any]]) -> None:
         values = {r["variant"]: r.get(field) for r in records}
         if len(set(values.values())) > 1:
             listed = ", ".join(f"{v} {str(h)[:16]}" for v, h in values.items())
-            raise ValueError(f"the runs differ in {field} ({listed}): they are not one study; "
-                             "the report does not put them side by side")
+            raise ValueError(
+                f"the runs differ in {field} ({listed}): they are not one study; "
+                "the report does not put them side by side"
+            )
 
 
 # --- a stage is done when its outputs verify -----------------------------------
 
-RECORD_KEYS = ("variant", "run_config", "config_hash", "eval_protocol", "eval_protocol_hash", "step", "tokens",
-               "data_manifest_fingerprint", "tokenizer_fingerprint")
+RECORD_KEYS = (
+    "variant",
+    "run_config",
+    "config_hash",
+    "eval_protocol",
+    "eval_protocol_hash",
+    "step",
+    "tokens",
+    "data_manifest_fingerprint",
+    "tokenizer_fingerprint",
+)
 
 
 def read_json(path: str | Path) -> Any:
@@ -132,8 +155,10 @@ def read_json(path: str | Path) -> Any:
     try:
         return json.loads(path.read_text())
     except (OSError, UnicodeDecodeError, ValueError) as e:
-        raise ValueError(f"{path}: cannot parse it ({type(e).__name__}: {e}); it is damaged: remove it and "
-                         "re-run the study to redo the stage that wrote it") from None
+        raise ValueError(
+            f"{path}: cannot parse it ({type(e).__name__}: {e}); it is damaged: remove it and "
+            "re-run the study to redo the stage that wrote it"
+        ) from None
 
 
 def _parsed(path: Path) -> tuple[Any, str | None]:

@@ -1,6 +1,7 @@
 """Paper 2's table from a study directory: one column per run (value ± evaluation standard
 error), reference columns from their own result files, the realized budgets, the request audit
 and the loss curves. Refuses runs that are not one study (:func:`record.check_comparable`)."""
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -10,8 +11,10 @@ from megatron_fixedcode.eval.audit import differing_request_sets
 from megatron_fixedcode.study.layout import StudyLayout
 from megatron_fixedcode.study.record import check_comparable, read_json, write_json_atomic
 
-STDERR_NOTE = ("± values are evaluation standard errors of one run (lm-eval's stderr over the examples), "
-               "not seed variability: each variant is one training run.")
+STDERR_NOTE = (
+    "± values are evaluation standard errors of one run (lm-eval's stderr over the examples), "
+    "not seed variability: each variant is one training run."
+)
 
 
 def table(results: dict[str, dict[str, Any]]) -> dict[str, dict[str, dict[str, float]]]:
@@ -37,9 +40,12 @@ def audit(results: dict[str, dict[str, Any]]) -> dict[str, Any]:
     for task in tasks:
         per = {run: (r.get("requests") or {}).get(task) for run, r in results.items()}
         hashes = {run: a["sha256"] if a else None for run, a in per.items()}
-        out[task] = {"requests": {run: a["requests"] if a else None for run, a in per.items()},
-                     "truncated": {run: a["truncated"] if a else None for run, a in per.items()},
-                     "sha256": hashes, "equal": len(set(hashes.values())) == 1}
+        out[task] = {
+            "requests": {run: a["requests"] if a else None for run, a in per.items()},
+            "truncated": {run: a["truncated"] if a else None for run, a in per.items()},
+            "sha256": hashes,
+            "equal": len(set(hashes.values())) == 1,
+        }
     return out
 
 
@@ -52,17 +58,32 @@ def markdown(data: dict[str, Any]) -> str:
     lines = ["# Paper-2 study report", "", STDERR_NOTE]
     if refs:
         differ = data["reference_request_sets_differ"]
-        lines.append("Columns marked (reference) are other models' result files evaluated with the same protocol: "
-                     "references, not controls." + (f" Their request sets differ on: {', '.join(differ)}." if differ else ""))
-    lines += ["", "## Runs", "", "| run | recipe | input | steps | prediction targets (checkpoint counter) | config sha256 |",
-             "|---|---|---|---|---|---|"]
+        lines.append(
+            "Columns marked (reference) are other models' result files evaluated with the same protocol: "
+            "references, not controls." + (f" Their request sets differ on: {', '.join(differ)}." if differ else "")
+        )
+    lines += [
+        "",
+        "## Runs",
+        "",
+        "| run | recipe | input | steps | prediction targets (checkpoint counter) | config sha256 |",
+        "|---|---|---|---|---|---|",
+    ]
     for run, rec in data["runs"].items():
-        lines.append(f"| {run} | {rec['recipe']} | {rec['input_embedding']} | {rec['step']} / {rec['planned_steps']} | "
-                     f"{rec['tokens']:,} | {rec['config_hash'][:16]} |")
+        lines.append(
+            f"| {run} | {rec['recipe']} | {rec['input_embedding']} | {rec['step']} / {rec['planned_steps']} | "
+            f"{rec['tokens']:,} | {rec['config_hash'][:16]} |"
+        )
     common = data["common"]
-    lines += ["", f"Data manifest sha256 `{common['data_manifest_fingerprint'][:16]}`, tokenizer "
-              f"`{common['tokenizer_fingerprint']}`, evaluation protocol sha256 `{common['eval_protocol_hash'][:16]}` "
-              "— equal for every run (checked).", "", "## Evaluation", ""]
+    lines += [
+        "",
+        f"Data manifest sha256 `{common['data_manifest_fingerprint'][:16]}`, tokenizer "
+        f"`{common['tokenizer_fingerprint']}`, evaluation protocol sha256 `{common['eval_protocol_hash'][:16]}` "
+        "— equal for every run (checked).",
+        "",
+        "## Evaluation",
+        "",
+    ]
     header = ["task / metric", *runs, *[f"{r} (reference)" for r in refs]]
     lines += ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
     for row, cells in data["table"].items():
@@ -71,8 +92,13 @@ def markdown(data: dict[str, Any]) -> str:
             c = cells.get(run)
             out.append("" if c is None else _fmt(c["value"]) + (f" ± {_fmt(c['stderr'])}" if "stderr" in c else ""))
         lines.append("| " + " | ".join(out) + " |")
-    lines += ["", "## Request audit", "", "| task | requests | truncated to the context | request sets equal |",
-              "|---|---|---|---|"]
+    lines += [
+        "",
+        "## Request audit",
+        "",
+        "| task | requests | truncated to the context | request sets equal |",
+        "|---|---|---|---|",
+    ]
     for task, a in data["audit"].items():
         trunc = ", ".join(f"{r} {n}" for r, n in a["truncated"].items())
         reqs = ", ".join(f"{r} {n}" for r, n in a["requests"].items())
@@ -80,9 +106,14 @@ def markdown(data: dict[str, Any]) -> str:
     if data.get("loss_curves"):
         lines += ["", "## Loss curves", "", f"![loss curves]({data['loss_curves']})"]
     if data.get("downstream_curves"):
-        lines += ["", "## Downstream scores during training", "",
-                  "Each checkpoint scored by its own job (--downstream-eval-tasks): downstream.jsonl of each run.", "",
-                  f"![downstream scores]({data['downstream_curves']})"]
+        lines += [
+            "",
+            "## Downstream scores during training",
+            "",
+            "Each checkpoint scored by its own job (--downstream-eval-tasks): downstream.jsonl of each run.",
+            "",
+            f"![downstream scores]({data['downstream_curves']})",
+        ]
     return "\n".join(lines) + "\n"
 
 
@@ -101,7 +132,7 @@ def plot_losses(curves: dict[str, Path], out: Path) -> Path | None:
     fig, ax = plt.subplots(figsize=(8, 5))
     for run, path in curves.items():
         steps, loss, val_steps, val_loss = read_curve(path)
-        line, = ax.plot(steps, loss, lw=0.8, label=f"{run} (train)")
+        (line,) = ax.plot(steps, loss, lw=0.8, label=f"{run} (train)")
         if val_steps:
             ax.plot(val_steps, val_loss, "o", ms=3, color=line.get_color(), label=f"{run} (valid)")
     ax.set_xlabel("step")
@@ -146,7 +177,7 @@ def plot_downstream(paths: dict[str, Path], out: Path) -> Path | None:
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("step")
         ax.legend(fontsize=7)
-    for ax in list(axes.flat)[len(curves):]:
+    for ax in list(axes.flat)[len(curves) :]:
         ax.axis("off")
     fig.tight_layout()
     fig.savefig(out, dpi=120, metadata={"Software": None})
@@ -158,11 +189,15 @@ def build(records: dict[str, dict], results: dict[str, dict], references: dict[s
     check_comparable(list(records.values()))
     first = next(iter(records.values()))
     differing = differing_request_sets([{**r, "label": run} for run, r in {**results, **references}.items()])
-    return {"runs": records, "references": sorted(references),
-            "common": {k: first[k] for k in ("data_manifest_fingerprint", "tokenizer_fingerprint", "eval_protocol_hash")},
-            "table": table({**results, **references}), "audit": audit(results),
-            "reference_request_sets_differ": sorted(t for t in differing if any(r in differing[t] for r in references)),
-            "note": STDERR_NOTE}
+    return {
+        "runs": records,
+        "references": sorted(references),
+        "common": {k: first[k] for k in ("data_manifest_fingerprint", "tokenizer_fingerprint", "eval_protocol_hash")},
+        "table": table({**results, **references}),
+        "audit": audit(results),
+        "reference_request_sets_differ": sorted(t for t in differing if any(r in differing[t] for r in references)),
+        "note": STDERR_NOTE,
+    }
 
 
 def write_report(layout: StudyLayout, variants: list[str], reference_files: list[str]) -> Path:

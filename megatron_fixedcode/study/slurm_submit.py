@@ -1,6 +1,7 @@
 """Submitting the study's job graph (``graph.py``) to Slurm: what is not done is submitted with its
 dependencies (``sbatch --parsable --dependency=afterok:...``); a job still queued or running from an earlier
 invocation is not submitted again (its state from every ``sacct`` line; squeue/scontrol without accounting)."""
+
 from __future__ import annotations
 
 import re
@@ -14,8 +15,17 @@ from megatron_fixedcode.study.layout import StudyLayout
 
 
 # Slurm states of a job that will still run (or is running): not resubmitted.
-IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "RESIZING", "SUSPENDED",
-             "REQUEUE_HOLD", "REQUEUE_FED"}
+IN_FLIGHT = {
+    "PENDING",
+    "RUNNING",
+    "REQUEUED",
+    "CONFIGURING",
+    "COMPLETING",
+    "RESIZING",
+    "SUSPENDED",
+    "REQUEUE_HOLD",
+    "REQUEUE_FED",
+}
 
 
 def _combined_state(states: list[str]) -> str | None:
@@ -32,13 +42,16 @@ def slurm_state(job_id: str, log=print) -> str | None:
     accounting (sacct fails) from squeue, then scontrol, which forget a job MinJobAge after it ends.
     None when Slurm does not know the job."""
     if shutil.which("sacct") is not None:
-        res = subprocess.run(["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True,
-                             text=True)
+        res = subprocess.run(
+            ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True, text=True
+        )
         states = [s.split()[0] for s in res.stdout.split("\n") if s.strip()] if res.returncode == 0 else []
         if states:
             return _combined_state(states)
         if res.returncode != 0:
-            log(f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead")
+            log(
+                f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead"
+            )
         # rc 0 and no line: slurmdbd has not recorded the job yet (it lags the controller): ask the controller
     if shutil.which("squeue") is None:
         return None
@@ -88,7 +101,9 @@ def submit(opts: StudyOptions, jobs: list[Job], log=print) -> dict[str, str]:
                 manifest_state = slurm_state(manifest, log)
                 if manifest_state in IN_FLIGHT:
                     ids[j.name] = old
-                    log(f"index: job {old} ended {state}, its manifest job {manifest} is {manifest_state}: not resubmitted")
+                    log(
+                        f"index: job {old} ended {state}, its manifest job {manifest} is {manifest_state}: not resubmitted"
+                    )
                     continue
             if state in IN_FLIGHT:
                 ids[j.name] = old

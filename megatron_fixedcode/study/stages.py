@@ -7,6 +7,7 @@
 * ``report``: ``report/report.{md,json}`` and ``report/loss_curves.png`` from the records.
 Each refuses to overwrite a finished output.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -17,8 +18,16 @@ from pathlib import Path
 from megatron_fixedcode.arguments.user_errors import ArgumentParser, user_errors
 from megatron_fixedcode.study.graph import load_options
 from megatron_fixedcode.study.layout import StudyLayout
-from megatron_fixedcode.study.record import (build_record, eval_protocol, eval_result_problem, export_stage_state,
-                                             read_json, record_problem, training_finished, write_json_atomic)
+from megatron_fixedcode.study.record import (
+    build_record,
+    eval_protocol,
+    eval_result_problem,
+    export_stage_state,
+    read_json,
+    record_problem,
+    training_finished,
+    write_json_atomic,
+)
 
 
 def _finished_training(layout: StudyLayout, variant: str) -> Path:
@@ -70,8 +79,14 @@ def evaluate(layout: StudyLayout, variant: str) -> None:
     if problem:  # a record counts only when it parses and carries the hashes it claims
         print(f"{problem}: writing the study record of {variant} again")
     if problem or not record_path.is_file():
-        record = build_record(variant=variant, recipe=opts.recipe_of(variant), ckpt_dir=layout.checkpoints(variant),
-                              manifest=layout.manifest, eval_result=result, protocol=protocol)
+        record = build_record(
+            variant=variant,
+            recipe=opts.recipe_of(variant),
+            ckpt_dir=layout.checkpoints(variant),
+            manifest=layout.manifest,
+            eval_result=result,
+            protocol=protocol,
+        )
         write_json_atomic(record_path, record)
         print(f"study record -> {record_path}")
 

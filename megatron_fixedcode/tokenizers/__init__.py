@@ -14,8 +14,9 @@ _EXPORTS = {
     "tokenizer_from_record": "registry",
     "tokenizer_record": "registry",
     "train_bpe_tokenizer": "train",
-    **dict.fromkeys(["carried_record", "write_carried_copy", "checkpoint_tokenizer", "checkpoint_tokenizer_files"],
-                    "carried"),
+    **dict.fromkeys(
+        ["carried_record", "write_carried_copy", "checkpoint_tokenizer", "checkpoint_tokenizer_files"], "carried"
+    ),
 }
 __getattr__, __dir__ = lazy_exports(__name__, _EXPORTS)
 

@@ -13,6 +13,7 @@ from collections import OrderedDict
 from pathlib import Path
 from typing import Optional, Sequence
 
+
 def register_with_megatron() -> None:
     """Make ``isinstance(tok, MegatronTokenizerBase)`` hold; called where tokenizers meet megatron-core."""
     from megatron.core.tokenizers import MegatronTokenizerBase
@@ -128,12 +129,18 @@ def tokenizer_files(a) -> tuple[Optional[str], Optional[str]]:
     if a.tokenizer_type != "GPT2BPETokenizer":
         if vocab or merges:
             flag = "--vocab-file" if vocab else "--merge-file"
-            raise ValueError(f"{flag}: read with --tokenizer-type GPT2BPETokenizer (GPT-2 BPE vocab.json + merges.txt) "
-                             f"only, not {a.tokenizer_type}")
+            raise ValueError(
+                f"{flag}: read with --tokenizer-type GPT2BPETokenizer (GPT-2 BPE vocab.json + merges.txt) "
+                f"only, not {a.tokenizer_type}"
+            )
         return a.tokenizer_model, None
     if a.tokenizer_model:
-        raise ValueError("--tokenizer-type GPT2BPETokenizer reads --vocab-file and --merge-file: drop --tokenizer-model")
+        raise ValueError(
+            "--tokenizer-type GPT2BPETokenizer reads --vocab-file and --merge-file: drop --tokenizer-model"
+        )
     if bool(vocab) != bool(merges):
-        raise ValueError(f"--tokenizer-type GPT2BPETokenizer needs both --vocab-file and --merge-file "
-                         f"(got only {'--vocab-file' if vocab else '--merge-file'})")
+        raise ValueError(
+            f"--tokenizer-type GPT2BPETokenizer needs both --vocab-file and --merge-file "
+            f"(got only {'--vocab-file' if vocab else '--merge-file'})"
+        )
     return vocab, merges

@@ -8,6 +8,7 @@ The checkpoint's tokenizer record names the copy relative to ``SAVE`` (``copy``)
 was trained from (``model``, ``merge_file``: for information); readers find the copy relative to
 where the checkpoint lies now. Checkpoints saved before (no ``copy``) are read from the recorded path.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -25,8 +26,9 @@ _HF_EXTRAS = ("tokenizer_config.json", "special_tokens_map.json")
 
 
 def _main_file(tokenizer_type: str) -> str:
-    return {"GPT2BPETokenizer": "vocab.json", "HuggingFaceTokenizer": "tokenizer.json"}.get(tokenizer_type,
-                                                                                            "tokenizer.model")
+    return {"GPT2BPETokenizer": "vocab.json", "HuggingFaceTokenizer": "tokenizer.json"}.get(
+        tokenizer_type, "tokenizer.model"
+    )
 
 
 def _sources(record: dict) -> dict[str, Path]:
@@ -36,8 +38,10 @@ def _sources(record: dict) -> dict[str, Path]:
         return {"vocab.json": model, "merges.txt": Path(record["merge_file"])}
     if kind == "HuggingFaceTokenizer":
         json_path = resolve_tokenizer_json(model)
-        return {"tokenizer.json": json_path,
-                **{name: json_path.parent / name for name in _HF_EXTRAS if (json_path.parent / name).is_file()}}
+        return {
+            "tokenizer.json": json_path,
+            **{name: json_path.parent / name for name in _HF_EXTRAS if (json_path.parent / name).is_file()},
+        }
     return {_main_file(kind): model}
 
 
@@ -57,8 +61,11 @@ def carried_record(record: dict, fingerprint: Optional[str] = None) -> dict:
         return record
     sources = _sources(record)
     folder = f"{CARRIED_DIR}/{_digest(sources)}"
-    copy = {"dir": folder, "model": f"{folder}/{_main_file(record.get('type') or '')}",
-            "files": sorted(f"{folder}/{name}" for name in sources)}
+    copy = {
+        "dir": folder,
+        "model": f"{folder}/{_main_file(record.get('type') or '')}",
+        "files": sorted(f"{folder}/{name}" for name in sources),
+    }
     if "merges.txt" in sources:
         copy["merge_file"] = f"{folder}/merges.txt"
     return {**record, **({"fingerprint": fingerprint} if fingerprint else {}), "copy": copy}
@@ -84,8 +91,10 @@ def write_carried_copy(root: str | Path, record: dict) -> Optional[Path]:
             with open(tmp / name, "rb") as f:
                 os.fsync(f.fileno())
         if _digest({p.name: p for p in tmp.iterdir()}) != final.name:
-            raise ValueError(f"tokenizer {record['model']}: its files changed since the run started "
-                             f"(they no longer hash to {final.name}); restore them or restart the run")
+            raise ValueError(
+                f"tokenizer {record['model']}: its files changed since the run started "
+                f"(they no longer hash to {final.name}); restore them or restart the run"
+            )
         try:
             os.rename(tmp, final)
         except OSError:
@@ -106,9 +115,9 @@ def carried_files(record: dict, root: str | Path) -> tuple[Optional[str], Option
     return str(Path(root) / copy["model"]), str(Path(root) / merges) if merges else None
 
 
-def checkpoint_tokenizer_files(record: dict, root: str | Path, where: str,
-                               explicit: Optional[str] = None,
-                               saved_fingerprint: Optional[str] = None) -> tuple[Optional[str], Optional[str]]:
+def checkpoint_tokenizer_files(
+    record: dict, root: str | Path, where: str, explicit: Optional[str] = None, saved_fingerprint: Optional[str] = None
+) -> tuple[Optional[str], Optional[str]]:
     """(model, merge_file) of the tokenizer of the checkpoint under ``root``: ``explicit``
     (``--tokenizer-model``) if given and the same tokenizer (fingerprint) as the one the checkpoint
     carries or was trained with, else the carried copy, else the recorded path. (None, None) when it
@@ -120,9 +129,11 @@ def checkpoint_tokenizer_files(record: dict, root: str | Path, where: str,
         theirs = build_tokenizer(kind, model, merge_file=merges).fingerprint if model else saved_fingerprint
         if record.get("model") and theirs and ours.fingerprint != theirs:
             carried = f"carried as {model}, " if model else ""
-            raise ValueError(f"--tokenizer-model {explicit} (fingerprint {ours.fingerprint}) is not the tokenizer "
-                             f"{where} was trained with ({carried}trained from {record['model']}, fingerprint "
-                             f"{theirs}); drop --tokenizer-model to use the checkpoint's own")
+            raise ValueError(
+                f"--tokenizer-model {explicit} (fingerprint {ours.fingerprint}) is not the tokenizer "
+                f"{where} was trained with ({carried}trained from {record['model']}, fingerprint "
+                f"{theirs}); drop --tokenizer-model to use the checkpoint's own"
+            )
         return explicit, merges or record.get("merge_file")
     if model:
         return model, merges
@@ -131,13 +142,15 @@ def checkpoint_tokenizer_files(record: dict, root: str | Path, where: str,
     missing = [p for p in (record["model"], record.get("merge_file")) if p and not Path(p).exists()]
     if missing:
         gone = " (its carried copy is missing too)" if record.get("copy") else ""
-        raise ValueError(f"{where}: tokenizer {missing[0]} recorded in the checkpoint is missing{gone}; "
-                         "pass --tokenizer-model")
+        raise ValueError(
+            f"{where}: tokenizer {missing[0]} recorded in the checkpoint is missing{gone}; pass --tokenizer-model"
+        )
     return record["model"], record.get("merge_file")
 
 
-def checkpoint_tokenizer(record: dict, root: str | Path, where: str, explicit: Optional[str] = None,
-                         saved_fingerprint: Optional[str] = None) -> Optional[Tokenizer]:
+def checkpoint_tokenizer(
+    record: dict, root: str | Path, where: str, explicit: Optional[str] = None, saved_fingerprint: Optional[str] = None
+) -> Optional[Tokenizer]:
     """The tokenizer :func:`checkpoint_tokenizer_files` finds, built; None when the checkpoint names none."""
     model, merges = checkpoint_tokenizer_files(record, root, where, explicit, saved_fingerprint)
     if model is None:

@@ -37,8 +37,9 @@ def load_vocab(path: Path) -> dict[str, int]:
     except ValueError as e:
         if str(e).startswith("--vocab-file"):
             raise
-        raise ValueError(f"--vocab-file: {path} is not a valid GPT-2 vocab.json ({e}); the file is damaged or "
-                         "truncated") from None
+        raise ValueError(
+            f"--vocab-file: {path} is not a valid GPT-2 vocab.json ({e}); the file is damaged or truncated"
+        ) from None
     if not isinstance(vocab, dict) or not all(isinstance(i, int) and i >= 0 for i in vocab.values()):
         raise ValueError(f"--vocab-file: {path} is not a GPT-2 vocab.json (a JSON object token -> id)")
     return vocab
@@ -69,8 +70,10 @@ class GPT2BPETokenizer(Tokenizer):
         merges = load_merges(merge_path)
         unknown = next((t for pair in merges for t in (*pair, "".join(pair)) if t not in self._vocab), None)
         if unknown is not None:
-            raise ValueError(f"--merge-file: {merge_path} merges into {unknown!r}, which {vocab_path} lacks: "
-                             "the files are not a pair")
+            raise ValueError(
+                f"--merge-file: {merge_path} merges into {unknown!r}, which {vocab_path} lacks: "
+                "the files are not a pair"
+            )
         try:
             tok = HFTokenizer(models.BPE(vocab=self._vocab, merges=merges))
         except Exception as e:  # noqa: BLE001 - tokenizers raises bare Exceptions

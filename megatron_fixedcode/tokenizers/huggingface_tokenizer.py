@@ -43,8 +43,9 @@ def _load(json_path: Path) -> HFTokenizer:
     try:
         return HFTokenizer.from_str(json_path.read_text(encoding="utf-8"))
     except Exception as e:  # noqa: BLE001 - tokenizers has no narrower exception type
-        raise ValueError(f"--tokenizer-model: {json_path} is not a valid tokenizer.json ({e}); "
-                         "the file is damaged or truncated") from None
+        raise ValueError(
+            f"--tokenizer-model: {json_path} is not a valid tokenizer.json ({e}); the file is damaged or truncated"
+        ) from None
 
 
 class HuggingFaceTokenizer(Tokenizer):

@@ -27,8 +27,7 @@ def build_tokenizer(
     is its vocab.json, ``merge_file`` its merges.txt)."""
     if tokenizer_type not in TOKENIZER_TYPES:
         raise ValueError(
-            f"--tokenizer-type {tokenizer_type!r} is not supported; "
-            f"choose one of {', '.join(TOKENIZER_TYPES)}"
+            f"--tokenizer-type {tokenizer_type!r} is not supported; choose one of {', '.join(TOKENIZER_TYPES)}"
         )
     if tokenizer_type == "GPT2BPETokenizer":
         return GPT2BPETokenizer(Path(tokenizer_model), eod_token, merge_file)
@@ -47,7 +46,11 @@ def tokenizer_from_record(record: dict, model: Optional[str] = None) -> Optional
     """The tokenizer a checkpoint's :func:`tokenizer_record` names (``model`` overrides its path), or None
     when it names no file (pre-tokenized data, --vocab-size)."""
     path = model or record.get("model")
-    return build_tokenizer(record.get("type") or "HuggingFaceTokenizer", path, merge_file=record.get("merge_file")) if path else None
+    return (
+        build_tokenizer(record.get("type") or "HuggingFaceTokenizer", path, merge_file=record.get("merge_file"))
+        if path
+        else None
+    )
 
 
 def tokenizer_record(a) -> dict:

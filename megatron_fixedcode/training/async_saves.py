@@ -8,6 +8,7 @@ signal, ``--exit-duration-in-mins`` or ``--exit-interval`` wait for the last one
 (a requeued job resumes from a complete checkpoint). A failed background write ends the run as a failed
 save does: one line, exit code 2, the previous checkpoint kept.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -35,8 +36,10 @@ class AsyncSaves:
             trainer.async_saves = self
             atexit.register(self._abort)  # an exception ends the run: the write in flight is dropped, not waited for
             if self.rank0:
-                logger.info("--async-save: checkpoints are written in the background by a persistent worker per rank; "
-                            "the 'latest' marker moves when every rank's files and checksums are complete")
+                logger.info(
+                    "--async-save: checkpoints are written in the background by a persistent worker per rank; "
+                    "the 'latest' marker moves when every rank's files and checksums are complete"
+                )
 
     def schedule(self, request, target, step: int) -> None:
         self.queue.schedule(request, target, step)
@@ -57,8 +60,11 @@ class AsyncSaves:
             error = checkpoint_write_error(target, e)
         else:
             if done is not None and self.rank0:
-                logger.info("saved checkpoint %s (written in the background; finalized %.1f s after it was started)",
-                            target, done[2])
+                logger.info(
+                    "saved checkpoint %s (written in the background; finalized %.1f s after it was started)",
+                    target,
+                    done[2],
+                )
             if done is not None:
                 self.on_finalized(step)
             return

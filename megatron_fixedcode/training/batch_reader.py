@@ -6,6 +6,7 @@ Either way step ``n`` reads the same samples (a pure function of the global samp
 and an exact resume do not depend on N: a resumed run starts the workers at its step's first sample. A step
 asked for out of order (a step run again) restarts the workers there.
 """
+
 from __future__ import annotations
 
 import atexit
@@ -36,6 +37,7 @@ class _Microbatches(torch.utils.data.Dataset):
 def _worker_init(exit_signal: str):
     """The trainer alone acts on signals (Megatron-LM's workers install its handler too), and a forked worker
     must not keep --save's flock alive after a ``kill -9`` of the trainer (utils/locks.py)."""
+
     def init(_worker_id: int) -> None:
         for sig in {signal.SIGTERM, signal.SIGINT, signal.Signals[exit_signal]}:
             signal.signal(sig, signal.SIG_IGN)
@@ -45,14 +47,26 @@ def _worker_init(exit_signal: str):
                     os.close(int(fd))
             except OSError:
                 pass
+
     return init
 
 
 class MicrobatchReader:
     """``read(step)``: (this rank's microbatches of ``step``, the error message of a bad sample or None)."""
 
-    def __init__(self, dataset, *, global_batch: int, micro_batch_size: int, dp_rank: int, dp_size: int,
-                 num_microbatches: int, total_samples: int, num_workers: int = 0, exit_signal: str = "SIGTERM"):
+    def __init__(
+        self,
+        dataset,
+        *,
+        global_batch: int,
+        micro_batch_size: int,
+        dp_rank: int,
+        dp_size: int,
+        num_microbatches: int,
+        total_samples: int,
+        num_workers: int = 0,
+        exit_signal: str = "SIGTERM",
+    ):
         self.dataset, self.global_batch, self.micro_batch_size = dataset, global_batch, micro_batch_size
         self.dp_rank, self.dp_size, self.num_microbatches = dp_rank, dp_size, num_microbatches
         self.total_samples, self.num_workers, self.exit_signal = total_samples, num_workers, exit_signal
@@ -61,10 +75,20 @@ class MicrobatchReader:
     def read(self, step: int) -> tuple[list[dict], str | None]:
         if self.num_workers == 0:
             try:
-                return [fetch_microbatch(self.dataset, rank_microbatch_indices(
-                            step, m, global_batch_size=self.global_batch, micro_batch_size=self.micro_batch_size,
-                            dp_rank=self.dp_rank, dp_size=self.dp_size))
-                        for m in range(self.num_microbatches)], None
+                return [
+                    fetch_microbatch(
+                        self.dataset,
+                        rank_microbatch_indices(
+                            step,
+                            m,
+                            global_batch_size=self.global_batch,
+                            micro_batch_size=self.micro_batch_size,
+                            dp_rank=self.dp_rank,
+                            dp_size=self.dp_size,
+                        ),
+                    )
+                    for m in range(self.num_microbatches)
+                ], None
             except TokenIdOutOfRange as e:
                 return [], str(e)
         if step != self._next_step:
@@ -84,15 +108,26 @@ class MicrobatchReader:
 
     def _start(self, step: int) -> None:
         self.close()  # a restart: the previous workers end first
-        sampler = RankMicrobatchSampler(total_samples=self.total_samples, consumed_samples=step * self.global_batch,
-                                        micro_batch_size=self.micro_batch_size, dp_rank=self.dp_rank,
-                                        dp_size=self.dp_size)
+        sampler = RankMicrobatchSampler(
+            total_samples=self.total_samples,
+            consumed_samples=step * self.global_batch,
+            micro_batch_size=self.micro_batch_size,
+            dp_rank=self.dp_rank,
+            dp_size=self.dp_size,
+        )
         if not self._closes_at_exit:  # before multiprocessing's exit handler (atexit runs the latest first)
             atexit.register(_close_at_exit, weakref.ref(self))
             self._closes_at_exit = True
-        self._batches = iter(torch.utils.data.DataLoader(
-            _Microbatches(self.dataset), sampler=sampler, batch_size=None, num_workers=self.num_workers,
-            worker_init_fn=_worker_init(self.exit_signal), multiprocessing_context="fork"))
+        self._batches = iter(
+            torch.utils.data.DataLoader(
+                _Microbatches(self.dataset),
+                sampler=sampler,
+                batch_size=None,
+                num_workers=self.num_workers,
+                worker_init_fn=_worker_init(self.exit_signal),
+                multiprocessing_context="fork",
+            )
+        )
 
 
 def reader_of(trainer, dataset) -> MicrobatchReader:
@@ -101,11 +136,16 @@ def reader_of(trainer, dataset) -> MicrobatchReader:
     readers = trainer.__dict__.setdefault("_readers", {})
     if id(dataset) not in readers:
         readers[id(dataset)] = MicrobatchReader(
-            dataset, global_batch=trainer.global_batch, micro_batch_size=trainer.cfg.schedule.micro_batch_size,
-            dp_rank=trainer.ranks["dp_rank"], dp_size=trainer.ranks["dp_size"],
-            num_microbatches=trainer.num_microbatches, total_samples=trainer.max_steps * trainer.global_batch,
+            dataset,
+            global_batch=trainer.global_batch,
+            micro_batch_size=trainer.cfg.schedule.micro_batch_size,
+            dp_rank=trainer.ranks["dp_rank"],
+            dp_size=trainer.ranks["dp_size"],
+            num_microbatches=trainer.num_microbatches,
+            total_samples=trainer.max_steps * trainer.global_batch,
             num_workers=trainer.cfg.data.num_workers if dataset is trainer.train_ds else 0,
-            exit_signal=trainer.cfg.checkpoint.exit_signal)
+            exit_signal=trainer.cfg.checkpoint.exit_signal,
+        )
     return readers[id(dataset)]
 
 
@@ -113,4 +153,3 @@ def _close_at_exit(ref: weakref.ref) -> None:
     reader = ref()
     if reader is not None:
         reader.close()
-

@@ -4,6 +4,7 @@ this rank's share of the sequence under context parallelism.
 A microbatch is a dict of ``[b, s]`` tensors (``tokens``, ``labels``, ``loss_mask``, optionally
 ``position_ids``), as the datasets collate it on the CPU.
 """
+
 from __future__ import annotations
 
 import torch
@@ -31,8 +32,9 @@ def context_parallel_positions(seq_length: int, cp_size: int, cp_rank: int) -> t
         raise ValueError(f"sequence length {seq_length} is not divisible by 2 x context-parallel size {cp_size}")
     chunk = seq_length // (2 * cp_size)
     first, second = cp_rank, 2 * cp_size - 1 - cp_rank
-    return torch.cat([torch.arange(first * chunk, (first + 1) * chunk),
-                      torch.arange(second * chunk, (second + 1) * chunk)])
+    return torch.cat(
+        [torch.arange(first * chunk, (first + 1) * chunk), torch.arange(second * chunk, (second + 1) * chunk)]
+    )
 
 
 def split_for_context_parallel(batch: dict[str, torch.Tensor], cp_size: int, cp_rank: int) -> dict[str, torch.Tensor]:
@@ -44,5 +46,7 @@ def split_for_context_parallel(batch: dict[str, torch.Tensor], cp_size: int, cp_
     for key in SEQUENCE_KEYS:
         if batch.get(key) is not None:
             value = batch[key]
-            out[key] = value.index_select(1, context_parallel_positions(value.shape[1], cp_size, cp_rank).to(value.device))
+            out[key] = value.index_select(
+                1, context_parallel_positions(value.shape[1], cp_size, cp_rank).to(value.device)
+            )
     return out

@@ -13,6 +13,7 @@ checkpoints due that have no scores in the JSONL, no job holding their lock, and
 running from an earlier start; a job that finds the lock held or its scores written exits at once. A resumed
 run drops the scores of checkpoints after the one it resumes from (they are trained again).
 """
+
 from __future__ import annotations
 
 import json
@@ -31,15 +32,27 @@ from megatron_fixedcode.training.metrics_history import drop_jsonl_after
 logger = logging.getLogger(__name__)
 
 # the trainer's process-group variables: the job is a single process of its own
-_DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "ROLE_RANK", "ROLE_WORLD_SIZE",
-             "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+_DIST_ENV = (
+    "RANK",
+    "WORLD_SIZE",
+    "LOCAL_RANK",
+    "LOCAL_WORLD_SIZE",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_RESTART_COUNT",
+)
 
 
 def _job_alive(record: dict) -> bool:
     """Whether the job an earlier start recorded is still queued or running."""
     if record.get("slurm_job"):
-        out = subprocess.run(["squeue", "-h", "-j", str(record["slurm_job"]), "-o", "%T"], capture_output=True,
-                             text=True, timeout=60).stdout.strip()
+        out = subprocess.run(
+            ["squeue", "-h", "-j", str(record["slurm_job"]), "-o", "%T"], capture_output=True, text=True, timeout=60
+        ).stdout.strip()
         return out in ("PENDING", "CONFIGURING", "RUNNING", "REQUEUED", "RESIZING", "SUSPENDED")
     pid = record.get("pid")
     try:
@@ -93,8 +106,12 @@ class DownstreamEvals:
             try:
                 self._launch(s)
             except (OSError, subprocess.SubprocessError, ValueError) as e:
-                logger.error("downstream evaluation of checkpoint step %d not started: %s (training goes on; the "
-                             "next start tries again)", s, e)
+                logger.error(
+                    "downstream evaluation of checkpoint step %d not started: %s (training goes on; the "
+                    "next start tries again)",
+                    s,
+                    e,
+                )
 
     def _has_job(self, step: int) -> bool:
         record = job_file(self.save, step, ".job")
@@ -106,12 +123,28 @@ class DownstreamEvals:
 
     def _command(self, step: int) -> list[str]:
         a, log = self.a, self.logging
-        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.checkpoint_scores", "--save", str(Path(self.save).resolve()),
-               "--step", str(step), "--tasks", a.tasks, "--scores", str(self.scores.resolve()),
-               "--batch-size", str(a.batch_size)]
-        optional = (("--limit", a.limit), ("--tensorboard-dir", log.tensorboard_dir),
-                    ("--wandb-project", log.wandb_project), ("--wandb-run-id", self.wandb_run_id),
-                    ("--wandb-exp-name", log.wandb_exp_name))
+        cmd = [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.cli.checkpoint_scores",
+            "--save",
+            str(Path(self.save).resolve()),
+            "--step",
+            str(step),
+            "--tasks",
+            a.tasks,
+            "--scores",
+            str(self.scores.resolve()),
+            "--batch-size",
+            str(a.batch_size),
+        ]
+        optional = (
+            ("--limit", a.limit),
+            ("--tensorboard-dir", log.tensorboard_dir),
+            ("--wandb-project", log.wandb_project),
+            ("--wandb-run-id", self.wandb_run_id),
+            ("--wandb-exp-name", log.wandb_exp_name),
+        )
         for flag, value in optional:
             if value is not None:
                 cmd += [flag, str(Path(value).resolve()) if flag == "--tensorboard-dir" else str(value)]
@@ -123,11 +156,21 @@ class DownstreamEvals:
         log.parent.mkdir(parents=True, exist_ok=True)
         if self.slurm:
             script = job_file(self.save, step, ".sh")
-            script.write_text(f"#!/bin/bash\n# the downstream evaluation of checkpoint step {step} "
-                              f"(--downstream-eval-tasks)\nexec {shlex.join(self._command(step))}\n")
+            script.write_text(
+                f"#!/bin/bash\n# the downstream evaluation of checkpoint step {step} "
+                f"(--downstream-eval-tasks)\nexec {shlex.join(self._command(step))}\n"
+            )
             env = {k: v for k, v in env.items() if not k.startswith("SLURM_") and k != "CUDA_VISIBLE_DEVICES"}
-            cmd = ["sbatch", "--parsable", f"--job-name=eval-iter_{step:07d}", f"--output={log}", "--nodes=1",
-                   "--ntasks=1", *shlex.split(self.a.sbatch or ""), str(script)]
+            cmd = [
+                "sbatch",
+                "--parsable",
+                f"--job-name=eval-iter_{step:07d}",
+                f"--output={log}",
+                "--nodes=1",
+                "--ntasks=1",
+                *shlex.split(self.a.sbatch or ""),
+                str(script),
+            ]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
             if res.returncode != 0:
                 raise ValueError(f"{shlex.join(cmd)} failed: {res.stderr.strip()}")
@@ -135,10 +178,22 @@ class DownstreamEvals:
         else:
             env["CUDA_VISIBLE_DEVICES"] = ""  # the GPUs are the trainer's
             with open(log, "a") as out:
-                proc = subprocess.Popen(self._command(step), stdout=out, stderr=subprocess.STDOUT,
-                                        stdin=subprocess.DEVNULL, env=env, start_new_session=True)
+                proc = subprocess.Popen(
+                    self._command(step),
+                    stdout=out,
+                    stderr=subprocess.STDOUT,
+                    stdin=subprocess.DEVNULL,
+                    env=env,
+                    start_new_session=True,
+                )
             self.procs.append(proc)
             record, how = {"pid": proc.pid}, "started process"
         job_file(self.save, step, ".job").write_text(json.dumps(record) + "\n")
-        logger.info("downstream evaluation of checkpoint step %d: %s %s (log %s; scores to %s)", step, how,
-                    next(iter(record.values())), log, self.scores)
+        logger.info(
+            "downstream evaluation of checkpoint step %d: %s %s (log %s; scores to %s)",
+            step,
+            how,
+            next(iter(record.values())),
+            log,
+            self.scores,
+        )

@@ -1,6 +1,7 @@
 """How a run ends badly: the exceptions the trainer raises and the exit codes they map to
 (:func:`megatron_fixedcode.training.loop.run_pretraining`). Each is raised alike on every rank,
 so rank 0 alone reports it in one line."""
+
 from __future__ import annotations
 
 

@@ -5,6 +5,7 @@ one, the step reached, the run's last step and what stopped it before that step.
 torchrun exits 1 whenever a rank fails, whatever the rank returned, and prints its own traceback
 after the trainer's line; with this record the launcher ends the job with the trainer's code (2 for
 a user error) and its line last, and tells a finished run from one stopped by a time limit."""
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,9 @@ class ExitRecord(logging.Handler):
         self.error: str | None = None
         self.step: int | None = None
         self.max_steps: int | None = None
-        self.stopped_by: str | None = None  # before the last step: "signal", "--exit-interval" or "--exit-duration-in-mins"
+        self.stopped_by: str | None = (
+            None  # before the last step: "signal", "--exit-interval" or "--exit-duration-in-mins"
+        )
 
     def emit(self, record: logging.LogRecord) -> None:
         self.error = record.getMessage().splitlines()[0] if record.getMessage() else None
@@ -40,8 +43,13 @@ class ExitRecord(logging.Handler):
         path = os.environ.get(ENV)
         if not path or int(os.environ.get("RANK", "0")) != 0:
             return
-        record = {"code": code, "error": self.error if code else None, "step": self.step, "max_steps": self.max_steps,
-                  "stopped_by": self.stopped_by}
+        record = {
+            "code": code,
+            "error": self.error if code else None,
+            "step": self.step,
+            "max_steps": self.max_steps,
+            "stopped_by": self.stopped_by,
+        }
         try:
             tmp = Path(f"{path}.tmp")
             tmp.parent.mkdir(parents=True, exist_ok=True)

@@ -12,6 +12,7 @@ of tokens, as packed pretraining does), or, with ``calculate_per_token_loss``, b
 sums and ``finalize_model_grads`` divides the data-parallel-summed gradient by the global token
 count: the gradient of the mean over all loss positions, whatever the microbatch split.
 """
+
 from __future__ import annotations
 
 import functools

@@ -5,6 +5,7 @@ evaluation and checkpoints under ``--overlap-param-gather``.
 Everything here is a no-op on the CPU path, except :func:`check_gpu_features`, which refuses
 GPU-only flags there (exit 2 before any process group, model or data exists).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -26,7 +27,9 @@ logger = logging.getLogger(__name__)
 
 def _fp8_support(recipe: str) -> tuple[bool, str]:
     """(supported, reason) from TE for this GPU (mxfp8 needs Blackwell, blockwise Hopper + CUDA 12.9)."""
-    name = {"mxfp8": "check_mxfp8_support", "blockwise": "check_fp8_block_scaling_support"}.get(recipe, "check_fp8_support")
+    name = {"mxfp8": "check_mxfp8_support", "blockwise": "check_fp8_block_scaling_support"}.get(
+        recipe, "check_fp8_support"
+    )
     for module in ("transformer_engine.pytorch.quantization", "transformer_engine.pytorch.fp8"):
         try:
             check = getattr(importlib.import_module(module), name, None)
@@ -41,15 +44,25 @@ def check_gpu_features(a: PerformanceConfig) -> None:
     """Refuse, naming what to install or change, GPU/TE features this machine cannot run."""
     on_gpu = torch.cuda.is_available()
     has_te = importlib.util.find_spec("transformer_engine") is not None
-    wants_te = [flag for flag, on in (("--transformer-impl transformer_engine", a.transformer_impl == "transformer_engine"
-                                       and a.transformer_impl_given),
-                                      (f"--fp8-format {a.fp8}", a.fp8 is not None),
-                                      ("--tp-comm-overlap", a.tp_comm_overlap)) if on]
+    wants_te = [
+        flag
+        for flag, on in (
+            (
+                "--transformer-impl transformer_engine",
+                a.transformer_impl == "transformer_engine" and a.transformer_impl_given,
+            ),
+            (f"--fp8-format {a.fp8}", a.fp8 is not None),
+            ("--tp-comm-overlap", a.tp_comm_overlap),
+        )
+        if on
+    ]
     if not on_gpu:  # overlap of grad reduce / param gather runs on gloo too (async collectives, no streams)
         if wants_te:
-            raise ValueError(f"{', '.join(wants_te)} needs a CUDA GPU (this machine has none); "
-                             "on CPU drop it (training runs with megatron-core's local layers: --transformer-impl local)"
-                             f"; on the GPU machine {TE_INSTALL_HINT}")
+            raise ValueError(
+                f"{', '.join(wants_te)} needs a CUDA GPU (this machine has none); "
+                "on CPU drop it (training runs with megatron-core's local layers: --transformer-impl local)"
+                f"; on the GPU machine {TE_INSTALL_HINT}"
+            )
         return
     if wants_te and not has_te:
         raise ValueError(f"{', '.join(wants_te)} needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}")
@@ -60,8 +73,10 @@ def check_gpu_features(a: PerformanceConfig) -> None:
     if a.fp8:
         ok, reason = _fp8_support(a.fp8_recipe)
         if not ok:
-            raise ValueError(f"--fp8-format {a.fp8} --fp8-recipe {a.fp8_recipe} is not supported on "
-                             f"{torch.cuda.get_device_name()}: {reason}")
+            raise ValueError(
+                f"--fp8-format {a.fp8} --fp8-recipe {a.fp8_recipe} is not supported on "
+                f"{torch.cuda.get_device_name()}: {reason}"
+            )
 
 
 def initialize_tp_comm_overlap(cfg: PretrainConfig, hidden_size: int) -> None:
@@ -72,8 +87,9 @@ def initialize_tp_comm_overlap(cfg: PretrainConfig, hidden_size: int) -> None:
 
     s, layout = cfg.schedule, cfg.layout
     shape = [s.seq_length * s.micro_batch_size // layout.context_parallel_size, hidden_size]
-    te_module.base.initialize_ub(shape=shape, tp_size=layout.tensor_model_parallel_size,
-                                 use_fp8=cfg.performance.fp8 is not None)
+    te_module.base.initialize_ub(
+        shape=shape, tp_size=layout.tensor_model_parallel_size, use_fp8=cfg.performance.fp8 is not None
+    )
 
 
 def _torch_optimizers(optimizer) -> list[torch.optim.Optimizer]:
@@ -129,8 +145,9 @@ def _importable(module: str) -> bool:
         return False
 
 
-def fusion_settings(a: PerformanceConfig, *, te_layers: bool, gated_linear_unit: bool,
-                    squared_relu: bool) -> dict[str, bool]:
+def fusion_settings(
+    a: PerformanceConfig, *, te_layers: bool, gated_linear_unit: bool, squared_relu: bool
+) -> dict[str, bool]:
     """TransformerConfig fusion fields as Megatron-LM sets them on GPUs: each on unless its
     ``--no-...`` flag is given or this machine lacks the kernel (then off, and the log says so).
     Empty on CPU, where ``cpu_transformer_config_overrides`` turns them all off."""
@@ -141,8 +158,10 @@ def fusion_settings(a: PerformanceConfig, *, te_layers: bool, gated_linear_unit:
         "gradient_accumulation_fusion": (a.gradient_accumulation_fusion, _importable("fused_weight_gradient_mlp_cuda")),
         # as Megatron-LM: SwiGLU's fused kernel, or bias-GELU's (off without linear biases, validate_args);
         # megatron-core fuses no other activation (squared ReLU)
-        "bias_activation_fusion": (a.bias_swiglu_fusion if gated_linear_unit else a.bias_gelu_fusion,
-                                   gated_linear_unit or not squared_relu),
+        "bias_activation_fusion": (
+            a.bias_swiglu_fusion if gated_linear_unit else a.bias_gelu_fusion,
+            gated_linear_unit or not squared_relu,
+        ),
         "bias_dropout_fusion": (a.bias_dropout_fusion, True),
         "apply_rope_fusion": (a.apply_rope_fusion, _importable("transformer_engine")),
         # only the local attention uses it; TE attention (flash / cuDNN fused) always fuses
@@ -169,8 +188,10 @@ def settle_gelu_approximation(model_cfg, fusions: dict[str, bool], *, resumed: b
         model_cfg.gelu_approximation = "tanh" if fused else "none"
     elif fused and model_cfg.gelu_approximation == "none":
         fusions["bias_activation_fusion"] = False
-        logger.info("bias_activation_fusion off: the checkpoint's MLP computed erf GELU, the fused kernel computes "
-                    "its tanh approximation")
+        logger.info(
+            "bias_activation_fusion off: the checkpoint's MLP computed erf GELU, the fused kernel computes "
+            "its tanh approximation"
+        )
 
 
 def te_wgrad_fusion(a: PerformanceConfig, *, te_layers: bool) -> bool:
@@ -197,12 +218,16 @@ def tf32_refusal(*, tf32: bool, fp32_gemms: bool, te_layers: bool, environ: Mapp
     if tf32 or not fp32_gemms or environ.get(NVIDIA_TF32_OVERRIDE) == "0":
         return None
     if te_layers:
-        return ("--no-tf32 with Transformer Engine layers: TE's cuBLASLt GEMMs run FP32 in TF32 whatever torch's "
-                "flag (TE has no switch); use --transformer-impl local (megatron-core's layers honour --no-tf32), "
-                f"or launch with {NVIDIA_TF32_OVERRIDE}=0 in the environment (cuBLAS's process-wide TF32 off switch)")
+        return (
+            "--no-tf32 with Transformer Engine layers: TE's cuBLASLt GEMMs run FP32 in TF32 whatever torch's "
+            "flag (TE has no switch); use --transformer-impl local (megatron-core's layers honour --no-tf32), "
+            f"or launch with {NVIDIA_TF32_OVERRIDE}=0 in the environment (cuBLAS's process-wide TF32 off switch)"
+        )
     if environ.get(TORCH_TF32_OVERRIDE, "0").lower() not in ("0", "", "false", "off", "no"):
-        return (f"--no-tf32 but {TORCH_TF32_OVERRIDE}={environ[TORCH_TF32_OVERRIDE]} (NGC containers set it) turns "
-                f"TF32 back on for torch's matmuls: unset it, or launch with {NVIDIA_TF32_OVERRIDE}=0")
+        return (
+            f"--no-tf32 but {TORCH_TF32_OVERRIDE}={environ[TORCH_TF32_OVERRIDE]} (NGC containers set it) turns "
+            f"TF32 back on for torch's matmuls: unset it, or launch with {NVIDIA_TF32_OVERRIDE}=0"
+        )
     return None
 
 

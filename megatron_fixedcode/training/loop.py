@@ -6,6 +6,7 @@ Where each decision lives (docs/training.md, "How the trainer is put together"):
 ``run_plan`` (before any process group: budget, resume identity, load step, what a load restores),
 ``trainer`` (the parts and a step, an evaluation, a save), :mod:`megatron_fixedcode.checkpoint` (the format on disk).
 """
+
 from __future__ import annotations
 
 import gc
@@ -74,7 +75,9 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
         if cfg.checkpoint.save and not cfg.schedule.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
-            check_save_dir(cfg.checkpoint.save, rank0)  # a read-only filesystem or a path under a file: now, not at the first save
+            check_save_dir(
+                cfg.checkpoint.save, rank0
+            )  # a read-only filesystem or a path under a file: now, not at the first save
         if rank0 and cfg.checkpoint.save:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
             # the kernel drops the lock of a killed run, so the next run takes it over.
@@ -119,47 +122,88 @@ def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = No
 def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
     ``--exit-interval``; evaluate and save on their intervals and always at the end."""
-    cfg, ck, perf, skip_train = trainer.cfg, trainer.cfg.checkpoint, trainer.cfg.performance, trainer.cfg.schedule.skip_train
+    cfg, ck, perf, skip_train = (
+        trainer.cfg,
+        trainer.cfg.checkpoint,
+        trainer.cfg.performance,
+        trainer.cfg.schedule.skip_train,
+    )
     rank0 = trainer.ranks["rank"] == 0
     if rank0:
         logger.info(format_parameter_report(trainer.report))
-        overlap = [what for what, on in (("grad reduce", perf.overlap_grad_reduce), ("param gather", perf.overlap_param_gather)) if on]
+        overlap = [
+            what
+            for what, on in (("grad reduce", perf.overlap_grad_reduce), ("param gather", perf.overlap_param_gather))
+            if on
+        ]
         impl = trainer.chunks[0].config.transformer_impl
         if impl == "local" and perf.transformer_impl == "transformer_engine":
-            logger.info("--transformer-impl transformer_engine (Megatron-LM's default, not named) needs CUDA and "
-                        "Transformer Engine, absent here: building megatron-core's local layers; name "
-                        "--transformer-impl local to say so, or install TE on the GPU machine")
+            logger.info(
+                "--transformer-impl transformer_engine (Megatron-LM's default, not named) needs CUDA and "
+                "Transformer Engine, absent here: building megatron-core's local layers; name "
+                "--transformer-impl local to say so, or install TE on the GPU machine"
+            )
         if cfg.inert:
             logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
         if trainer.plan.stream_change:
             logger.warning("%s", trainer.plan.stream_change)
         if trainer.step >= trainer.max_steps and not skip_train:
-            logger.warning("nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
-                           "further give a larger --train-iters, --train-samples or --train-tokens", trainer.step,
-                           trainer.max_steps)
-        logger.info("layers: %s%s; optimizer: %s; overlap: %s", impl,
-                    f", FP8 {perf.fp8}/{perf.fp8_recipe}" if perf.fp8 else "", trainer.optimizer_kind,
-                    ", ".join(overlap) or "none")
+            logger.warning(
+                "nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
+                "further give a larger --train-iters, --train-samples or --train-tokens",
+                trainer.step,
+                trainer.max_steps,
+            )
+        logger.info(
+            "layers: %s%s; optimizer: %s; overlap: %s",
+            impl,
+            f", FP8 {perf.fp8}/{perf.fp8_recipe}" if perf.fp8 else "",
+            trainer.optimizer_kind,
+            ", ".join(overlap) or "none",
+        )
         if trainer.device.type == "cuda":
             on = [k for k, v in trainer.fusions.items() if v]
             logger.info("GPU fusions: %s; TF32 %s", ", ".join(on) or "none", "on" if trainer.tf32 else "off")
-        logger.info("global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
-                    trainer.global_batch, cfg.schedule.micro_batch_size, trainer.num_microbatches, trainer.ranks["dp_size"],
-                    trainer.max_steps, trainer.step)
+        logger.info(
+            "global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
+            trainer.global_batch,
+            cfg.schedule.micro_batch_size,
+            trainer.num_microbatches,
+            trainer.ranks["dp_size"],
+            trainer.max_steps,
+            trainer.step,
+        )
         sch = trainer.scheduler  # after loading: the values actually in force
-        logger.info("%s", describe_schedule({k: getattr(sch, k) for k in trainer.plan.schedule}, trainer.plan.schedule_source))
+        logger.info(
+            "%s", describe_schedule({k: getattr(sch, k) for k in trainer.plan.schedule}, trainer.plan.schedule_source)
+        )
         if ck.save and not skip_train:  # a warning, logged: room for fewer than two checkpoints
-            free_space_warning(ck.save, estimate_checkpoint_bytes(
-                trainer.report["total_params"], bf16=perf.bf16, distributed_optimizer=cfg.optim.use_distributed_optimizer,
-                fully_reshardable=ck.fully_reshardable))
-    flops_per_token = model_flops_per_token(trainer.report, trainer.model_cfg.num_layers, trainer.model_cfg.hidden_size,
-                                            cfg.schedule.seq_length)
-    sink = MetricsSink(cfg.logging, enabled=rank0, max_steps=trainer.max_steps, flops_per_token=flops_per_token,
-                       num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
-                       run_config=cfg.as_dict(), global_batch=trainer.global_batch,
-                       matmul=matmul_precision(perf.precision, trainer.tf32), code=trainer.identity["code_fingerprint"],
-                       log_throughput=cfg.logging.log_throughput, wandb_run_id=trainer.wandb_run_id,
-                       start_step=None if skip_train else trainer.step)
+            free_space_warning(
+                ck.save,
+                estimate_checkpoint_bytes(
+                    trainer.report["total_params"],
+                    bf16=perf.bf16,
+                    distributed_optimizer=cfg.optim.use_distributed_optimizer,
+                    fully_reshardable=ck.fully_reshardable,
+                ),
+            )
+    flops_per_token = model_flops_per_token(
+        trainer.report, trainer.model_cfg.num_layers, trainer.model_cfg.hidden_size, cfg.schedule.seq_length
+    )
+    sink = MetricsSink(
+        cfg.logging,
+        enabled=rank0,
+        max_steps=trainer.max_steps,
+        flops_per_token=flops_per_token,
+        num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
+        run_config=cfg.as_dict(),
+        global_batch=trainer.global_batch,
+        matmul=matmul_precision(perf.precision, trainer.tf32),
+        code=trainer.identity["code_fingerprint"],
+        log_throughput=cfg.logging.log_throughput,
+        wandb_run_id=trainer.wandb_run_id,
+        start_step=None if skip_train else trainer.step,
+    )
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
     health.start()
     saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
@@ -167,7 +211,9 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     if skip_train:
         record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
         if rank0:
-            logger.info("evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"])
+            logger.info(
+                "evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"]
+            )
         if sink.metrics_file:
             sink.metrics_file.write(record)
         sink.close()
@@ -183,7 +229,9 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         gc.collect()
     while trainer.step < trainer.max_steps:
         saves.poll()
-        if trainer.step + 1 in trainer.iterations_to_skip:  # Megatron-LM: read its batch, no update, no log line, no save
+        if (
+            trainer.step + 1 in trainer.iterations_to_skip
+        ):  # Megatron-LM: read its batch, no update, no log line, no save
             skip_step(trainer)
             continue
         watch.before_step()
@@ -195,20 +243,32 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             saves.close()  # its checkpoint complete before the exit (the launcher requeues on 16)
             return code
         health.after_step(record)
-        if health_flags.manual_gc and health_flags.manual_gc_interval and trainer.step % health_flags.manual_gc_interval == 0:
+        if (
+            health_flags.manual_gc
+            and health_flags.manual_gc_interval
+            and trainer.step % health_flags.manual_gc_interval == 0
+        ):
             gc.collect()
         if health_flags.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
             torch.cuda.empty_cache()
         schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
-        if schedule and schedule.eval_interval and schedule.eval_iters and (
-                trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps):
+        if (
+            schedule
+            and schedule.eval_interval
+            and schedule.eval_iters
+            and (trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps)
+        ):
             record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         health.after_record(trainer.step)
         watch.after_step(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
-        stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(ck.exit_interval and trainer.step % ck.exit_interval == 0)
-        if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps):
+        stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(
+            ck.exit_interval and trainer.step % ck.exit_interval == 0
+        )
+        if ck.save and (
+            (ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps
+        ):
             health.save(final=stop or trainer.step == trainer.max_steps)
             saved_at = trainer.step
             # A signal that came during the save (seconds, at scale) would otherwise cost one
@@ -232,5 +292,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     if last_word is not None:
         last_word.step, last_word.max_steps = trainer.step, trainer.max_steps
     if rank0:
-        logger.info("done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, cfg.schedule.train_tokens)
+        logger.info(
+            "done: step %d, %d prediction targets (budget %s)", trainer.step, trainer.tokens, cfg.schedule.train_tokens
+        )
     return 0

@@ -1,4 +1,5 @@
 """One sink for training metrics: JSON Lines file, TensorBoard, optional W&B, and the log line."""
+
 from __future__ import annotations
 
 import logging
@@ -23,12 +24,36 @@ _HEALTH_TAGS = {"num_zeros": "num-zeros", "params_norm": "params-norm"}  # recor
 # Dense peak per GPU by the precision the matmuls run in, for the MFU estimate: BF16 tensor cores
 # (bf16 and fp32-autocast-bf16), TF32 tensor cores (FP32 with --tf32), plain FP32 (FP32 otherwise).
 _PEAK_FLOPS = {
-    "bf16": {"H100": 989.4e12, "H200": 989.4e12, "GH200": 989.4e12, "A100": 312e12, "B200": 2250e12,
-             "H100 PCIe": 756.5e12, "H100 NVL": 835.5e12, "H200 NVL": 835.5e12},
-    "tf32": {"H100": 494.7e12, "H200": 494.7e12, "GH200": 494.7e12, "A100": 156e12, "B200": 1100e12,
-             "H100 PCIe": 378.0e12, "H100 NVL": 417.5e12, "H200 NVL": 417.5e12},
-    "fp32": {"H100": 66.9e12, "H200": 66.9e12, "GH200": 66.9e12, "A100": 19.5e12, "B200": 80e12,
-             "H100 PCIe": 51.2e12, "H100 NVL": 60.0e12, "H200 NVL": 60.0e12},
+    "bf16": {
+        "H100": 989.4e12,
+        "H200": 989.4e12,
+        "GH200": 989.4e12,
+        "A100": 312e12,
+        "B200": 2250e12,
+        "H100 PCIe": 756.5e12,
+        "H100 NVL": 835.5e12,
+        "H200 NVL": 835.5e12,
+    },
+    "tf32": {
+        "H100": 494.7e12,
+        "H200": 494.7e12,
+        "GH200": 494.7e12,
+        "A100": 156e12,
+        "B200": 1100e12,
+        "H100 PCIe": 378.0e12,
+        "H100 NVL": 417.5e12,
+        "H200 NVL": 417.5e12,
+    },
+    "fp32": {
+        "H100": 66.9e12,
+        "H200": 66.9e12,
+        "GH200": 66.9e12,
+        "A100": 19.5e12,
+        "B200": 80e12,
+        "H100 PCIe": 51.2e12,
+        "H100 NVL": 60.0e12,
+        "H200 NVL": 60.0e12,
+    },
 }
 
 
@@ -43,7 +68,9 @@ def require_logging_backends(cfg: LoggingConfig) -> None:
         try:
             import torch.utils.tensorboard  # noqa: F401
         except ImportError as e:
-            raise ValueError(f"--tensorboard-dir needs the tensorboard package: pip install 'megatron-fixedcode[tb]' ({e})")
+            raise ValueError(
+                f"--tensorboard-dir needs the tensorboard package: pip install 'megatron-fixedcode[tb]' ({e})"
+            )
     if cfg.wandb_project:
         from megatron_fixedcode.utils.lazy import require
 
@@ -79,10 +106,22 @@ class MetricsSink:
     Megatron-LM's ``training_log`` line, then this project's fields; TensorBoard and W&B get
     Megatron-LM's tags ('lm loss', 'learning-rate', 'grad-norm', ...) and ours after them."""
 
-    def __init__(self, cfg: LoggingConfig, *, enabled: bool, max_steps: int, flops_per_token: float,
-                 num_gpus: int, run_config: dict[str, Any], global_batch: int = 1, matmul: str = "bf16",
-                 code: str = "", log_throughput: bool = False, wandb_run_id: str | None = None,
-                 start_step: int | None = None):
+    def __init__(
+        self,
+        cfg: LoggingConfig,
+        *,
+        enabled: bool,
+        max_steps: int,
+        flops_per_token: float,
+        num_gpus: int,
+        run_config: dict[str, Any],
+        global_batch: int = 1,
+        matmul: str = "bf16",
+        code: str = "",
+        log_throughput: bool = False,
+        wandb_run_id: str | None = None,
+        start_step: int | None = None,
+    ):
         self.cfg, self.enabled, self.max_steps = cfg, enabled, max_steps
         self.flops_per_token, self.num_gpus = flops_per_token, num_gpus
         self.global_batch, self.matmul, self.code, self.log_throughput = global_batch, matmul, code, log_throughput
@@ -105,18 +144,28 @@ class MetricsSink:
             import wandb
 
             # The id is kept with the checkpoint: a requeued job continues the same W&B run.
-            self.wandb = wandb.init(project=cfg.wandb_project, name=cfg.wandb_exp_name, id=wandb_run_id,
-                                    config=run_config, resume="allow")
+            self.wandb = wandb.init(
+                project=cfg.wandb_project, name=cfg.wandb_exp_name, id=wandb_run_id, config=run_config, resume="allow"
+            )
 
     def _drop_after(self, step: int) -> None:
         """One record per step: a run starting at ``step`` (0 when fresh) drops what an earlier attempt of
         it recorded after that step (metrics_history), and says so in one line when it resumes."""
         lines = drop_jsonl_after(self.cfg.metrics_file, step) if self.cfg.metrics_file else 0
-        events = (drop_tensorboard_after(self.cfg.tensorboard_dir, step, step * self.global_batch)
-                  if self.cfg.tensorboard_dir else 0)
+        events = (
+            drop_tensorboard_after(self.cfg.tensorboard_dir, step, step * self.global_batch)
+            if self.cfg.tensorboard_dir
+            else 0
+        )
         if step or lines or events:
-            logger.info("%s at step %d: dropped %d metrics lines and %d TensorBoard events that an earlier "
-                        "attempt recorded after it", "resumed" if step else "started", step, lines, events)
+            logger.info(
+                "%s at step %d: dropped %d metrics lines and %d TensorBoard events that an earlier "
+                "attempt recorded after it",
+                "resumed" if step else "started",
+                step,
+                lines,
+                events,
+            )
 
     def scalars(self, values: dict[str, float], step: int) -> None:
         """TensorBoard (each also ``<tag> vs samples``, as Megatron-LM) and W&B, on rank 0."""
@@ -136,9 +185,13 @@ class MetricsSink:
             self.wandb.log(values, step=step)
 
     def _tensorboard_failed(self, error: OSError, step: int | None) -> None:
-        logger.warning("TensorBoard logging to %s stops %s (%s); training goes on%s", self.cfg.tensorboard_dir,
-                       f"at step {step}" if step is not None else "at its close", error.strerror or error,
-                       ", metrics.jsonl has every step" if self.metrics_file else "")
+        logger.warning(
+            "TensorBoard logging to %s stops %s (%s); training goes on%s",
+            self.cfg.tensorboard_dir,
+            f"at step {step}" if step is not None else "at its close",
+            error.strerror or error,
+            ", metrics.jsonl has every step" if self.metrics_file else "",
+        )
         writer, self.tensorboard = self.tensorboard, None
         try:
             writer.close()
@@ -157,10 +210,19 @@ class MetricsSink:
         else:
             self._nan_iterations += 1
         if step % self.cfg.tensorboard_log_interval == 0:
-            self._scalars({"learning-rate": record["lr"], "batch-size": self.global_batch, "lm loss": record["loss"],
-                           "loss-scale": 1.0, "grad-norm": record["grad_norm"],
-                           "iteration-time": record["step_time_s"], "tokens": record["tokens"],
-                           **{tag: record[key] for key, tag in _HEALTH_TAGS.items() if key in record}}, step)
+            self._scalars(
+                {
+                    "learning-rate": record["lr"],
+                    "batch-size": self.global_batch,
+                    "lm loss": record["loss"],
+                    "loss-scale": 1.0,
+                    "grad-norm": record["grad_norm"],
+                    "iteration-time": record["step_time_s"],
+                    "tokens": record["tokens"],
+                    **{tag: record[key] for key, tag in _HEALTH_TAGS.items() if key in record},
+                },
+                step,
+            )
             if self.cfg.log_memory_to_tensorboard:
                 self._scalars(memory_scalars(), step)
         if "val_loss" in record:
@@ -169,8 +231,14 @@ class MetricsSink:
             self._log_line(record)
         if "val_loss" in record:
             bar = "-" * 100
-            logger.info("%s\n validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E | \n%s",
-                        bar, step, record["val_loss"], record["val_ppl"], bar)
+            logger.info(
+                "%s\n validation loss at iteration %d | lm loss value: %.6E | lm loss PPL: %.6E | \n%s",
+                bar,
+                step,
+                record["val_loss"],
+                record["val_ppl"],
+                bar,
+            )
 
     def _log_line(self, record: dict[str, Any]) -> None:
         now = time.perf_counter()
@@ -184,19 +252,23 @@ class MetricsSink:
         eta_s = (self.max_steps - record["step"]) * elapsed / steps
         loss = sum(self._losses) / len(self._losses) if self._losses else float("nan")
         tflops = tokens_per_s * self.flops_per_token / self.num_gpus / 1e12
-        line = (f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
-                f" iteration {record['step']:8d}/{self.max_steps:8d} |"
-                f" consumed samples: {record['step'] * self.global_batch:12d} |"
-                f" elapsed time per iteration (ms): {1000 * elapsed / steps:.1f} |")
+        line = (
+            f" [{datetime.now().strftime('%Y-%m-%d %H:%M:%S.%f')}]"
+            f" iteration {record['step']:8d}/{self.max_steps:8d} |"
+            f" consumed samples: {record['step'] * self.global_batch:12d} |"
+            f" elapsed time per iteration (ms): {1000 * elapsed / steps:.1f} |"
+        )
         if self.log_throughput:
             line += f" throughput per GPU (TFLOP/s/GPU): {tflops:.1f} |"
-        line += (f" learning rate: {record['lr']:.6E} | global batch size: {self.global_batch:5d} |"
-                 f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {record['grad_norm']:.3f} |")
+        line += (
+            f" learning rate: {record['lr']:.6E} | global batch size: {self.global_batch:5d} |"
+            f" lm loss: {loss:.6E} | loss scale: 1.0 | grad norm: {record['grad_norm']:.3f} |"
+        )
         if "num_zeros" in record:  # Megatron-LM's order: grad norm, num zeros, params norm, skipped, nan
             line += f" num zeros: {record['num_zeros']} |"
         if "params_norm" in record:
             line += f" params norm: {record['params_norm']:.3f} |"
-        line += (f" number of skipped iterations: {0:3d} | number of nan iterations: {self._nan_iterations:3d} |")
+        line += f" number of skipped iterations: {0:3d} | number of nan iterations: {self._nan_iterations:3d} |"
         # this project's fields, after Megatron-LM's
         line += f" tokens/s: {tokens_per_s:,.0f} |"
         peak = peak_flops(self.matmul)

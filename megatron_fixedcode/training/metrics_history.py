@@ -8,6 +8,7 @@ event purges every tag from that step on, so the ``... vs samples`` series (whos
 sample count, Megatron-LM's layout) would lose its history. The event files are rewritten instead
 (each to a temporary file, then renamed over the original). W&B cannot drop logged steps: its run
 keeps the first attempt's values up to its last step (docs/training.md)."""
+
 from __future__ import annotations
 
 import json
@@ -36,11 +37,10 @@ def drop_jsonl_after(path: str | os.PathLike, step: int) -> int:
         return 0
     last_kept = max((i for i, k in enumerate(keep) if k), default=-1)
     if dropped[0] > last_kept:
-        os.truncate(path, sum(len(line) for line in lines[:last_kept + 1]))
+        os.truncate(path, sum(len(line) for line in lines[: last_kept + 1]))
     else:
         tmp = path.with_name(path.name + ".tmp")
-        tmp.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n"
-                                 for line, k in zip(lines, keep) if k))
+        tmp.write_bytes(b"".join(line if line.endswith(b"\n") else line + b"\n" for line, k in zip(lines, keep) if k))
         os.replace(tmp, path)
     return len(dropped)
 
@@ -104,21 +104,27 @@ class MetricsFile:
         step = record.get("step")
         try:
             while data:
-                data = data[os.write(self._fd, data):]
+                data = data[os.write(self._fd, data) :]
         except OSError as e:
             os.ftruncate(self._fd, start)
             if self._missing is None:
                 self._missing = [step, step]
-                logger.warning("cannot write %s (%s; %s): training goes on, the steps from %s on are not recorded "
-                               "there until a write succeeds", self.path, e.strerror, free_space_text(self.path), step)
+                logger.warning(
+                    "cannot write %s (%s; %s): training goes on, the steps from %s on are not recorded "
+                    "there until a write succeeds",
+                    self.path,
+                    e.strerror,
+                    free_space_text(self.path),
+                    step,
+                )
             else:
                 self._missing[1] = step
             return
         if self._missing is not None:
-            logger.warning("%s written again from step %s: steps %s-%s are missing there", self.path, step,
-                           *self._missing)
+            logger.warning(
+                "%s written again from step %s: steps %s-%s are missing there", self.path, step, *self._missing
+            )
             self._missing = None
 
     def close(self) -> None:
         os.close(self._fd)
-

@@ -1,5 +1,6 @@
 """Build this rank's model chunks (pipeline stages), put them on the runtime device and wrap them
 in megatron-core's DDP — the order of Megatron-LM's ``get_model``."""
+
 from __future__ import annotations
 
 import contextlib
@@ -75,8 +76,9 @@ def build_model_chunks(
         check_for_large_grads=check_for_large_grads,  # the rerun state machine's spike check of each bucket
     )
     wrapped = [
-        DistributedDataParallel(config=config, ddp_config=ddp_config, module=chunk,
-                                disable_bucketing=i > 0, pg_collection=pg_collection)
+        DistributedDataParallel(
+            config=config, ddp_config=ddp_config, module=chunk, disable_bucketing=i > 0, pg_collection=pg_collection
+        )
         for i, chunk in enumerate(chunks)
     ]
 

@@ -10,6 +10,7 @@ refuse in its first seconds, refused in one line with exit code 2 and no rank st
   dtype holds the vocabulary and whose indexing summary (if any) names this tokenizer (data/validate.py), and the first tokens of each shard (at most
   ``SAMPLE_TOKENS``; a full scan is the data verification tool's job) lie inside the vocabulary.
 """
+
 from __future__ import annotations
 
 import sys
@@ -23,8 +24,11 @@ def check_token_sample(prefix: str, dtype: str, vocab_size: int, field: str) -> 
     from megatron_fixedcode.data.validate import check_token_ids
 
     tokens = numpy.memmap(prefix + ".bin", dtype=numpy.dtype(dtype), mode="r")
-    check_token_ids(numpy.asarray(tokens[:SAMPLE_TOKENS]), vocab_size,
-                    lambda: f"{field} {prefix} (its first {min(SAMPLE_TOKENS, tokens.size)} tokens)")
+    check_token_ids(
+        numpy.asarray(tokens[:SAMPLE_TOKENS]),
+        vocab_size,
+        lambda: f"{field} {prefix} (its first {min(SAMPLE_TOKENS, tokens.size)} tokens)",
+    )
 
 
 def preflight(argv: list[str]) -> None:

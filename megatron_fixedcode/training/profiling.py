@@ -13,6 +13,7 @@ from the process's first step).
 ``torch.cuda.memory._snapshot()`` to ``--memory-snapshot-path`` every ``--log-interval`` (and on an OOM,
 ``oom_rank-R_PATH``). Both CUDA-only combinations are refused at launch on a machine without CUDA.
 """
+
 from __future__ import annotations
 
 import pickle
@@ -24,7 +25,7 @@ from megatron_fixedcode.arguments.observe_flags import WatchConfig
 
 NEEDS_CUDA = {
     "nsys": "--profile without --use-pytorch-profiler is the CUDA profiler range for nsys, and this machine has no "
-            "CUDA: add --use-pytorch-profiler for torch.profiler traces",
+    "CUDA: add --use-pytorch-profiler for torch.profiler traces",
     "memory": "--record-memory-history records CUDA allocations, and this machine has no CUDA: drop it here",
 }
 
@@ -63,11 +64,16 @@ class Profiler:
         if self.on and watch.use_pytorch_profiler:
             # Megatron-LM's schedule, on the global step count: ProfilerStep#N is step N, also after a resume
             self.prof = torch.profiler.profile(
-                schedule=torch.profiler.schedule(wait=max(watch.profile_step_start - 1, 0),
-                                                 warmup=1 if watch.profile_step_start > 0 else 0,
-                                                 active=watch.profile_step_end - watch.profile_step_start, repeat=1),
-                on_trace_ready=torch.profiler.tensorboard_trace_handler(tensorboard_dir), record_shapes=True,
-                with_stack=True)
+                schedule=torch.profiler.schedule(
+                    wait=max(watch.profile_step_start - 1, 0),
+                    warmup=1 if watch.profile_step_start > 0 else 0,
+                    active=watch.profile_step_end - watch.profile_step_start,
+                    repeat=1,
+                ),
+                on_trace_ready=torch.profiler.tensorboard_trace_handler(tensorboard_dir),
+                record_shapes=True,
+                with_stack=True,
+            )
             self.prof.step_num, self.prof.current_action = start_step, self.prof.schedule(start_step)
             self.prof.start()
 

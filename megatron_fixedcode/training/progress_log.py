@@ -8,6 +8,7 @@ counts this job's work since it started; cumulative counts from the first job of
 the file records, as Megatron-LM's ``get_start_time_from_progress_log``. Megatron-LM writes no line
 when a job ends, nor does this.
 """
+
 from __future__ import annotations
 
 import os
@@ -19,8 +20,9 @@ from pathlib import Path
 class ProgressLog:
     """``flops_per_sample``: training FLOPs of one sample (the MFU's model FLOPs per token x sequence)."""
 
-    def __init__(self, save: str | None, *, enabled: bool, rank0: bool, world_size: int, flops_per_sample: float,
-                 seq_length: int):
+    def __init__(
+        self, save: str | None, *, enabled: bool, rank0: bool, world_size: int, flops_per_sample: float, seq_length: int
+    ):
         self.path = Path(save) / "progress.txt" if (enabled and save) else None
         self.rank0, self.world_size = rank0, world_size
         self.flops_per_sample, self.seq_length = flops_per_sample, seq_length
@@ -31,8 +33,10 @@ class ProgressLog:
             return
         self.path.parent.mkdir(parents=True, exist_ok=True)
         with open(self.path, "a") as f:
-            f.write(f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}\tJob ID: {os.environ.get('SLURM_JOB_ID', '')}\t"
-                    f"# GPUs: {self.world_size}\t{text}\n")
+            f.write(
+                f"{datetime.now().strftime('%Y-%m-%d %H:%M:%S')}\tJob ID: {os.environ.get('SLURM_JOB_ID', '')}\t"
+                f"# GPUs: {self.world_size}\t{text}\n"
+            )
 
     def start(self, samples_so_far: int) -> None:
         """The job starts (its work counts from the checkpoint it resumes)."""
@@ -50,10 +54,12 @@ class ProgressLog:
         elapsed = max((datetime.now() - first_time).total_seconds(), 1e-9)
         cumulative = (flops - first_flops) / (elapsed * 1e12 * self.world_size)
         label = "Saving async checkpoint" if asynchronous else "Saved checkpoint"
-        self._append(f"{label}\tIteration: {iteration}\tJob throughput: {job:.1f} TFLOP/s/GPU\t"
-                     f"Cumulative throughput: {cumulative:.1f} TFLOP/s/GPU\t"
-                     f"Floating-point operations: {flops:.2e}\t"
-                     f"Tokens (in billions): {samples_so_far * self.seq_length / 10**9:.2f}")
+        self._append(
+            f"{label}\tIteration: {iteration}\tJob throughput: {job:.1f} TFLOP/s/GPU\t"
+            f"Cumulative throughput: {cumulative:.1f} TFLOP/s/GPU\t"
+            f"Floating-point operations: {flops:.2e}\t"
+            f"Tokens (in billions): {samples_so_far * self.seq_length / 10**9:.2f}"
+        )
 
     def async_saved(self, iteration: int) -> None:
         self._append(f"Saved async checkpoint\tIteration: {iteration}")

@@ -9,6 +9,7 @@ codes (16: resume to decide, 17: failed validation). Beyond Megatron-LM, whateve
 keeps (its counts and maxima, per rank) goes into every checkpoint and is restored on load, so a
 resumed run judges the next step as the straight run would.
 """
+
 from __future__ import annotations
 
 import functools
@@ -38,8 +39,11 @@ logger = logging.getLogger(__name__)
 machine_logger = logging.getLogger("megatron.core.rerun_state_machine")
 
 SPIKY_LOSS_FACTOR = 10  # Megatron-LM's pretrain_gpt.py: a loss 10x the largest observed is spiky
-MODES = {"disabled": RerunMode.DISABLED, "validate_results": RerunMode.VALIDATE_RESULTS,
-         "report_stats": RerunMode.REPORT_DETERMINISM_STATS}
+MODES = {
+    "disabled": RerunMode.DISABLED,
+    "validate_results": RerunMode.VALIDATE_RESULTS,
+    "report_stats": RerunMode.REPORT_DETERMINISM_STATS,
+}
 _CHECKS = {"nan": False, "spiky": False}  # what the loss function validates (Megatron-LM reads get_args())
 _FLAGS = ("rerun_requested", "checkpoint_requested", "restart_again_requested", "continue_requested")
 
@@ -53,8 +57,10 @@ def check_rerun_flags(health: HealthConfig) -> None:
             with open(health.result_rejected_tracker_filename, "a"):
                 pass
         except OSError as e:
-            raise ValueError(f"--result-rejected-tracker-filename {health.result_rejected_tracker_filename}: "
-                             f"cannot be appended to ({e.strerror})") from None
+            raise ValueError(
+                f"--result-rejected-tracker-filename {health.result_rejected_tracker_filename}: "
+                f"cannot be appended to ({e.strerror})"
+            ) from None
 
 
 def _report_stats(self: RerunStateMachine) -> None:
@@ -89,12 +95,18 @@ def start_rerun(health: HealthConfig) -> tuple[int, ...]:
         state_save_func=lambda: {"rng_tracker_states": tracker.get_states()},
         state_restore_func=lambda s: s["rng_tracker_states"] and tracker.set_states(s["rng_tracker_states"]),
         mode=MODES[health.rerun_mode],
-        error_injector=RerunErrorInjector(error_injection_rate=health.error_injection_rate,
-                                          error_injection_type=RerunDiagnostic(health.error_injection_type)),
-        result_rejected_tracker_filename=health.result_rejected_tracker_filename)
+        error_injector=RerunErrorInjector(
+            error_injection_rate=health.error_injection_rate,
+            error_injection_type=RerunDiagnostic(health.error_injection_type),
+        ),
+        result_rejected_tracker_filename=health.result_rejected_tracker_filename,
+    )
     _CHECKS.update(nan=health.check_for_nan_in_loss_and_grad, spiky=health.check_for_spiky_loss)
-    tracked = (RerunStateMachine.get_skipped_iterations_from_tracker_file(health.result_rejected_tracker_filename)
-               if health.result_rejected_tracker_filename else [])
+    tracked = (
+        RerunStateMachine.get_skipped_iterations_from_tracker_file(health.result_rejected_tracker_filename)
+        if health.result_rejected_tracker_filename
+        else []
+    )
     return (*health.iterations_to_skip, *tracked)
 
 
@@ -109,14 +121,28 @@ def validate_loss(loss: torch.Tensor) -> None:
         m.mode = RerunMode.DISABLED
     try:
         if _CHECKS["nan"]:
-            m.validate_result(result=loss, rejection_func=torch.isnan, tolerance=0.0, fatal=True,
-                              message="found NaN in local forward loss calculation")
-            m.validate_result(result=loss, rejection_func=torch.isinf, tolerance=0.0, fatal=True,
-                              message="found Inf in local forward loss calculation")
+            m.validate_result(
+                result=loss,
+                rejection_func=torch.isnan,
+                tolerance=0.0,
+                fatal=True,
+                message="found NaN in local forward loss calculation",
+            )
+            m.validate_result(
+                result=loss,
+                rejection_func=torch.isinf,
+                tolerance=0.0,
+                fatal=True,
+                message="found Inf in local forward loss calculation",
+            )
         if _CHECKS["spiky"]:
-            m.validate_result(result=loss, rejection_func=functools.partial(
-                m.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss"),
-                message="Spiky loss", tolerance=0.0, fatal=False)
+            m.validate_result(
+                result=loss,
+                rejection_func=functools.partial(m.is_unexpectedly_large, threshold=SPIKY_LOSS_FACTOR, context="loss"),
+                message="Spiky loss",
+                tolerance=0.0,
+                fatal=False,
+            )
     finally:
         m.mode = mode
 
@@ -147,8 +173,9 @@ def as_non_finite(e: RuntimeError, where: str, consequence: str) -> RuntimeError
     (NonFiniteTraining: exit 3, no traceback); any other error as it is."""
     if "found NaN" not in str(e) and "found Inf" not in str(e):
         return e
-    return NonFiniteTraining(f"{where}: {e}; {consequence} (--no-check-for-nan-in-loss-and-grad to train on)",
-                             local=True)
+    return NonFiniteTraining(
+        f"{where}: {e}; {consequence} (--no-check-for-nan-in-loss-and-grad to train on)", local=True
+    )
 
 
 def forward_backward_step(trainer) -> tuple[float, float, tuple[bool, bool, int]]:
@@ -163,8 +190,11 @@ def forward_backward_step(trainer) -> tuple[float, float, tuple[bool, bool, int]
         try:
             loss, targets = trainer._run(microbatches, forward_only=False)
         except RuntimeError as e:  # a fatal check under --rerun-mode disabled (the loss's or megatron DDP's)
-            raise as_non_finite(e, f"step {trainer.step + 1}: rank {trainer.ranks['rank']}", "stopping before the "
-                                "optimizer step, nothing of this step is saved") from None
+            raise as_non_finite(
+                e,
+                f"step {trainer.step + 1}: rank {trainer.ranks['rank']}",
+                "stopping before the optimizer step, nothing of this step is saved",
+            ) from None
     return loss, targets, m.should_checkpoint_and_exit()
 
 
@@ -178,8 +208,12 @@ def skip_step(trainer) -> None:
     get_rerun_state_machine().current_iteration += 1  # its iteration numbers stay the steps' (tracker file)
     trainer.skipped_samples = getattr(trainer, "skipped_samples", 0) + trainer.global_batch
     if trainer.ranks["rank"] == 0:
-        logger.info("skipped iteration %d (--iterations-to-skip): its batch is read, the model is not updated; "
-                    "skipped samples: %d", trainer.step, trainer.skipped_samples)
+        logger.info(
+            "skipped iteration %d (--iterations-to-skip): its batch is read, the model is not updated; "
+            "skipped samples: %d",
+            trainer.step,
+            trainer.skipped_samples,
+        )
 
 
 def checkpoint_state() -> dict:
@@ -189,12 +223,16 @@ def checkpoint_state() -> dict:
     if m.state == RerunState.WILL_RERUN_FROM_CHECKPOINT:  # exit code 16: the resume re-runs the step
         call = m.failed_validation_call
         mine["machine"] = {
-            "mode": m.mode.value, "state": m.state.value, "current_iteration": m.current_iteration,
+            "mode": m.mode.value,
+            "state": m.state.value,
+            "current_iteration": m.current_iteration,
             **{k: getattr(m, k) for k in _FLAGS},
             "error_injector": {k: getattr(v, "value", v) for k, v in m.error_injector.state_dict().items()},
             "failed_validation_call": None if call is None else [call.caller.message, call.caller.rank, call.sequence],
             "initial_result": None if m.initial_result is None else float(m.initial_result),
-            "suspicious_node": m.suspicious_node, "suspicious_device": str(m.suspicious_device)}
+            "suspicious_node": m.suspicious_node,
+            "suspicious_device": str(m.suspicious_device),
+        }
     ranks = [None] * dist.get_world_size()
     dist.all_gather_object(ranks, mine)
     return {"ranks": ranks}
@@ -220,8 +258,11 @@ def restore_checkpoint_state(saved: dict | None, step: int) -> None:
     ranks = (saved or {}).get("ranks") or []
     if len(ranks) != dist.get_world_size():
         if ranks and dist.get_rank() == 0:
-            logger.warning("rerun state machine: saved by %d ranks, resumed on %d: spike statistics start afresh",
-                           len(ranks), dist.get_world_size())
+            logger.warning(
+                "rerun state machine: saved by %d ranks, resumed on %d: spike statistics start afresh",
+                len(ranks),
+                dist.get_world_size(),
+            )
         return
     mine = ranks[dist.get_rank()]
     m.large_value_counts, m.max_values = dict(mine["large_value_counts"]), dict(mine["max_values"])
@@ -234,13 +275,17 @@ def restore_checkpoint_state(saved: dict | None, step: int) -> None:
     for k in _FLAGS:
         setattr(m, k, machine[k])
     inj = machine["error_injector"]
-    m.error_injector.load_state_dict({
-        "error_injection_rate": inj["error_injection_rate"],
-        "error_injection_type": RerunDiagnostic(inj["error_injection_type"]),
-        "injected_error_type": inj["injected_error_type"] and RerunDiagnostic(inj["injected_error_type"])})
+    m.error_injector.load_state_dict(
+        {
+            "error_injection_rate": inj["error_injection_rate"],
+            "error_injection_type": RerunDiagnostic(inj["error_injection_type"]),
+            "injected_error_type": inj["injected_error_type"] and RerunDiagnostic(inj["injected_error_type"]),
+        }
+    )
     call = machine["failed_validation_call"]
-    m.failed_validation_call = None if call is None else Call(caller=Caller(message=call[0], rank=call[1]),
-                                                              sequence=call[2])
+    m.failed_validation_call = (
+        None if call is None else Call(caller=Caller(message=call[0], rank=call[1]), sequence=call[2])
+    )
     m.initial_result = None if machine["initial_result"] is None else torch.tensor(machine["initial_result"])
     m.suspicious_node = machine["suspicious_node"]
     device = machine["suspicious_device"]
@@ -253,8 +298,13 @@ def end_on_rerun(trainer, health, record: dict) -> int:
     if record["rerun_save"] and trainer.cfg.checkpoint.save:
         health.save(final=True)
     if trainer.ranks["rank"] == 0:
-        logger.error("exiting at step %d with code %d (rerun state machine, --rerun-mode %s)%s", trainer.step,
-                     record["rerun_exit"], trainer.cfg.health.rerun_mode,
-                     "; resume from the checkpoint saved to re-run step %d" % (trainer.step + 1)
-                     if record["rerun_exit"] == 16 and record["rerun_save"] else "")
+        logger.error(
+            "exiting at step %d with code %d (rerun state machine, --rerun-mode %s)%s",
+            trainer.step,
+            record["rerun_exit"],
+            trainer.cfg.health.rerun_mode,
+            "; resume from the checkpoint saved to re-run step %d" % (trainer.step + 1)
+            if record["rerun_exit"] == 16 and record["rerun_save"]
+            else "",
+        )
     return record["rerun_exit"]

@@ -5,6 +5,7 @@ them when ``OptimizerConfig.log_num_zeros_in_grad`` is set: ``num zeros``, ``num
 ``mem-allocated-count`` from ``torch.cuda.memory_stats()``; on the CPU, where there is no CUDA memory, this
 process's resident set size as ``mem-rss-bytes``, said in one startup line).
 """
+
 from __future__ import annotations
 
 import logging
@@ -24,8 +25,10 @@ from megatron_fixedcode.training.timers import log_timers, timed, timers_off, ti
 
 logger = logging.getLogger(__name__)
 
-CPU_MEMORY_NOTE = ("--log-memory-to-tensorboard: no CUDA memory on this machine; TensorBoard gets this process's "
-                   "resident set size as 'mem-rss-bytes' instead of Megatron-LM's 'mem-*-bytes'")
+CPU_MEMORY_NOTE = (
+    "--log-memory-to-tensorboard: no CUDA memory on this machine; TensorBoard gets this process's "
+    "resident set size as 'mem-rss-bytes' instead of Megatron-LM's 'mem-*-bytes'"
+)
 
 
 def params_l2_norm(chunks, device: torch.device) -> float:
@@ -47,10 +50,12 @@ def memory_scalars() -> dict[str, float]:
     """Megatron-LM's memory tags (CUDA), else the resident set size under a tag of its own."""
     if torch.cuda.is_available():
         stats = torch.cuda.memory_stats()
-        return {"mem-reserved-bytes": stats.get("reserved_bytes.all.current", 0),
-                "mem-allocated-bytes": stats.get("allocated_bytes.all.current", 0),
-                "mem-max-allocated-bytes": stats.get("allocated_bytes.all.peak", 0),
-                "mem-allocated-count": stats.get("allocation.all.current", 0)}
+        return {
+            "mem-reserved-bytes": stats.get("reserved_bytes.all.current", 0),
+            "mem-allocated-bytes": stats.get("allocated_bytes.all.current", 0),
+            "mem-max-allocated-bytes": stats.get("allocated_bytes.all.peak", 0),
+            "mem-allocated-count": stats.get("allocation.all.current", 0),
+        }
     return {"mem-rss-bytes": psutil.Process().memory_info().rss}
 
 
@@ -62,14 +67,20 @@ class RunHealth:
     def __init__(self, trainer, sink, flops_per_token: float):
         # a trainer without them (a test's stand-in) runs with every flag off and no timers
         self.trainer, self.sink = trainer, sink
-        self.cfg = trainer.cfg.logging or LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None,
-                                                        wandb_project=None)
+        self.cfg = trainer.cfg.logging or LoggingConfig(
+            log_interval=1, tensorboard_dir=None, metrics_file=None, wandb_project=None
+        )
         self.timers = getattr(trainer, "timers", None)
         self.rank0 = trainer.ranks["rank"] == 0
         seq_length = trainer.cfg.schedule.seq_length
-        self.progress = ProgressLog(trainer.cfg.checkpoint.save, enabled=self.cfg.log_progress, rank0=self.rank0,
-                                    world_size=trainer.ranks["world_size"],
-                                    flops_per_sample=flops_per_token * seq_length, seq_length=seq_length)
+        self.progress = ProgressLog(
+            trainer.cfg.checkpoint.save,
+            enabled=self.cfg.log_progress,
+            rank0=self.rank0,
+            world_size=trainer.ranks["world_size"],
+            flops_per_sample=flops_per_token * seq_length,
+            seq_length=seq_length,
+        )
         self._logged_at = trainer.step
         self.downstream = DownstreamEvals(trainer)  # --downstream-eval-*: a job per checkpoint (rank 0)
 
@@ -77,10 +88,15 @@ class RunHealth:
         if self.rank0 and self.cfg.log_memory_to_tensorboard and not torch.cuda.is_available():
             logger.info("%s", CPU_MEMORY_NOTE)
         if self.rank0:
-            timeouts = {str(collective_timeout(g)) for g in (None, parallel_state.get_data_parallel_group(),
-                                                              parallel_state.get_model_parallel_group())}
-            logger.info("collectives time out after %s (--distributed-timeout-minutes %d)", ", ".join(sorted(timeouts)),
-                        self.trainer.cfg.health.distributed_timeout_minutes)
+            timeouts = {
+                str(collective_timeout(g))
+                for g in (None, parallel_state.get_data_parallel_group(), parallel_state.get_model_parallel_group())
+            }
+            logger.info(
+                "collectives time out after %s (--distributed-timeout-minutes %d)",
+                ", ".join(sorted(timeouts)),
+                self.trainer.cfg.health.distributed_timeout_minutes,
+            )
         self.progress.start(self.trainer.step * self.trainer.global_batch)
         self.downstream.start(self.trainer.step)
 
@@ -100,9 +116,14 @@ class RunHealth:
     def after_record(self, step: int) -> None:
         """The timers of the steps since the last log line, per step, after the iteration line."""
         if step % self.cfg.log_interval == 0 or step == self.trainer.max_steps:
-            log_timers(self.timers, timers_to_log(self.cfg.timing_log_level), rank0=self.rank0,
-                       normalizer=max(step - self._logged_at, 1), step=step,
-                       sink=self.sink if self.cfg.log_timers_to_tensorboard else None)
+            log_timers(
+                self.timers,
+                timers_to_log(self.cfg.timing_log_level),
+                rank0=self.rank0,
+                normalizer=max(step - self._logged_at, 1),
+                step=step,
+                sink=self.sink if self.cfg.log_timers_to_tensorboard else None,
+            )
             self._logged_at = step
 
     def save(self, final: bool) -> None:

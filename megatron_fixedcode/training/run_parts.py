@@ -1,6 +1,7 @@
 """The parts of one run, each built by one function the Trainer calls in this order (and tests, export and
 evaluation can call alone): the model chunks in megatron's DDP (TE or local layers decided once), megatron's
 optimizer and scheduler, the train and validation datasets, and the resume of a verified checkpoint into them."""
+
 from __future__ import annotations
 
 import uuid
@@ -33,20 +34,34 @@ def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.
     Engine or local layers is decided here, once, and passed to both the fusions and the config."""
     perf, health, model = cfg.performance, cfg.health, plan.model_cfg
     te_layers = use_transformer_engine(model)
-    fusions = fusion_settings(perf, te_layers=te_layers, gated_linear_unit=BLOCKS[model.block]["gated_linear_unit"],
-                              squared_relu=model.squared_relu)
+    fusions = fusion_settings(
+        perf,
+        te_layers=te_layers,
+        gated_linear_unit=BLOCKS[model.block]["gated_linear_unit"],
+        squared_relu=model.squared_relu,
+    )
     settle_gelu_approximation(plan.model_cfg, fusions, resumed=plan.load_step is not None)
     te_wgrad = te_wgrad_fusion(perf, te_layers=te_layers)
-    config = build_transformer_config(plan.model_cfg, cfg.layout, te_layers=te_layers, **fusions,
-                                      **loss_config_fields(cfg.data.dataset_type),
-                                      **({"tp_comm_overlap": True} if perf.tp_comm_overlap else {}))
-    chunks = build_model_chunks(plan.model_cfg, config, cfg.layout, pg,
-                                use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
-                                overlap_grad_reduce=perf.overlap_grad_reduce,
-                                overlap_param_gather=perf.overlap_param_gather,
-                                check_for_nan_in_grad=health.check_for_nan_in_loss_and_grad,
-                                check_for_large_grads=health.check_for_large_grads,
-                                te_wgrad_fusion=te_wgrad)
+    config = build_transformer_config(
+        plan.model_cfg,
+        cfg.layout,
+        te_layers=te_layers,
+        **fusions,
+        **loss_config_fields(cfg.data.dataset_type),
+        **({"tp_comm_overlap": True} if perf.tp_comm_overlap else {}),
+    )
+    chunks = build_model_chunks(
+        plan.model_cfg,
+        config,
+        cfg.layout,
+        pg,
+        use_distributed_optimizer=cfg.optim.use_distributed_optimizer,
+        overlap_grad_reduce=perf.overlap_grad_reduce,
+        overlap_param_gather=perf.overlap_param_gather,
+        check_for_nan_in_grad=health.check_for_nan_in_loss_and_grad,
+        check_for_large_grads=health.check_for_large_grads,
+        te_wgrad_fusion=te_wgrad,
+    )
     return chunks, {**fusions, "TE fuse_wgrad_accumulation": te_wgrad}
 
 
@@ -56,13 +71,24 @@ def build_optimizer(cfg: PretrainConfig, chunks, checkpoint_schedule: dict | Non
     sets the new ones after the load."""
     o = cfg.optim
     resumed = checkpoint_schedule or {}
-    config = OptimizerConfig(optimizer="adam", lr=resumed.get("max_lr", o.lr), min_lr=resumed.get("min_lr", o.min_lr),
-                             decoupled_lr=resumed.get("decoupled_lr", o.decoupled_lr),
-                             decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
-                             weight_decay=o.weight_decay, adam_beta1=o.adam_beta1, adam_beta2=o.adam_beta2,
-                             adam_eps=o.adam_eps, clip_grad=o.clip_grad, bf16=cfg.performance.bf16, params_dtype=torch.float32,
-                             use_distributed_optimizer=o.use_distributed_optimizer, timers=timers,
-                             log_num_zeros_in_grad=cfg.logging.log_num_zeros_in_grad, barrier_with_L1_time=True)
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=resumed.get("max_lr", o.lr),
+        min_lr=resumed.get("min_lr", o.min_lr),
+        decoupled_lr=resumed.get("decoupled_lr", o.decoupled_lr),
+        decoupled_min_lr=resumed.get("decoupled_min_lr", o.decoupled_min_lr),
+        weight_decay=o.weight_decay,
+        adam_beta1=o.adam_beta1,
+        adam_beta2=o.adam_beta2,
+        adam_eps=o.adam_eps,
+        clip_grad=o.clip_grad,
+        bf16=cfg.performance.bf16,
+        params_dtype=torch.float32,
+        use_distributed_optimizer=o.use_distributed_optimizer,
+        timers=timers,
+        log_num_zeros_in_grad=cfg.logging.log_num_zeros_in_grad,
+        barrier_with_L1_time=True,
+    )
     overrides = get_standard_config_overrides(config)  # what get_megatron_optimizer would use
     for override in overrides.values():
         if "max_lr" in override:  # --decoupled-lr's group: megatron-core 0.16 tells groups apart on load by
@@ -84,7 +110,10 @@ class ParamScheduler(OptimizerParamScheduler):
     def load_state_dict(self, state_dict: dict) -> None:
         super().load_state_dict(state_dict)
         if not self.override_opt_param_scheduler:  # the groups were built with the checkpoint's values
-            self.decoupled_lr, self.decoupled_min_lr = state_dict.get("decoupled_lr"), state_dict.get("decoupled_min_lr")
+            self.decoupled_lr, self.decoupled_min_lr = (
+                state_dict.get("decoupled_lr"),
+                state_dict.get("decoupled_min_lr"),
+            )
 
 
 def canonical_lr(optimizer) -> float:
@@ -104,11 +133,19 @@ def build_scheduler(cfg: PretrainConfig, optimizer, max_steps: int, global_batch
     o, ck = cfg.optim, cfg.checkpoint
     sched = scheduler_settings(o, max_steps, global_batch)
     return ParamScheduler(
-        optimizer, decoupled_lr=sched["decoupled_lr"], decoupled_min_lr=sched["decoupled_min_lr"],
-        init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr, max_lr=sched["max_lr"], min_lr=sched["min_lr"],
-        lr_warmup_steps=sched["lr_warmup_steps"], lr_decay_steps=sched["lr_decay_steps"],
-        lr_decay_style=sched["lr_decay_style"], start_wd=sched["start_wd"], end_wd=sched["end_wd"],
-        wd_incr_steps=max_steps, wd_incr_style="constant",
+        optimizer,
+        decoupled_lr=sched["decoupled_lr"],
+        decoupled_min_lr=sched["decoupled_min_lr"],
+        init_lr=o.lr_warmup_init if sched["lr_warmup_steps"] else o.lr,
+        max_lr=sched["max_lr"],
+        min_lr=sched["min_lr"],
+        lr_warmup_steps=sched["lr_warmup_steps"],
+        lr_decay_steps=sched["lr_decay_steps"],
+        lr_decay_style=sched["lr_decay_style"],
+        start_wd=sched["start_wd"],
+        end_wd=sched["end_wd"],
+        wd_incr_steps=max_steps,
+        wd_incr_style="constant",
         use_checkpoint_opt_param_scheduler=not ck.override_opt_param_scheduler,
         override_opt_param_scheduler=ck.override_opt_param_scheduler,
     )
@@ -119,8 +156,11 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
     rank-0-first build, and a bad shard is a :class:`DataError`."""
     try:
         return build_datasets(
-            cfg.data, tokenizer, num_train_samples=max_steps * global_batch,
-            num_valid_samples=(cfg.schedule.eval_iters * global_batch) if (cfg.schedule.eval_interval or cfg.schedule.skip_train)
+            cfg.data,
+            tokenizer,
+            num_train_samples=max_steps * global_batch,
+            num_valid_samples=(cfg.schedule.eval_iters * global_batch)
+            if (cfg.schedule.eval_interval or cfg.schedule.skip_train)
             else 0,
             seed=cfg.schedule.seed,
         )
@@ -130,8 +170,15 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
         full = find_os_error(e)  # (and wraps the OSError in an Exception of its own)
         if full is None or not is_disk_full(full):
             raise
-        raise DataError(str(DiskFull(getattr(full, "filename", None) or cfg.data.cache_path or "the dataset index cache",
-                                     full, "the index cache is rebuilt at the next start"))) from None
+        raise DataError(
+            str(
+                DiskFull(
+                    getattr(full, "filename", None) or cfg.data.cache_path or "the dataset index cache",
+                    full,
+                    "the index cache is rebuilt at the next start",
+                )
+            )
+        ) from None
 
 
 def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> tuple[int, int]:
@@ -143,10 +190,21 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
     rank, world = dist.get_rank(), dist.get_world_size()
     target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
     error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
-    raise_if_any_rank_failed(error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
-                             runtime_device(), checkpoint.CorruptCheckpoint)
-    state = checkpoint.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, weights_only=ck.finetune,
-                                       load_optim=not ck.no_load_optim, load_rng=not ck.no_load_rng)
+    raise_if_any_rank_failed(
+        error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
+        runtime_device(),
+        checkpoint.CorruptCheckpoint,
+    )
+    state = checkpoint.load_checkpoint(
+        ck.load,
+        chunks,
+        optimizer,
+        scheduler,
+        plan.load_step,
+        weights_only=ck.finetune,
+        load_optim=not ck.no_load_optim,
+        load_rng=not ck.no_load_rng,
+    )
     if ck.finetune:
         return 0, 0
     if ck.override_opt_param_scheduler:

@@ -10,6 +10,7 @@ parsed flags and the checkpoint's metadata (testable without torch.distributed).
 
 A user error found here is a ``ValueError``: one line on rank 0 and exit code 2, no traceback per rank.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,9 +51,14 @@ def data_fingerprint(*blends: list[str] | None) -> str | None:
 def stream_identity(cfg: PretrainConfig, global_batch: int, max_steps: int) -> dict:
     """What fixes the sample stream; a resume must match it to continue exactly."""
     data = cfg.data
-    ident = {"global_batch_size": global_batch, "seq_length": data.seq_length, "seed": cfg.schedule.seed,
-             "dataset_type": data.dataset_type, "data_path": resolve_data_paths(data.data_path),
-             "valid_data_path": resolve_data_paths(data.valid_data_path)}
+    ident = {
+        "global_batch_size": global_batch,
+        "seq_length": data.seq_length,
+        "seed": cfg.schedule.seed,
+        "dataset_type": data.dataset_type,
+        "data_path": resolve_data_paths(data.data_path),
+        "valid_data_path": resolve_data_paths(data.valid_data_path),
+    }
     if data.mock:  # megatron's mock samples: fixed by the seed, the length and the vocabulary
         return {**ident, "mock_data": True, "num_train_samples": max_steps * global_batch}
     if data.dataset_type != "sft":  # the shards' content: a prefix re-indexed with another corpus is another stream
@@ -67,27 +73,49 @@ def stream_identity(cfg: PretrainConfig, global_batch: int, max_steps: int) -> d
 
 
 # Fields of the model a checkpoint's weights are shaped by: a resume (or --finetune) must match them.
-ARCHITECTURE_FIELDS = ("vocab_size", "hidden_size", "num_layers", "num_attention_heads", "num_query_groups",
-                       "ffn_hidden_size", "block", "kv_channels", "rotary_percent", "rotary_interleaved",
-                       "add_bias_linear", "add_qkv_bias", "position_embedding_type", "max_position_embeddings",
-                       "share_embeddings_and_output_weights", "qk_layernorm", "squared_relu", "rope_scaling",
-                       "rope_scaling_factor")  # the input interface: its own check below
+ARCHITECTURE_FIELDS = (
+    "vocab_size",
+    "hidden_size",
+    "num_layers",
+    "num_attention_heads",
+    "num_query_groups",
+    "ffn_hidden_size",
+    "block",
+    "kv_channels",
+    "rotary_percent",
+    "rotary_interleaved",
+    "add_bias_linear",
+    "add_qkv_bias",
+    "position_embedding_type",
+    "max_position_embeddings",
+    "share_embeddings_and_output_weights",
+    "qk_layernorm",
+    "squared_relu",
+    "rope_scaling",
+    "rope_scaling_factor",
+)  # the input interface: its own check below
 
 
 def planned_layout(cfg: PretrainConfig, dp_size: int) -> dict:
     """This run's layout as checkpoints record it (``trainer_state["layout"]``)."""
     layout = cfg.layout
-    return {"world_size": int(os.environ.get("WORLD_SIZE", "1")), "tp_size": layout.tensor_model_parallel_size,
-            "pp_size": layout.pipeline_model_parallel_size, "dp_size": dp_size}
+    return {
+        "world_size": int(os.environ.get("WORLD_SIZE", "1")),
+        "tp_size": layout.tensor_model_parallel_size,
+        "pp_size": layout.pipeline_model_parallel_size,
+        "dp_size": dp_size,
+    }
 
 
 def data_parallel_size(layout) -> int:
     world = int(os.environ.get("WORLD_SIZE", "1"))
-    model_parallel = (layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size
-                      * layout.context_parallel_size)
+    model_parallel = (
+        layout.tensor_model_parallel_size * layout.pipeline_model_parallel_size * layout.context_parallel_size
+    )
     if world % model_parallel:
-        raise ValueError(f"world size {world} is not divisible by tensor x pipeline x context parallel size "
-                         f"= {model_parallel}")
+        raise ValueError(
+            f"world size {world} is not divisible by tensor x pipeline x context parallel size = {model_parallel}"
+        )
     return world // model_parallel
 
 
@@ -102,8 +130,8 @@ class RunPlan:
     dp_size: int
     global_batch: int
     max_steps: int
-    load_step: int | None       # the verified checkpoint to resume from (None: start fresh)
-    schedule: dict              # the LR schedule in force
+    load_step: int | None  # the verified checkpoint to resume from (None: start fresh)
+    schedule: dict  # the LR schedule in force
     schedule_source: str
     checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
     stream_change: str | None = None  # a resume whose sample stream does not continue exactly: what changes
@@ -119,9 +147,11 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
     vocab_size = cfg.tokenizer.vocab_size
-    tokenizer = (tokenizer_from_args(cfg.tokenizer) if cfg.tokenizer.names_file()
-                 else types.SimpleNamespace(vocab_size=vocab_size, eod=0, bos=None, pad=None,
-                                            fingerprint=f"vocab{vocab_size}"))
+    tokenizer = (
+        tokenizer_from_args(cfg.tokenizer)
+        if cfg.tokenizer.names_file()
+        else types.SimpleNamespace(vocab_size=vocab_size, eod=0, bos=None, pad=None, fingerprint=f"vocab{vocab_size}")
+    )
     if data.dataset_type == "sft":  # a bad record is one line naming FILE:LINE, before any process group
         from megatron_fixedcode.data.sft import fit_to_window, load_sft_examples
 
@@ -132,16 +162,26 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     if check_machine:
         check_model_runtime(model_cfg)
     code = model_cfg.code_spec()
-    identity = {"input_embedding": model_cfg.input_embedding,
-                "code_fingerprint": code.fingerprint if code else "learned",
-                "tokenizer_fingerprint": tokenizer.fingerprint}
+    identity = {
+        "input_embedding": model_cfg.input_embedding,
+        "code_fingerprint": code.fingerprint if code else "learned",
+        "tokenizer_fingerprint": tokenizer.fingerprint,
+    }
     dp_size = data_parallel_size(cfg.layout)
     global_batch = cfg.schedule.resolve_global_batch(dp_size)
     max_steps = cfg.schedule.max_steps(global_batch)
     schedule = scheduler_settings(cfg.optim, max_steps, global_batch)
-    plan = RunPlan(tokenizer=tokenizer, model_cfg=model_cfg, identity=identity, dp_size=dp_size,
-                   global_batch=global_batch, max_steps=max_steps, load_step=None, schedule=schedule,
-                   schedule_source="command line")
+    plan = RunPlan(
+        tokenizer=tokenizer,
+        model_cfg=model_cfg,
+        identity=identity,
+        dp_size=dp_size,
+        global_batch=global_batch,
+        max_steps=max_steps,
+        load_step=None,
+        schedule=schedule,
+        schedule_source="command line",
+    )
     if ck.load:
         plan.load_step = resolve_load_step(cfg)
     check_save_holds_no_other_run(cfg)
@@ -163,8 +203,11 @@ def take_checkpoint_tokenizer(cfg: PretrainConfig) -> None:
         what = "holds no checkpoint yet" if step is None else "names no tokenizer (trained on pre-tokenized ids)"
         raise ValueError(f"--load {load} {what}: give --tokenizer-model (or --vocab-size for pre-tokenized data)")
     kind = record.get("type") or "HuggingFaceTokenizer"
-    files = ({"vocab_file": os.path.abspath(model), "merge_file": os.path.abspath(merges)}
-             if kind == "GPT2BPETokenizer" else {"tokenizer_model": os.path.abspath(model)})
+    files = (
+        {"vocab_file": os.path.abspath(model), "merge_file": os.path.abspath(merges)}
+        if kind == "GPT2BPETokenizer"
+        else {"tokenizer_model": os.path.abspath(model)}
+    )
     cfg.tokenizer = dataclasses.replace(cfg.tokenizer, tokenizer_type=kind, **files)
     if int(os.environ.get("RANK", "0")) == 0:
         logger.info("tokenizer: the checkpoint's own, %s (--load %s)", os.path.abspath(model), load)
@@ -184,9 +227,11 @@ def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
     if latest is None and not any(Path(ck.save).glob("iter_*")):
         return
     holds = f"checkpoints up to step {latest}" if latest is not None else "checkpoint directories (iter_*)"
-    raise ValueError(f"--save {ck.save} holds {holds} of another run: a --finetune starts a new run at step 0 and "
-                     "would write among them (and move its latest marker back). Give --save a new directory; "
-                     f"to continue a fine-tune saved there, resume it without --finetune: --load {ck.save} --save {ck.save}")
+    raise ValueError(
+        f"--save {ck.save} holds {holds} of another run: a --finetune starts a new run at step 0 and "
+        "would write among them (and move its latest marker back). Give --save a new directory; "
+        f"to continue a fine-tune saved there, resume it without --finetune: --load {ck.save} --save {ck.save}"
+    )
 
 
 def same_dir(x: str | None, y: str | None) -> bool:
@@ -208,9 +253,13 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
         if int(os.environ.get("RANK", "0")) == 0:
             logger.info("--load %s holds no checkpoint yet: starting fresh (it is also --save)", ck.load)
         return None
-    what = "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpoint.LATEST_MARKER} missing)"
-    raise ValueError(f"--load {ck.load} {what}; to start fresh drop --load, or give the same directory as --save "
-                     "(resume when a checkpoint is there, start fresh otherwise)")
+    what = (
+        "does not exist" if not Path(ck.load).exists() else f"holds no checkpoint ({checkpoint.LATEST_MARKER} missing)"
+    )
+    raise ValueError(
+        f"--load {ck.load} {what}; to start fresh drop --load, or give the same directory as --save "
+        "(resume when a checkpoint is there, start fresh otherwise)"
+    )
 
 
 def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
@@ -221,33 +270,45 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
     where = f"--load {checkpoint.checkpoint_dir(load, plan.load_step)}"
     now_model = dataclasses.asdict(plan.model_cfg)
     # a field a checkpoint does not record is older than the field: it was trained at the field's default
-    defaults = {f.name: now_model[f.name] if f.default is dataclasses.MISSING else f.default
-                for f in dataclasses.fields(plan.model_cfg)}
+    defaults = {
+        f.name: now_model[f.name] if f.default is dataclasses.MISSING else f.default
+        for f in dataclasses.fields(plan.model_cfg)
+    }
     for field in ARCHITECTURE_FIELDS:
         before = saved.get("model_config", {}).get(field, defaults[field])
         if before != now_model[field]:
-            raise ValueError(f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
-                             f"refusing to load weights of another shape (--{field.replace('_', '-')})")
+            raise ValueError(
+                f"{where}: checkpoint has {field}={before}, this run {field}={now_model[field]}; "
+                f"refusing to load weights of another shape (--{field.replace('_', '-')})"
+            )
     saved_padded = saved.get("model_config", {}).get("padded_vocab")
     if (saved_padded or plan.model_cfg.padded_vocab) and saved_padded != plan.model_cfg.padded_vocab:
-        raise ValueError(f"{where}: checkpoint has --padded-vocab-size {saved_padded}, this run "
-                         f"{plan.model_cfg.padded_vocab}; refusing to load an output layer of another shape")
+        raise ValueError(
+            f"{where}: checkpoint has --padded-vocab-size {saved_padded}, this run "
+            f"{plan.model_cfg.padded_vocab}; refusing to load an output layer of another shape"
+        )
     ident = saved["identity"]
-    if (ident["input_embedding"], ident["code_fingerprint"]) != (plan.identity["input_embedding"], plan.identity["code_fingerprint"]):
+    if (ident["input_embedding"], ident["code_fingerprint"]) != (
+        plan.identity["input_embedding"],
+        plan.identity["code_fingerprint"],
+    ):
         raise ValueError(
             f"{where}: checkpoint was trained with input {ident['input_embedding']} "
             f"(code {ident['code_fingerprint']}) but this run uses {plan.identity['input_embedding']} "
             f"(code {plan.identity['code_fingerprint']}); refusing to resume with a different input interface"
         )
     if cfg.checkpoint.finetune:
-        return saved.get("model_config") or {}  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+        return (
+            saved.get("model_config") or {}
+        )  # weights only: a new stream (and tokenizer, schedule) may start at step 0
     if "tokenizer_fingerprint" in ident and ident["tokenizer_fingerprint"] != plan.identity["tokenizer_fingerprint"]:
         rec = saved.get("tokenizer") or {}
         raise ValueError(
             f"{where}: checkpoint was trained with tokenizer {rec.get('model') or '(none, --vocab-size)'} "
             f"(fingerprint {ident['tokenizer_fingerprint']}), this run has {tok.tokenizer_model or tok.vocab_file or '(none, --vocab-size)'} "
             f"(fingerprint {plan.identity['tokenizer_fingerprint']}); refusing to resume with another tokenizer "
-            "(to start from these weights with it, give --finetune)")
+            "(to start from these weights with it, give --finetune)"
+        )
     for key, now in stream_identity(cfg, plan.global_batch, plan.max_steps).items():
         before = saved.get(key)
         if key in ("data_path", "valid_data_path"):
@@ -255,32 +316,47 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
         if key == "data_fingerprint" and key not in saved:
             continue  # saved before the fingerprint was recorded
         if key == "data_fingerprint" and before != now:
-            raise ValueError(f"{where}: the shards under --data-path / --valid-data-path are not the ones this "
-                             f"checkpoint trained on (data_fingerprint {before} when saved, {now} now: re-indexed "
-                             "with another corpus?); the data stream would not continue exactly")
+            raise ValueError(
+                f"{where}: the shards under --data-path / --valid-data-path are not the ones this "
+                f"checkpoint trained on (data_fingerprint {before} when saved, {now} now: re-indexed "
+                "with another corpus?); the data stream would not continue exactly"
+            )
         if key == "num_train_samples" and before is not None and before != now:
             # A longer (or shorter) run: megatron's GPT shuffle is sized by the total, so from the
             # resumed step on the samples come from the shuffle of the new total (Megatron-LM does the same).
-            ended = (f"the checkpoint at step {plan.load_step} is where its run ended; this run continues it past that "
-                     f"end, to step {plan.max_steps}: " if plan.load_step * plan.global_batch >= before else "")
-            plan.stream_change = (f"{ended}the run now has {now} train samples (the checkpoint's run had {before}): from step "
-                                  f"{plan.load_step + 1} on, samples are drawn from megatron's GPT shuffle of {now} "
-                                  "samples, not the checkpoint's; steps up to the checkpoint are unchanged")
+            ended = (
+                f"the checkpoint at step {plan.load_step} is where its run ended; this run continues it past that "
+                f"end, to step {plan.max_steps}: "
+                if plan.load_step * plan.global_batch >= before
+                else ""
+            )
+            plan.stream_change = (
+                f"{ended}the run now has {now} train samples (the checkpoint's run had {before}): from step "
+                f"{plan.load_step + 1} on, samples are drawn from megatron's GPT shuffle of {now} "
+                "samples, not the checkpoint's; steps up to the checkpoint are unchanged"
+            )
             continue
         if before != now:
-            raise ValueError(f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
-                             "the data stream would not continue exactly")
+            raise ValueError(
+                f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
+                "the data stream would not continue exactly"
+            )
     try:  # what the load will keep; refused here, before any process group, when it cannot
-        resume_scope(saved["layout"], planned_layout(cfg, plan.dp_size), weights_only=cfg.checkpoint.no_load_optim,
-                     rng_by_model_parallel_rank=saved.get(checkpoint.RNG_BY_MODEL_PARALLEL_RANK, False),
-                     saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
-                     distributed_optimizer=cfg.optim.use_distributed_optimizer)
+        resume_scope(
+            saved["layout"],
+            planned_layout(cfg, plan.dp_size),
+            weights_only=cfg.checkpoint.no_load_optim,
+            rng_by_model_parallel_rank=saved.get(checkpoint.RNG_BY_MODEL_PARALLEL_RANK, False),
+            saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
+            distributed_optimizer=cfg.optim.use_distributed_optimizer,
+        )
     except ValueError as e:
         raise ValueError(f"{where}: {e}") from None
     if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
         saved_schedule = checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler")
         if saved_schedule:  # a checkpoint from before --decoupled-lr was accepted had none
             plan.checkpoint_schedule = {"decoupled_lr": None, "decoupled_min_lr": None, **saved_schedule}
-            plan.schedule, plan.schedule_source = reconcile_schedule(cfg.checkpoint, plan.schedule,
-                                                                     plan.checkpoint_schedule)
+            plan.schedule, plan.schedule_source = reconcile_schedule(
+                cfg.checkpoint, plan.schedule, plan.checkpoint_schedule
+            )
     return saved.get("model_config") or {}

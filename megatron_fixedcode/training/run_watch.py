@@ -7,6 +7,7 @@ check across data-parallel replicas, the profiler and the memory snapshots (``tr
 ``>>> Weight hashes match after N iterations...``, a mismatch (the same answer on every rank) stops the run,
 naming the step, before that step is saved (:class:`~megatron_fixedcode.training.errors.ReplicasDiverged`).
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -42,9 +43,11 @@ def check_weight_hashes(chunks, step: int, rank0: bool) -> None:
     with params_synced(chunks), _hashes_where_they_are():
         match = check_param_hashes_across_dp_replicas(chunks, cross_check=True)
     if not match:
-        raise ReplicasDiverged(f"step {step}: the weights differ between data-parallel replicas "
-                               "(--check-weight-hash-across-dp-replicas-interval: megatron-core's "
-                               "check_param_hashes_across_dp_replicas); stopping before anything of this step is saved")
+        raise ReplicasDiverged(
+            f"step {step}: the weights differ between data-parallel replicas "
+            "(--check-weight-hash-across-dp-replicas-interval: megatron-core's "
+            "check_param_hashes_across_dp_replicas); stopping before anything of this step is saved"
+        )
     dist.barrier()
     if rank0:
         logger.info(">>> Weight hashes match after %d iterations...", step)
@@ -57,8 +60,13 @@ class RunWatch:
         self.trainer, self.flops_per_token = trainer, flops_per_token
         self.watch, self.rank0 = trainer.cfg.watch, trainer.ranks["rank"] == 0
         self.flops, self.reported_at = 0.0, trainer.step
-        self.profiler = Profiler(self.watch, trainer.ranks["rank"], trainer.ranks["world_size"], trainer.step,
-                                 trainer.cfg.logging.tensorboard_dir if trainer.cfg.logging else None)
+        self.profiler = Profiler(
+            self.watch,
+            trainer.ranks["rank"],
+            trainer.ranks["world_size"],
+            trainer.step,
+            trainer.cfg.logging.tensorboard_dir if trainer.cfg.logging else None,
+        )
 
     def start(self) -> None:
         configure_straggler(self.watch, self.trainer.ranks["world_size"], self.trainer.ranks["rank"])

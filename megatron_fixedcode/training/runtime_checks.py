@@ -3,6 +3,7 @@ does not depend on the machine is refused at parse time: ``arguments/refusals.py
 
 Pure decisions on the parsed flags and what torch sees; a refusal is a ``ValueError`` (one line on
 rank 0, exit code 2)."""
+
 from __future__ import annotations
 
 import os
@@ -18,9 +19,11 @@ from megatron_fixedcode.training.rerun import check_rerun_flags
 from megatron_fixedcode.training.profiling import cuda_refusal
 
 REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"
-NO_GPU_UNDER_LAUNCHER = (f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
-                         "(check the allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); "
-                         "refusing to train on the CPU")
+NO_GPU_UNDER_LAUNCHER = (
+    f"{REQUIRE_CUDA_ENV}=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node "
+    "(check the allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); "
+    "refusing to train on the CPU"
+)
 
 
 def check_runtime(cfg: PretrainConfig) -> None:
@@ -36,8 +39,9 @@ def check_runtime(cfg: PretrainConfig) -> None:
 def check_model_runtime(model_cfg: ModelConfig) -> None:
     """The model's fields this machine cannot run (after :func:`check_runtime`, once the vocabulary is known)."""
     if model_cfg.layernorm_zero_centered_gamma and not transformer_engine_available():
-        raise ValueError("--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
-                         "support it), and this machine has no CUDA GPU with Transformer Engine: drop the flag here")
+        raise ValueError(
+            "--apply-layernorm-1p needs Transformer Engine layers (megatron-core's local norms do not "
+            "support it), and this machine has no CUDA GPU with Transformer Engine: drop the flag here"
+        )
     if torch.cuda.is_available() and model_cfg.code_kernel == "fused":
         raise ValueError("--code-kernel fused is the CPU kernel; on GPUs use auto or torch (the ids are on the GPU)")
-

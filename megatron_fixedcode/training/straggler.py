@@ -9,6 +9,7 @@ megatron-core's detector turns itself off without CUDA (it records CUDA events a
 on the CPU :class:`CpuStragglerDetector` times with the wall clock alone, which the CUDA detector also takes
 (the max of both), and reports the GPU readings as 0; gathering, ranking, logging and toggling are megatron-core's.
 """
+
 from __future__ import annotations
 
 import logging
@@ -27,8 +28,16 @@ class CpuStragglerDetector(StragglerDetector):
     def __new__(cls):  # not megatron-core's singleton: that one stays the CUDA detector
         return object.__new__(cls)
 
-    def configure(self, world: int, rank: int, mmcnt: int = 1, amp: float = 3.0, port: int = 65535,
-                  prefill: int = 1024, enabled: bool = False) -> None:
+    def configure(
+        self,
+        world: int,
+        rank: int,
+        mmcnt: int = 1,
+        amp: float = 3.0,
+        port: int = 65535,
+        prefill: int = 1024,
+        enabled: bool = False,
+    ) -> None:
         if StragglerDetector._configured:
             return
         StragglerDetector._configured = True
@@ -70,8 +79,13 @@ def configure_straggler(watch: WatchConfig, world: int, rank: int) -> None:
     if not watch.log_straggler:
         return
     logging.getLogger("megatron.core.utils").setLevel(logging.INFO)  # its report lines (the loop quiets megatron)
-    stimer.configure(world, rank, mmcnt=watch.straggler_minmax_count, enabled=not watch.disable_straggler_on_startup,
-                     port=watch.straggler_ctrlr_port)
+    stimer.configure(
+        world,
+        rank,
+        mmcnt=watch.straggler_minmax_count,
+        enabled=not watch.disable_straggler_on_startup,
+        port=watch.straggler_ctrlr_port,
+    )
 
 
 def report_straggler(watch: WatchConfig, step: int, flops_since_report: float, interval: int) -> bool:

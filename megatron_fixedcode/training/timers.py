@@ -7,6 +7,7 @@ send/recv. Every ``--log-interval`` the ``(min, max) time across ranks (ms):`` l
 iteration line (``--timing-log-option``), and with ``--log-timers-to-tensorboard`` each timer goes to
 TensorBoard as ``<name>-time`` (the max over ranks), as Megatron-LM's ``training_log`` writes them.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -19,14 +20,34 @@ from megatron_fixedcode.arguments.training_configs import LoggingConfig
 logger = logging.getLogger(__name__)
 
 # Megatron-LM's training_log (core_v0.16.1): the timers logged at each level, in its order.
-LEVEL1_TIMERS = ("forward-backward", "layernorm-grads-all-reduce", "embedding-grads-all-reduce", "all-grads-sync",
-                 "params-all-gather", "optimizer-copy-to-main-grad", "optimizer-unscale-and-check-inf",
-                 "optimizer-clip-main-grad", "optimizer-count-zeros", "optimizer-inner-step",
-                 "optimizer-copy-main-to-model-params", "optimizer")
-LEVEL2_TIMERS = ("batch-generator", "forward-compute", "backward-compute", "forward-recv", "forward-send",
-                 "backward-recv", "backward-send", "forward-send-forward-recv", "forward-send-backward-recv",
-                 "backward-send-forward-recv", "backward-send-backward-recv",
-                 "forward-backward-send-forward-backward-recv")
+LEVEL1_TIMERS = (
+    "forward-backward",
+    "layernorm-grads-all-reduce",
+    "embedding-grads-all-reduce",
+    "all-grads-sync",
+    "params-all-gather",
+    "optimizer-copy-to-main-grad",
+    "optimizer-unscale-and-check-inf",
+    "optimizer-clip-main-grad",
+    "optimizer-count-zeros",
+    "optimizer-inner-step",
+    "optimizer-copy-main-to-model-params",
+    "optimizer",
+)
+LEVEL2_TIMERS = (
+    "batch-generator",
+    "forward-compute",
+    "backward-compute",
+    "forward-recv",
+    "forward-send",
+    "backward-recv",
+    "backward-send",
+    "forward-send-forward-recv",
+    "forward-send-backward-recv",
+    "backward-send-forward-recv",
+    "backward-send-backward-recv",
+    "forward-backward-send-forward-backward-recv",
+)
 
 
 def build_timers(logging_cfg: LoggingConfig) -> Timers:
@@ -37,8 +58,16 @@ def timers_to_log(level: int) -> list[str]:
     return [*(LEVEL1_TIMERS if level >= 1 else ()), *(LEVEL2_TIMERS if level >= 2 else ())]
 
 
-def log_timers(timers: Timers | None, names: list[str], *, rank0: bool, normalizer: float = 1.0, sink=None,
-               step: int | None = None, barrier: bool = False) -> None:
+def log_timers(
+    timers: Timers | None,
+    names: list[str],
+    *,
+    rank0: bool,
+    normalizer: float = 1.0,
+    sink=None,
+    step: int | None = None,
+    barrier: bool = False,
+) -> None:
     """On every rank (the times are gathered): to TensorBoard/W&B as ``<name>-time`` (max over ranks; when
     ``sink`` is given, as Megatron-LM's ``timers.write``), then the log lines on rank 0, resetting them."""
     if timers is None or not names:

@@ -14,6 +14,7 @@ The parts, in the order :class:`Trainer` builds them (each decided once, in ``ru
 * :func:`build_run_datasets` — the train and validation datasets;
 * :func:`resume` — loads what :func:`~megatron_fixedcode.training.run_plan.resume_scope` allows.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -48,8 +49,16 @@ from megatron_fixedcode.training.gpu_features import (
 )
 from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, forward_backward_step
 from megatron_fixedcode.training.rerun import restore_from, start_rerun
-from megatron_fixedcode.training.run_parts import (build_chunks, build_optimizer, build_run_datasets, build_scheduler,
-                                                   canonical_lr, decoupled_lr, resume, wandb_run_id)
+from megatron_fixedcode.training.run_parts import (
+    build_chunks,
+    build_optimizer,
+    build_run_datasets,
+    build_scheduler,
+    canonical_lr,
+    decoupled_lr,
+    resume,
+    wandb_run_id,
+)
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run, stream_identity
 from megatron_fixedcode.training.timers import build_timers, log_timers, timed
 from megatron_fixedcode.utils.rank_agreement import global_sum, raise_if_any_rank_failed
@@ -64,7 +73,9 @@ class Trainer:
     def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None):
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
-        self.pg = initialize_distributed(cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * cfg.health.distributed_timeout_minutes)
+        self.pg = initialize_distributed(
+            cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * cfg.health.distributed_timeout_minutes
+        )
         self.iterations_to_skip = start_rerun(cfg.health)  # megatron-core's rerun state machine (rerun.py)
         self.timers = build_timers(cfg.logging)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
         self.async_saves = None  # --async-save: the loop's training/async_saves.AsyncSaves
@@ -72,14 +83,18 @@ class Trainer:
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
         # what the checkpoints record of it, and where its one copy goes under --save (rank 0, first save)
-        self.tokenizer_record = carried_record(tokenizer_record(cfg.tokenizer), getattr(self.tokenizer, "fingerprint", None))
+        self.tokenizer_record = carried_record(
+            tokenizer_record(cfg.tokenizer), getattr(self.tokenizer, "fingerprint", None)
+        )
         self.model_cfg = plan.model_cfg
         self.identity = plan.identity
         assert plan.dp_size == self.ranks["dp_size"], (plan.dp_size, self.ranks["dp_size"])
         self.global_batch = plan.global_batch
         self.num_microbatches = self.global_batch // (cfg.schedule.micro_batch_size * self.ranks["dp_size"])
         self.max_steps = plan.max_steps
-        seed_streams(cfg.schedule.seed)  # the model's init: each layer from (seed, its global number), whatever the layout
+        seed_streams(
+            cfg.schedule.seed
+        )  # the model's init: each layer from (seed, its global number), whatever the layout
         initialize_tp_comm_overlap(cfg, self.model_cfg.hidden_size)
         self.tf32 = configure_tf32(cfg.performance)
         self.chunks, self.fusions = build_chunks(cfg, plan, self.pg)
@@ -101,13 +116,20 @@ class Trainer:
     def trainer_state(self) -> dict:
         r = self.ranks
         code = self.model_cfg.code_spec()
-        return {"step": self.step, "tokens": self.tokens, "identity": self.identity, **self._stream_identity(),
-                "model_config": dataclasses.asdict(self.model_cfg), "code_spec": code.to_dict() if code else None,
-                "tokenizer": self.tokenizer_record,
-                "run_config": self.cfg.as_dict(), "wandb_run_id": self.wandb_run_id, "rerun": checkpoint_state(),
-                "optimizer_format": checkpoint.optimizer_format(self.optimizer,
-                                                                self.cfg.checkpoint.fully_reshardable),
-                "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")}}
+        return {
+            "step": self.step,
+            "tokens": self.tokens,
+            "identity": self.identity,
+            **self._stream_identity(),
+            "model_config": dataclasses.asdict(self.model_cfg),
+            "code_spec": code.to_dict() if code else None,
+            "tokenizer": self.tokenizer_record,
+            "run_config": self.cfg.as_dict(),
+            "wandb_run_id": self.wandb_run_id,
+            "rerun": checkpoint_state(),
+            "optimizer_format": checkpoint.optimizer_format(self.optimizer, self.cfg.checkpoint.fully_reshardable),
+            "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")},
+        }
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
         batches, error = reader_of(self, dataset).read(step)  # --num-workers: batch_reader.py
@@ -117,9 +139,16 @@ class Trainer:
 
     def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
         """(mean NLL over the global batch, prediction targets of the global batch)."""
-        out = forward_backward(self.chunks, microbatches, num_microbatches=self.num_microbatches,
-                               seq_length=self.cfg.schedule.seq_length, micro_batch_size=self.cfg.schedule.micro_batch_size,
-                               forward_only=forward_only, pg_collection=self.pg, device=self.device)
+        out = forward_backward(
+            self.chunks,
+            microbatches,
+            num_microbatches=self.num_microbatches,
+            seq_length=self.cfg.schedule.seq_length,
+            micro_batch_size=self.cfg.schedule.micro_batch_size,
+            forward_only=forward_only,
+            pg_collection=self.pg,
+            device=self.device,
+        )
         # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
         owns = out is not None and self.ranks["tp_rank"] == 0
         total, count = global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0], self.device)
@@ -132,22 +161,32 @@ class Trainer:
             return {"step": self.step, "rerun_exit": code, "rerun_save": save}
         check = self.cfg.health.check_for_nan_in_loss_and_grad
         if check and not math.isfinite(loss):  # the same all-reduced value on every rank
-            raise NonFiniteTraining(f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
-                                    "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)")
+            raise NonFiniteTraining(
+                f"step {self.step + 1}: the loss is {loss}; stopping before the optimizer step, "
+                "nothing of this step is saved (--no-check-for-nan-in-loss-and-grad to train on)"
+            )
         with timed(self.timers, "optimizer", 1, barrier=True):
             _, grad_norm, num_zeros = self.optimizer.step()
         if check and grad_norm is not None and not math.isfinite(float(grad_norm)):
-            raise NonFiniteTraining(f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {loss}); "
-                                    "stopping before any save (--no-check-for-nan-in-loss-and-grad to train on)")
+            raise NonFiniteTraining(
+                f"step {self.step + 1}: the gradient norm is {float(grad_norm)} (loss {loss}); "
+                "stopping before any save (--no-check-for-nan-in-loss-and-grad to train on)"
+            )
         self.scheduler.step(increment=1)
         self.step += 1
         self.tokens += int(targets)
         decoupled = decoupled_lr(self.optimizer)
-        return {**({"decoupled_lr": decoupled} if decoupled is not None else {}),
-                **({"num_zeros": num_zeros} if self.cfg.logging.log_num_zeros_in_grad else {}),
-                "step": self.step, "loss": loss, "lr": canonical_lr(self.optimizer),
-                "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
-                "tokens": self.tokens, "step_tokens": int(targets), "step_time_s": time.perf_counter() - t0}
+        return {
+            **({"decoupled_lr": decoupled} if decoupled is not None else {}),
+            **({"num_zeros": num_zeros} if self.cfg.logging.log_num_zeros_in_grad else {}),
+            "step": self.step,
+            "loss": loss,
+            "lr": canonical_lr(self.optimizer),
+            "grad_norm": float(grad_norm) if grad_norm is not None else float("nan"),
+            "tokens": self.tokens,
+            "step_tokens": int(targets),
+            "step_time_s": time.perf_counter() - t0,
+        }
 
     @torch.no_grad()
     def evaluate(self, stop=None) -> dict:
@@ -164,14 +203,21 @@ class Trainer:
                 try:
                     totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
                 except RuntimeError as e:
-                    raise as_non_finite(e, f"evaluation at step {self.step}: rank {self.ranks['rank']}",
-                                        "stopping; the last checkpoint is unchanged") from None
+                    raise as_non_finite(
+                        e,
+                        f"evaluation at step {self.step}: rank {self.ranks['rank']}",
+                        "stopping; the last checkpoint is unchanged",
+                    ) from None
         for chunk in self.chunks:
             chunk.train()
         if len(totals) < self.cfg.schedule.eval_iters:
             if self.ranks["rank"] == 0:
-                logger.warning("evaluation at step %d stopped by a signal after %d of %d batches: not recorded",
-                               self.step, len(totals), self.cfg.schedule.eval_iters)
+                logger.warning(
+                    "evaluation at step %d stopped by a signal after %d of %d batches: not recorded",
+                    self.step,
+                    len(totals),
+                    self.cfg.schedule.eval_iters,
+                )
             return {}
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
@@ -191,9 +237,11 @@ class Trainer:
         shutil.rmtree(hf_io.partial_dir(out), ignore_errors=True)  # nothing holds them: the child has exited
         hf_io.lock_file(out).unlink(missing_ok=True)
         how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-        message = (f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
-                   f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
-                   f"--load {self.cfg.checkpoint.save} --ckpt-step {step} --output {out}")
+        message = (
+            f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
+            f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
+            f"--load {self.cfg.checkpoint.save} --ckpt-step {step} --output {out}"
+        )
         if self._export_final:
             raise ExportFailed(message)
         logger.error("%s (training goes on)", message)
@@ -202,16 +250,34 @@ class Trainer:
         """On rank 0, convert the checkpoint just saved in a background process (training goes on;
         the next save waits for it, so pruning never removes a checkpoint being exported)."""
         ck = self.cfg.checkpoint
-        if not ck.hf_export_interval or self.ranks["rank"] != 0 or not (final or self.step % ck.hf_export_interval == 0):
+        if (
+            not ck.hf_export_interval
+            or self.ranks["rank"] != 0
+            or not (final or self.step % ck.hf_export_interval == 0)
+        ):
             return
         out_root = Path(ck.hf_export_dir or Path(ck.save) / "hf")
         out_root.mkdir(parents=True, exist_ok=True)
         out = out_root / f"iter_{self.step:07d}"
         self._export_log = out_root / f"iter_{self.step:07d}.log"
         self._export_step, self._export_out, self._export_final = self.step, out, final
-        cmd = [sys.executable, "-m", "megatron_fixedcode.cli.convert_checkpoint_to_hf",
-               "--load", ck.save, "--ckpt-step", str(self.step), "--output", str(out), "--overwrite"]
-        env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")}
+        cmd = [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.cli.convert_checkpoint_to_hf",
+            "--load",
+            ck.save,
+            "--ckpt-step",
+            str(self.step),
+            "--output",
+            str(out),
+            "--overwrite",
+        ]
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
+        }
         # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
         env["CUDA_VISIBLE_DEVICES"] = ""
         self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
@@ -226,8 +292,17 @@ class Trainer:
             if self.ranks["rank"] == 0:
                 write_carried_copy(ck.save, self.tokenizer_record)
             with params_synced(self.chunks), timed(self.timers, "save-checkpoint", 0, barrier=True):
-                path = checkpoint.save_checkpoint(ck.save, self.step, self.chunks, self.optimizer, self.scheduler,
-                                                  self.trainer_state(), ck.keep_last, ck.retain_interval, self.async_saves)
+                path = checkpoint.save_checkpoint(
+                    ck.save,
+                    self.step,
+                    self.chunks,
+                    self.optimizer,
+                    self.scheduler,
+                    self.trainer_state(),
+                    ck.keep_last,
+                    ck.retain_interval,
+                    self.async_saves,
+                )
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
                 raise
@@ -238,8 +313,9 @@ class Trainer:
             if self.ranks["rank"] == 0:
                 shutil.rmtree(target, ignore_errors=True)
             raise SaveFailed(str(error))
-        logger.info("%s checkpoint %s in %.1f s", "started" if self.async_saves else "saved", path,
-                    time.perf_counter() - t0)
+        logger.info(
+            "%s checkpoint %s in %.1f s", "started" if self.async_saves else "saved", path, time.perf_counter() - t0
+        )
         log_timers(self.timers, ["save-checkpoint"], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
         if self.async_saves:  # --async-save: an export needs the checkpoint complete
             self.async_saves.before_export(final)

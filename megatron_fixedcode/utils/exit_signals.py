@@ -4,6 +4,7 @@ and the next run starts from the last checkpoint. Once the loop runs, it hands t
 (:func:`end_start_up`) and catches only Megatron-LM's ``--exit-signal`` (training/loop.py's
 ExitRequest), which finishes the step and saves. Import-light: the entry point installs it before
 its imports take seconds."""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,12 @@ def exit_at_once_until_training() -> None:
     # wrote its stop file first (examples/slurm_common.sh), so the signal or the file reaches every rank.
     stop_file = os.environ.get("MFC_STOP_FILE")
     if stop_file and os.path.exists(stop_file):
-        print(f"the launcher asked the job to stop ({stop_file}) before this rank started: nothing to checkpoint "
-              "yet, exiting", file=sys.stderr, flush=True)
+        print(
+            f"the launcher asked the job to stop ({stop_file}) before this rank started: nothing to checkpoint "
+            "yet, exiting",
+            file=sys.stderr,
+            flush=True,
+        )
         os._exit(0)
 
 

@@ -1,5 +1,6 @@
 """File content identity, shared by dataset verification, checkpoint checksums and the study's data
 fingerprint: one streaming sha256 (bounded memory for multi-GB shards)."""
+
 from __future__ import annotations
 
 import errno
@@ -50,11 +51,17 @@ class DiskFull(Exception):
     of its filesystem, exit code 2 (every command line's :func:`user_errors`; the trainer has its own,
     SaveFailed). ``kept`` says what stays as it was."""
 
-    def __init__(self, what: str | Path, error: BaseException,
-                 kept: str = "its partial outputs stay as .tmp files and nothing complete was changed"):
+    def __init__(
+        self,
+        what: str | Path,
+        error: BaseException,
+        kept: str = "its partial outputs stay as .tmp files and nothing complete was changed",
+    ):
         reason = getattr(error, "strerror", None) or os.strerror(errno.ENOSPC)
-        super().__init__(f"no space left on device writing {what} ({free_space_text(what)}; {reason}): {kept}; "
-                         "free space, then run the same command again")
+        super().__init__(
+            f"no space left on device writing {what} ({free_space_text(what)}; {reason}): {kept}; "
+            "free space, then run the same command again"
+        )
 
 
 def free_space_text(path: str | Path) -> str:

@@ -4,6 +4,7 @@ evaluation whose loss is not finite is an error, not a ``NaN`` result with exit 
 
 A safetensors file holding a NaN tensor was imported without a word and evaluated
 to ``"loss": NaN`` with exit 0; only a training step caught it."""
+
 from __future__ import annotations
 
 import math
@@ -33,5 +34,7 @@ def refuse_non_finite(named: Iterable[tuple[str, torch.Tensor]], where: str, act
 def check_finite_loss(loss: float, what: str) -> None:
     """An evaluation never reports a NaN or infinite loss as a result."""
     if not math.isfinite(loss):
-        raise ValueError(f"{what}: the loss is {loss} (the model's outputs are not finite: its weights or "
-                         "activations overflow); no result is reported")
+        raise ValueError(
+            f"{what}: the loss is {loss} (the model's outputs are not finite: its weights or "
+            "activations overflow); no result is reported"
+        )

@@ -4,6 +4,7 @@ A package ``__init__`` names what it exports and the submodule each name lives i
 is imported on first attribute access. ``from pkg import name`` still works, and so does
 ``import pkg.sub`` (the ordinary import machinery).
 """
+
 from __future__ import annotations
 
 import importlib
@@ -38,5 +39,7 @@ def require(module: str, extra: str, needed_for: str) -> Any:
     try:
         return importlib.import_module(module)
     except ImportError as e:
-        raise MissingExtra(f"{needed_for} needs the {module.split('.')[0]} package, which does not import here "
-                           f"({e}): pip install 'megatron-fixedcode[{extra}]'") from e
+        raise MissingExtra(
+            f"{needed_for} needs the {module.split('.')[0]} package, which does not import here "
+            f"({e}): pip install 'megatron-fixedcode[{extra}]'"
+        ) from e

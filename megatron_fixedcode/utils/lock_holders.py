@@ -1,6 +1,7 @@
 """Who holds a writer's lock (``utils/locks.py``): what a lock file records of its holder (host, pid and its
 start time, boot, user, command, Slurm job), the one line that names it in a refusal, and when a lock file
 left by a dead holder may be taken over on a filesystem without flock."""
+
 from __future__ import annotations
 
 import datetime
@@ -44,7 +45,7 @@ def pid_start_time(pid: int) -> Optional[int]:
     there is no /proc or no such process. A pid the kernel gave to another process differs in it."""
     try:
         stat = Path(f"/proc/{pid}/stat").read_text()
-        return int(stat[stat.rindex(")") + 2:].split()[19])
+        return int(stat[stat.rindex(")") + 2 :].split()[19])
     except (OSError, ValueError, IndexError):
         return None
 
@@ -90,9 +91,12 @@ def describe_holder(holder: dict, held: bool = True, lock_file: str | None = Non
     if held and holder.get("host") == socket.gethostname() and not pid_alive(int(holder["pid"])):
         children = processes_holding(lock_file) if lock_file else []
         named = "; ".join(f"pid {pid} on host {holder['host']}, command: {cmd}" for pid, cmd in children)
-        text += (f" [that pid has exited; a process it started still holds the lock: {named}; end it "
-                 f"(kill {' '.join(str(pid) for pid, _ in children)}) and run again]" if children else
-                 " [that pid has exited; a child process it started still holds the lock]")
+        text += (
+            f" [that pid has exited; a process it started still holds the lock: {named}; end it "
+            f"(kill {' '.join(str(pid) for pid, _ in children)}) and run again]"
+            if children
+            else " [that pid has exited; a child process it started still holds the lock]"
+        )
     if holder.get("command"):
         text += f", command: {holder['command']}"
     return text

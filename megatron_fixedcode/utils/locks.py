@@ -86,14 +86,21 @@ class PathLock:
         if _flock_works(Path(self.lock_file).parent):
             fd = self._acquire_flock()
         else:
-            logger.info("%s: this filesystem has no flock (e.g. Lustre without -o flock): locking by exclusive "
-                        "create of %s instead", self.what, self.lock_file)
+            logger.info(
+                "%s: this filesystem has no flock (e.g. Lustre without -o flock): locking by exclusive "
+                "create of %s instead",
+                self.what,
+                self.lock_file,
+            )
             fd = self._acquire_exclusive_create()
         previous = read_holder(self.lock_file) if self.took_over is None else self.took_over
         if previous.get("pid") and previous.get("pid") != os.getpid() and not self._logged_take_over:
             self.took_over = previous
-            logger.warning("%s: taking over the lock left by a run that ended without releasing it (%s)",
-                           self.what, describe_holder(previous, held=False))
+            logger.warning(
+                "%s: taking over the lock left by a run that ended without releasing it (%s)",
+                self.what,
+                describe_holder(previous, held=False),
+            )
         os.ftruncate(fd, 0)
         os.pwrite(fd, (json.dumps(holder_info()) + "\n").encode(), 0)
         os.fsync(fd)
@@ -102,8 +109,12 @@ class PathLock:
         return self
 
     def _refusal(self, holder: dict) -> LockHeld:
-        return LockHeld(f"{self.what} is in use by another run: {describe_holder(holder, lock_file=self.lock_file)} "
-                        f"(lock {self.lock_file}; wait for it to finish or stop it)", holder, self.lock_file)
+        return LockHeld(
+            f"{self.what} is in use by another run: {describe_holder(holder, lock_file=self.lock_file)} "
+            f"(lock {self.lock_file}; wait for it to finish or stop it)",
+            holder,
+            self.lock_file,
+        )
 
     def _acquire_flock(self) -> int:
         for _ in range(100):
@@ -137,8 +148,9 @@ class PathLock:
             holder = read_holder(self.lock_file)
             reason = stale_reason(holder, self.lock_file)
             if reason is None:
-                raise LockHeld(f"{self._refusal(holder)}; if that run is gone, remove {self.lock_file}",
-                               holder, self.lock_file)
+                raise LockHeld(
+                    f"{self._refusal(holder)}; if that run is gone, remove {self.lock_file}", holder, self.lock_file
+                )
             stale = f"{self.lock_file}.stale.{socket.gethostname()}.{os.getpid()}"
             try:  # one taker wins the rename; a loser finds the path gone and retries the create
                 os.rename(self.lock_file, stale)
@@ -153,8 +165,13 @@ class PathLock:
                 raise self._refusal(read_holder(self.lock_file))
             os.unlink(stale)
             self.took_over, self.take_over_reason, self._logged_take_over = holder, reason, True
-            logger.warning("%s: taking over the lock file %s: %s (%s)", self.what, self.lock_file, reason,
-                           describe_holder(holder, held=False))
+            logger.warning(
+                "%s: taking over the lock file %s: %s (%s)",
+                self.what,
+                self.lock_file,
+                reason,
+                describe_holder(holder, held=False),
+            )
         raise ValueError(f"{self.what}: could not lock {self.lock_file} (it keeps being replaced)")  # pragma: no cover
 
     def release(self) -> None:

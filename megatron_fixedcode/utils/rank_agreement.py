@@ -1,4 +1,5 @@
 """Small collectives that make every rank decide alike (stop, fail, sum a metric)."""
+
 from __future__ import annotations
 
 import torch

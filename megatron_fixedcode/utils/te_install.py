@@ -1,6 +1,7 @@
 """The one Transformer Engine install hint: the dry run's warning, the model builder's and the
 trainer's refusals, and docs/SCALING.md all print this text. Import-light (no torch, no megatron):
 the dry run uses it on login nodes."""
+
 from __future__ import annotations
 
 from importlib.metadata import PackageNotFoundError, version
@@ -23,13 +24,17 @@ def te_install_hint() -> str:
     try:
         mcore_version = version("megatron-core")
     except PackageNotFoundError:
-        return ("install megatron-core, then Transformer Engine on the CUDA machine: pip install "
-                "--no-build-isolation 'transformer_engine[pytorch]' (or use an NGC PyTorch container, which ships it)")
-    return ("install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
-            f"'megatron-fixedcode[{te_extra(mcore_version)}]' or "
-            f"'transformer_engine[pytorch]{supported_te_range(mcore_version)}' (the range megatron-core "
-            f"{mcore_version} supports; it builds against the installed torch; or use an NGC PyTorch "
-            "container, which ships it)")
+        return (
+            "install megatron-core, then Transformer Engine on the CUDA machine: pip install "
+            "--no-build-isolation 'transformer_engine[pytorch]' (or use an NGC PyTorch container, which ships it)"
+        )
+    return (
+        "install Transformer Engine on the CUDA machine: pip install --no-build-isolation "
+        f"'megatron-fixedcode[{te_extra(mcore_version)}]' or "
+        f"'transformer_engine[pytorch]{supported_te_range(mcore_version)}' (the range megatron-core "
+        f"{mcore_version} supports; it builds against the installed torch; or use an NGC PyTorch "
+        "container, which ships it)"
+    )
 
 
 TE_INSTALL_HINT = te_install_hint()

@@ -6,6 +6,7 @@ costs little to parse: it explodes in whatever walks the result (here: ``${VAR}`
 the data-path word split), and a self-referencing alias makes that walk recurse forever. Both are
 refused on the node graph, before anything is built from it.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -68,8 +69,10 @@ def _check_expanded_size(root: yaml.Node, max_nodes: int) -> None:
             total += sum(size(k) + size(v) for k, v in node.value)
         active.discard(key)
         if total > max_nodes:
-            raise _TooLarge(f"expands to more than {max_nodes:,} values through its aliases "
-                            f"(line {node.start_mark.line + 1}); refusing an alias bomb")
+            raise _TooLarge(
+                f"expands to more than {max_nodes:,} values through its aliases "
+                f"(line {node.start_mark.line + 1}); refusing an alias bomb"
+            )
         sizes[key] = total
         return total
 

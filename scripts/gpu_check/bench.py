@@ -32,6 +32,7 @@ matmuls run in BF16.
 --cpu-standin: the same command at toy size on CPU (2 layers of h 64, seq 64, gloo), precision,
 distributed optimizer and overlap kept: how the CPU test runs every stage's command line.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -56,34 +57,102 @@ VARIANTS = {  # name -> (recipe input, extra trainer flags)
     "binary_bf16": ("binary", [*BF16, *LOCAL]),
     "te": ("binary", [*BF16, *TE]),
     "te_autocast": ("binary", TE),  # the recipe's exact path: TE layers under fp32-autocast-bf16
-    "te_fp8": ("binary", [*BF16, *TE, "--fp8-format", "hybrid", "--fp8-recipe", "delayed", "--fp8-amax-history-len",
-                          "1024", "--fp8-amax-compute-algo", "max"]),
+    "te_fp8": (
+        "binary",
+        [
+            *BF16,
+            *TE,
+            "--fp8-format",
+            "hybrid",
+            "--fp8-recipe",
+            "delayed",
+            "--fp8-amax-history-len",
+            "1024",
+            "--fp8-amax-compute-algo",
+            "max",
+        ],
+    ),
 }
 # torch.compile'd by megatron-core (megatron/core/jit.py): off where this machine cannot compile (no C
 # compiler or Python.h, or the compile stage failed), with Megatron-LM's own flags.
 NO_COMPILE_FUSIONS = ["--no-bias-swiglu-fusion", "--no-bias-dropout-fusion"]
 # --cpu-standin: toy sizes on CPU; everything else (precision, optimizer, overlap, fusion flags) as on the GPU
-CPU_STANDIN = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
-               "--num-query-groups", "4", "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "2",
-               "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8", "--code-kernel", "torch"]
+CPU_STANDIN = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--ffn-hidden-size",
+    "128",
+    "--num-query-groups",
+    "4",
+    "--seq-length",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "2",
+    "--vocab-size",
+    "1024",
+    "--make-vocab-size-divisible-by",
+    "8",
+    "--code-kernel",
+    "torch",
+]
 STANDIN_VOCAB = 1024
 RECIPE_LAYERS = 24
 START = time.perf_counter()
 VOCAB = 49152
 
 
-def trainer_argv(variant: str, data_prefix: str, num_steps: int, micro_batch: int = 8, global_batch: int = 8,
-                 num_layers: int = 4, *, compile_fusions: bool = True, cpu_standin: bool = False) -> list[str]:
+def trainer_argv(
+    variant: str,
+    data_prefix: str,
+    num_steps: int,
+    micro_batch: int = 8,
+    global_batch: int = 8,
+    num_layers: int = 4,
+    *,
+    compile_fusions: bool = True,
+    cpu_standin: bool = False,
+) -> list[str]:
     """The trainer's command line for one variant (bench.py and ckpt_roundtrip.py build theirs here)."""
     recipe, extra = VARIANTS[variant]
-    return ["--config", str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"), "--train-data-path", data_prefix,
-            "--num-layers", str(num_layers),
-            "--valid-data-path", data_prefix, "--tokenizer-model", "", "--dataset-type", "gpt",
-            "--vocab-size", str(VOCAB), "--seed", "1234",
-            "--micro-batch-size", str(micro_batch), "--global-batch-size", str(global_batch),
-            "--train-iters", str(num_steps), "--lr-warmup-iters", "1", "--lr-decay-iters", "1000",
-            "--log-interval", "1000", *extra, *([] if compile_fusions else NO_COMPILE_FUSIONS),
-            *(CPU_STANDIN if cpu_standin else [])]
+    return [
+        "--config",
+        str(ROOT / f"examples/recipes/paper2_1p7b_{recipe}.yaml"),
+        "--train-data-path",
+        data_prefix,
+        "--num-layers",
+        str(num_layers),
+        "--valid-data-path",
+        data_prefix,
+        "--tokenizer-model",
+        "",
+        "--dataset-type",
+        "gpt",
+        "--vocab-size",
+        str(VOCAB),
+        "--seed",
+        "1234",
+        "--micro-batch-size",
+        str(micro_batch),
+        "--global-batch-size",
+        str(global_batch),
+        "--train-iters",
+        str(num_steps),
+        "--lr-warmup-iters",
+        "1",
+        "--lr-decay-iters",
+        "1000",
+        "--log-interval",
+        "1000",
+        *extra,
+        *([] if compile_fusions else NO_COMPILE_FUSIONS),
+        *(CPU_STANDIN if cpu_standin else []),
+    ]
 
 
 def make_data(data_dir: Path, num_tokens: int = 2_000_000, vocab: int = VOCAB) -> str:
@@ -106,26 +175,48 @@ def make_data(data_dir: Path, num_tokens: int = 2_000_000, vocab: int = VOCAB) -
     return str(prefix)
 
 
-def summarize(*, variant: str, gpu: str, step_times: list[float], tokens_per_step: int, flops_tok: float,
-              peak_alloc: int, peak_reserved: int, extra: dict) -> dict:
+def summarize(
+    *,
+    variant: str,
+    gpu: str,
+    step_times: list[float],
+    tokens_per_step: int,
+    flops_tok: float,
+    peak_alloc: int,
+    peak_reserved: int,
+    extra: dict,
+) -> dict:
     """The numbers the report shows (also used on fake inputs by the dry run)."""
     step_s = statistics.median(step_times)
     tokens_s = tokens_per_step / step_s
     tflops = tokens_s * flops_tok / 1e12
     peak = device_peak_flops(gpu)
-    return {"variant": variant, "gpu": gpu, "step_time_s": step_s, "step_times_s": step_times,
-            "tokens_per_step": tokens_per_step, "tokens_per_s": tokens_s, "model_flops_per_token": flops_tok,
-            "model_tflops_per_s": tflops, "mfu": tflops * 1e12 / peak if peak else None,
-            "peak_bf16_tflops": peak / 1e12 if peak else None,
-            "peak_memory_allocated_gib": peak_alloc / 2**30, "peak_memory_reserved_gib": peak_reserved / 2**30,
-            # not measured: the recipe's 24 layers at this MFU (the same model FLOP/s over more FLOPs per token)
-            "tokens_per_s_24_layers_at_this_mfu": (tokens_s * flops_tok / extra["model_flops_per_token_24_layers"]
-                                                   if extra.get("model_flops_per_token_24_layers") else None),
-            **extra}
+    return {
+        "variant": variant,
+        "gpu": gpu,
+        "step_time_s": step_s,
+        "step_times_s": step_times,
+        "tokens_per_step": tokens_per_step,
+        "tokens_per_s": tokens_s,
+        "model_flops_per_token": flops_tok,
+        "model_tflops_per_s": tflops,
+        "mfu": tflops * 1e12 / peak if peak else None,
+        "peak_bf16_tflops": peak / 1e12 if peak else None,
+        "peak_memory_allocated_gib": peak_alloc / 2**30,
+        "peak_memory_reserved_gib": peak_reserved / 2**30,
+        # not measured: the recipe's 24 layers at this MFU (the same model FLOP/s over more FLOPs per token)
+        "tokens_per_s_24_layers_at_this_mfu": (
+            tokens_s * flops_tok / extra["model_flops_per_token_24_layers"]
+            if extra.get("model_flops_per_token_24_layers")
+            else None
+        ),
+        **extra,
+    }
 
 
 def placement(trainer, batch_devices: dict) -> dict:
     """Where the model's parameters and buffers (trainer.chunks) and the batch tensors it was called with are."""
+
     def count(named) -> dict:
         out: dict[str, int] = {}
         for _, t in named:
@@ -139,8 +230,13 @@ def placement(trainer, batch_devices: dict) -> dict:
     off += [f"batch {n} on {d}" for n, d in batch_devices.items() if not d.startswith("cuda")]
     if not batch_devices:
         off.append("no batch tensor seen by the model")
-    return {"parameters": count(params), "buffers": count(buffers), "batch": batch_devices,
-            "all_on_cuda": not off, "not_on_cuda": off[:20]}
+    return {
+        "parameters": count(params),
+        "buffers": count(buffers),
+        "batch": batch_devices,
+        "all_on_cuda": not off,
+        "not_on_cuda": off[:20],
+    }
 
 
 def run(a: argparse.Namespace) -> dict:
@@ -154,8 +250,16 @@ def run(a: argparse.Namespace) -> dict:
     prefix = make_data(Path(a.data_dir), *((100_000, STANDIN_VOCAB) if a.cpu_standin else ()))
     if a.warm:  # the compile stage: the same shapes and dtypes at one layer, one step
         a.num_layers, a.warmup, a.steps = 1, 1, 0
-    argv = trainer_argv(a.variant, prefix, a.warmup + a.steps, a.micro_batch_size, a.global_batch_size, a.num_layers,
-                        compile_fusions=not a.no_compile_fusions, cpu_standin=a.cpu_standin)
+    argv = trainer_argv(
+        a.variant,
+        prefix,
+        a.warmup + a.steps,
+        a.micro_batch_size,
+        a.global_batch_size,
+        a.num_layers,
+        compile_fusions=not a.no_compile_fusions,
+        cpu_standin=a.cpu_standin,
+    )
     print("trainer flags: " + " ".join(argv), flush=True)
     cfg = parse_pretrain_args(argv)
     check_runtime(cfg)
@@ -188,31 +292,53 @@ def run(a: argparse.Namespace) -> dict:
     from megatron_fixedcode.compat.distributed import destroy_distributed
 
     destroy_distributed()  # as the trainer CLI does (NCCL warns at exit otherwise)
-    timed = times[a.warmup:] or times[-1:]
+    timed = times[a.warmup :] or times[-1:]
     args = cfg.args
     flops_tok = model_flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length)
     # the recipe's 24 layers: the same per-block work for the blocks left out (MFU projection only)
     block = checkpoint.unwrap(trainer.chunks[0]).decoder.layers[0]
     per_block = sum(p.numel() for p in block.parameters() if p.requires_grad)
-    flops_recipe = flops_tok + (RECIPE_LAYERS - args.num_layers) * (6 * per_block + 12 * args.hidden_size * args.seq_length)
+    flops_recipe = flops_tok + (RECIPE_LAYERS - args.num_layers) * (
+        6 * per_block + 12 * args.hidden_size * args.seq_length
+    )
     where = placement(trainer, batch_devices)
     return summarize(
-        variant=a.variant, gpu=torch.cuda.get_device_name() if cuda else "cpu",
+        variant=a.variant,
+        gpu=torch.cuda.get_device_name() if cuda else "cpu",
         step_times=timed,
         tokens_per_step=trainer.global_batch * args.seq_length,
         flops_tok=flops_tok,
         peak_alloc=torch.cuda.max_memory_allocated() if cuda else 0,
         peak_reserved=torch.cuda.max_memory_reserved() if cuda else 0,
-        extra={"warmup_steps": min(a.warmup, len(times)), "timed_steps": len(times) - min(a.warmup, len(times)),
-               "first_step_s": times[0], "losses": losses, "precision": args.precision, "trainer_argv": argv,
-               "fusions": dict(trainer.fusions), "compile_fusions": not a.no_compile_fusions, "warm": a.warm,
-               "model_flops_per_token_24_layers": flops_recipe, "build_s": build_s, "wall_s": time.perf_counter() - START,
-               "parameters": trainer.report, "num_layers": args.num_layers, "hidden_size": args.hidden_size,
-               "ffn_hidden_size": args.ffn_hidden_size, "num_attention_heads": args.num_attention_heads,
-               "transformer_impl": trainer.chunks[0].config.transformer_impl, "fp8": args.fp8,
-               "optimizer": trainer.optimizer_kind, "micro_batch_size": args.micro_batch_size,
-               "global_batch_size": trainer.global_batch, "seq_length": args.seq_length,
-               "recompute_granularity": args.recompute_granularity, "bf16": args.bf16, "placement": where})
+        extra={
+            "warmup_steps": min(a.warmup, len(times)),
+            "timed_steps": len(times) - min(a.warmup, len(times)),
+            "first_step_s": times[0],
+            "losses": losses,
+            "precision": args.precision,
+            "trainer_argv": argv,
+            "fusions": dict(trainer.fusions),
+            "compile_fusions": not a.no_compile_fusions,
+            "warm": a.warm,
+            "model_flops_per_token_24_layers": flops_recipe,
+            "build_s": build_s,
+            "wall_s": time.perf_counter() - START,
+            "parameters": trainer.report,
+            "num_layers": args.num_layers,
+            "hidden_size": args.hidden_size,
+            "ffn_hidden_size": args.ffn_hidden_size,
+            "num_attention_heads": args.num_attention_heads,
+            "transformer_impl": trainer.chunks[0].config.transformer_impl,
+            "fp8": args.fp8,
+            "optimizer": trainer.optimizer_kind,
+            "micro_batch_size": args.micro_batch_size,
+            "global_batch_size": trainer.global_batch,
+            "seq_length": args.seq_length,
+            "recompute_granularity": args.recompute_granularity,
+            "bf16": args.bf16,
+            "placement": where,
+        },
+    )
 
 
 def warm_in_parallel(a: argparse.Namespace) -> int:
@@ -221,8 +347,13 @@ def warm_in_parallel(a: argparse.Namespace) -> int:
     import subprocess
 
     out = Path(a.out or ".").parent
-    rest = ["--warm", "--data-dir", a.data_dir, *(["--cpu-standin"] if a.cpu_standin else []),
-            *(["--no-compile-fusions"] if a.no_compile_fusions else [])]
+    rest = [
+        "--warm",
+        "--data-dir",
+        a.data_dir,
+        *(["--cpu-standin"] if a.cpu_standin else []),
+        *(["--no-compile-fusions"] if a.no_compile_fusions else []),
+    ]
     procs = {}
     for variant in a.variant.split(","):
         log = open(out / f"compile-{variant}.log", "w")
@@ -233,8 +364,14 @@ def warm_in_parallel(a: argparse.Namespace) -> int:
         rc = proc.wait()
         log.close()
         first = json.loads((out / f"compile-{variant}.json").read_text()).get("first_step_s") if rc == 0 else None
-        print(f"{variant}: " + (f"first step (build + compile) {first:.1f} s" if rc == 0 else
-                                f"exit {rc} (compile-{variant}.log): " + _last_line(out / f"compile-{variant}.log")))
+        print(
+            f"{variant}: "
+            + (
+                f"first step (build + compile) {first:.1f} s"
+                if rc == 0
+                else f"exit {rc} (compile-{variant}.log): " + _last_line(out / f"compile-{variant}.log")
+            )
+        )
         failed += [variant] if rc else []
     return 1 if failed else 0
 
@@ -246,23 +383,36 @@ def _last_line(path: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--variant", default=None, help=f"one of {', '.join(VARIANTS)}; required unless --check (then: all); "
-                   "with --warm a comma-separated list, run at once")
+    p.add_argument(
+        "--variant",
+        default=None,
+        help=f"one of {', '.join(VARIANTS)}; required unless --check (then: all); "
+        "with --warm a comma-separated list, run at once",
+    )
     p.add_argument("--data-dir", default="bench-data")
     p.add_argument("--out", default=None, help="JSON result file (default: stdout only)")
     p.add_argument("--num-layers", type=int, default=4, help="blocks of the paper-2 recipe's 24 (default 4)")
     p.add_argument("--warmup", type=int, default=2)
     p.add_argument("--steps", type=int, default=10, help="timed steps at most (fewer when --budget-s runs out)")
-    p.add_argument("--budget-s", type=float, default=0, help="stop starting steps that would end past this many "
-                   "seconds after the process start (0: no limit)")
+    p.add_argument(
+        "--budget-s",
+        type=float,
+        default=0,
+        help="stop starting steps that would end past this many seconds after the process start (0: no limit)",
+    )
     p.add_argument("--micro-batch-size", type=int, default=8)
     p.add_argument("--global-batch-size", type=int, default=8)
     p.add_argument("--make-data", action="store_true", help="only write the random-token data under --data-dir")
     p.add_argument("--check", action="store_true", help="validate the trainer flags only (no GPU, no data)")
-    p.add_argument("--cpu-standin", action="store_true", help="the same command at toy size on CPU (the dry run, the CPU test)")
+    p.add_argument(
+        "--cpu-standin", action="store_true", help="the same command at toy size on CPU (the dry run, the CPU test)"
+    )
     p.add_argument("--warm", action="store_true", help="the compile stage: 1 layer, 1 step, no timing required")
-    p.add_argument("--no-compile-fusions", action="store_true",
-                   help="turn the torch.compile'd fusions off: " + " ".join(NO_COMPILE_FUSIONS))
+    p.add_argument(
+        "--no-compile-fusions",
+        action="store_true",
+        help="turn the torch.compile'd fusions off: " + " ".join(NO_COMPILE_FUSIONS),
+    )
     a = p.parse_args(argv)
     if a.make_data:  # also the install stage's import check
         import megatron.core  # noqa: F401
@@ -276,39 +426,69 @@ def main(argv: list[str] | None = None) -> int:
         from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
         for variant in [a.variant] if a.variant else list(VARIANTS):
-            argv = trainer_argv(variant, "/nonexistent/random_text_document", a.warmup + a.steps,
-                                a.micro_batch_size, a.global_batch_size, a.num_layers,
-                                compile_fusions=not a.no_compile_fusions, cpu_standin=a.cpu_standin)
+            argv = trainer_argv(
+                variant,
+                "/nonexistent/random_text_document",
+                a.warmup + a.steps,
+                a.micro_batch_size,
+                a.global_batch_size,
+                a.num_layers,
+                compile_fusions=not a.no_compile_fusions,
+                cpu_standin=a.cpu_standin,
+            )
             cfg = parse_pretrain_args([*argv, "--dry-run"])
             unexpanded = {k: v for k, v in cfg.as_dict().items() if "${" in str(v)}
             if variant not in VARIANTS:
                 p.error(f"--variant {variant}: choose one of {', '.join(VARIANTS)}")
             if unexpanded:
                 raise SystemExit(f"{variant}: the recipe's placeholders are not overridden: {unexpanded}")
-            print(json.dumps({"variant": variant, "trainer_argv": argv, "global_batch_size": cfg.args.global_batch_size,
-                              "num_layers": cfg.args.num_layers, "transformer_impl": cfg.args.transformer_impl,
-                              "recompute_granularity": cfg.args.recompute_granularity, "precision": cfg.args.precision,
-                              "use_distributed_optimizer": cfg.optim.use_distributed_optimizer}))
+            print(
+                json.dumps(
+                    {
+                        "variant": variant,
+                        "trainer_argv": argv,
+                        "global_batch_size": cfg.args.global_batch_size,
+                        "num_layers": cfg.args.num_layers,
+                        "transformer_impl": cfg.args.transformer_impl,
+                        "recompute_granularity": cfg.args.recompute_granularity,
+                        "precision": cfg.args.precision,
+                        "use_distributed_optimizer": cfg.optim.use_distributed_optimizer,
+                    }
+                )
+            )
         return 0
     if a.variant is None:
         p.error("--variant is required (unless --check)")
-    unknown = [v for v in a.variant.split(",") if v not in VARIANTS] + ([a.variant] if "," in a.variant and not a.warm else [])
+    unknown = [v for v in a.variant.split(",") if v not in VARIANTS] + (
+        [a.variant] if "," in a.variant and not a.warm else []
+    )
     if unknown:
-        p.error(f"--variant {a.variant}: choose one of {', '.join(VARIANTS)} (several, comma-separated, only with --warm)")
+        p.error(
+            f"--variant {a.variant}: choose one of {', '.join(VARIANTS)} (several, comma-separated, only with --warm)"
+        )
     if a.warm and "," in a.variant:
         return warm_in_parallel(a)
     result = run(a)
     if a.out:
         Path(a.out).write_text(json.dumps(result, indent=1))
-    print(json.dumps({k: v for k, v in result.items()
-                      if k not in ("step_times_s", "losses", "parameters", "placement", "trainer_argv")}))
+    print(
+        json.dumps(
+            {
+                k: v
+                for k, v in result.items()
+                if k not in ("step_times_s", "losses", "parameters", "placement", "trainer_argv")
+            }
+        )
+    )
     where = result["placement"]
     print(f"placement: parameters {where['parameters']}, buffers {where['buffers']}, batch {where['batch']}")
     mfu = f"{100 * result['mfu']:.1f}%" if result["mfu"] else "— (no peak known for this device)"
-    print(f"summary: {a.variant} {result['precision']}: {result['num_layers']} layers, {result['timed_steps']} timed steps, "
-          f"{result['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, peak {result['peak_memory_allocated_gib']:.1f} GiB "
-          f"allocated, first step {result['first_step_s']:.1f} s, "
-          f"placement {'all on CUDA' if where['all_on_cuda'] else 'NOT all on CUDA'}")
+    print(
+        f"summary: {a.variant} {result['precision']}: {result['num_layers']} layers, {result['timed_steps']} timed steps, "
+        f"{result['tokens_per_s']:,.0f} tokens/s, MFU {mfu}, peak {result['peak_memory_allocated_gib']:.1f} GiB "
+        f"allocated, first step {result['first_step_s']:.1f} s, "
+        f"placement {'all on CUDA' if where['all_on_cuda'] else 'NOT all on CUDA'}"
+    )
     if result["timed_steps"] < 1 and not a.warm:
         print("error: no timed step within --budget-s", file=sys.stderr)
         return 4

@@ -14,6 +14,7 @@ B's steps 3-4 must have A's losses and grad norms exactly (the binary code: no e
 backward, whose atomics are not deterministic on CUDA). Both runs' output goes to --log; the JSON
 holds the per-step records, the time of each run and the checkpoint's size. Exit 1 if they differ.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,15 +55,26 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--num-layers", type=int, default=1)
     p.add_argument("--no-compile-fusions", action="store_true")
     p.add_argument("--cpu-standin", action="store_true", help="toy size on CPU (the CPU test)")
-    p.add_argument("--nproc", type=int, default=1, help="ranks (torchrun; data parallel, the global batch scaled "
-                   "with them): NCCL on GPUs (one GPU each), gloo with --cpu-standin")
+    p.add_argument(
+        "--nproc",
+        type=int,
+        default=1,
+        help="ranks (torchrun; data parallel, the global batch scaled "
+        "with them): NCCL on GPUs (one GPU each), gloo with --cpu-standin",
+    )
     a = p.parse_args(argv)
     work = Path(a.work)
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
     prefix = make_data(Path(a.data_dir), *((100_000, STANDIN_VOCAB) if a.cpu_standin else ()))
-    base = trainer_argv("binary", prefix, 4, num_layers=a.num_layers, compile_fusions=not a.no_compile_fusions,
-                        cpu_standin=a.cpu_standin) + ["--log-interval", "1", "--eval-iters", "1"]
+    base = trainer_argv(
+        "binary",
+        prefix,
+        4,
+        num_layers=a.num_layers,
+        compile_fusions=not a.no_compile_fusions,
+        cpu_standin=a.cpu_standin,
+    ) + ["--log-interval", "1", "--eval-iters", "1"]
     if a.nproc > 1:  # the same micro batch on each rank: the global batch grows with the ranks
         gbs = int(base[len(base) - 1 - base[::-1].index("--global-batch-size") + 1])
         base += ["--global-batch-size", str(gbs * a.nproc)]
@@ -70,25 +82,34 @@ def main(argv: list[str] | None = None) -> int:
     log = open(a.log, "a") if a.log else sys.stdout
     layers = int(base[len(base) - 1 - base[::-1].index("--num-layers") + 1])  # the last one given wins
     result: dict = {"trainer_argv": base, "num_layers": layers, "ranks": a.nproc}
-    rc_a, result["save_run_s"] = run_trainer([*base, "--save", str(ckpt), "--save-interval", "2",
-                                              "--metrics-file", str(work / "a.jsonl")], log, a.nproc)
+    rc_a, result["save_run_s"] = run_trainer(
+        [*base, "--save", str(ckpt), "--save-interval", "2", "--metrics-file", str(work / "a.jsonl")], log, a.nproc
+    )
     result["checkpoint_bytes"] = sum(f.stat().st_size for f in ckpt.rglob("*") if f.is_file()) if ckpt.exists() else 0
     rc_b = None
     if rc_a == 0:
-        rc_b, result["load_run_s"] = run_trainer([*base, "--load", str(ckpt), "--ckpt-step", "2",
-                                                  "--metrics-file", str(work / "b.jsonl")], log, a.nproc)
+        rc_b, result["load_run_s"] = run_trainer(
+            [*base, "--load", str(ckpt), "--ckpt-step", "2", "--metrics-file", str(work / "b.jsonl")], log, a.nproc
+        )
     first, second = records(work / "a.jsonl"), records(work / "b.jsonl")
     after = {step: (first.get(step), second.get(step)) for step in (3, 4)}
     identical = rc_a == 0 and rc_b == 0 and all(x is not None and x == y for x, y in after.values())
-    result.update(save_run_rc=rc_a, load_run_rc=rc_b, identical_after_load=identical,
-                  steps_after_load={str(k): {"uninterrupted": x, "loaded": y} for k, (x, y) in after.items()})
+    result.update(
+        save_run_rc=rc_a,
+        load_run_rc=rc_b,
+        identical_after_load=identical,
+        steps_after_load={str(k): {"uninterrupted": x, "loaded": y} for k, (x, y) in after.items()},
+    )
     Path(a.out).write_text(json.dumps(result, indent=1))
     if log is not sys.stdout:
         log.close()
-    summary = (f"summary: {a.nproc} rank(s): save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
-               f", load run exit {rc_b}" + (f" ({result['load_run_s']:.0f} s)" if rc_b is not None else "")
-               + f"; steps 3-4 after the load {'bit-identical' if identical else 'DIFFER'}: "
-               + "; ".join(f"step {k} {x} vs {y}" for k, (x, y) in after.items()))
+    summary = (
+        f"summary: {a.nproc} rank(s): save run exit {rc_a} ({result['save_run_s']:.0f} s, checkpoint {result['checkpoint_bytes'] / 2**30:.2f} GiB)"
+        f", load run exit {rc_b}"
+        + (f" ({result['load_run_s']:.0f} s)" if rc_b is not None else "")
+        + f"; steps 3-4 after the load {'bit-identical' if identical else 'DIFFER'}: "
+        + "; ".join(f"step {k} {x} vs {y}" for k, (x, y) in after.items())
+    )
     print(summary)
     shutil.rmtree(ckpt, ignore_errors=True)  # GBs on the GPU machine's disk
     return 0 if identical else 1

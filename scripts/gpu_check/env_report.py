@@ -7,6 +7,7 @@ env.log, a timeout recorded as the stage's failure with its reason).
 
     python scripts/gpu_check/env_report.py --out OUT/env.json
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,12 @@ import sys
 import sysconfig
 from pathlib import Path
 
-FP8_CHECKS = {"delayed": "check_fp8_support", "tensorwise": "check_fp8_support",
-              "blockwise": "check_fp8_block_scaling_support", "mxfp8": "check_mxfp8_support"}
+FP8_CHECKS = {
+    "delayed": "check_fp8_support",
+    "tensorwise": "check_fp8_support",
+    "blockwise": "check_fp8_block_scaling_support",
+    "mxfp8": "check_mxfp8_support",
+}
 
 
 def _version(dist: str) -> str | None:
@@ -56,13 +61,21 @@ def compile_readiness() -> dict:
     cc = next((p for p in (os.environ.get("CC"), "cc", "gcc", "clang") if p and shutil.which(p)), None)
     header = Path(sysconfig.get_paths()["include"]) / "Python.h"
     missing = ([] if cc else ["no C compiler (CC, cc, gcc, clang)"]) + ([] if header.exists() else [f"no {header}"])
-    return {"c_compiler": shutil.which(cc) if cc else None, "python_h": str(header) if header.exists() else None,
-            "ready": not missing, "reason": "; ".join(missing) or "C compiler and Python.h found"}
+    return {
+        "c_compiler": shutil.which(cc) if cc else None,
+        "python_h": str(header) if header.exists() else None,
+        "ready": not missing,
+        "reason": "; ".join(missing) or "C compiler and Python.h found",
+    }
 
 
 def collect() -> dict:
-    env: dict = {"python": platform.python_version(), "python_executable": sys.executable,
-                 "platform": platform.platform(), "compile": compile_readiness()}
+    env: dict = {
+        "python": platform.python_version(),
+        "python_executable": sys.executable,
+        "platform": platform.platform(),
+        "compile": compile_readiness(),
+    }
     try:
         import torch
     except ImportError as e:
@@ -70,12 +83,17 @@ def collect() -> dict:
     env.update(torch=torch.__version__, torch_cuda=torch.version.cuda, cuda_available=torch.cuda.is_available())
     if torch.cuda.is_available():
         props = torch.cuda.get_device_properties(0)
-        env.update(gpu=props.name, gpu_count=torch.cuda.device_count(), compute_capability=f"{props.major}.{props.minor}",
-                   gpu_memory_gib=round(props.total_memory / 2**30, 1))
+        env.update(
+            gpu=props.name,
+            gpu_count=torch.cuda.device_count(),
+            compute_capability=f"{props.major}.{props.minor}",
+            gpu_memory_gib=round(props.total_memory / 2**30, 1),
+        )
     env["megatron_core"] = _version("megatron-core")
     env["transformer_engine"] = _version("transformer_engine") or _version("transformer-engine")
     try:
         import transformer_engine.pytorch  # noqa: F401
+
         env["transformer_engine_importable"] = True
     except Exception as e:  # noqa: BLE001 - report why, whatever it is
         env["transformer_engine_importable"] = False
@@ -83,7 +101,9 @@ def collect() -> dict:
     if env["transformer_engine_importable"] and env.get("cuda_available"):
         env["fp8_support"] = _fp8_support()
     try:
-        env["apex"] = importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.optimizers") is not None
+        env["apex"] = (
+            importlib.util.find_spec("apex") is not None and importlib.util.find_spec("apex.optimizers") is not None
+        )
     except (ImportError, ValueError):  # the unrelated PyPI "apex" may have no optimizers package
         env["apex"] = False
     return env

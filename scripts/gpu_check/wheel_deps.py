@@ -4,6 +4,7 @@ these with `pip download --no-deps` until nothing is missing.
 
     python scripts/gpu_check/wheel_deps.py WHEELS_DIR [--python-version 3.12]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -21,8 +22,12 @@ PROVIDED_BY_THE_MACHINE = re.compile(r"^(torch|triton|nvidia-.*|pytorch-triton.*
 
 def missing(wheels: Path, python_version: str) -> list[str]:
     have, wanted = set(), {}
-    env = {**default_environment(), "python_version": python_version, "python_full_version": f"{python_version}.0",
-           "extra": ""}
+    env = {
+        **default_environment(),
+        "python_version": python_version,
+        "python_full_version": f"{python_version}.0",
+        "extra": "",
+    }
     for whl in sorted(wheels.glob("*.whl")):
         name, *_ = parse_wheel_filename(whl.name)
         have.add(canonicalize_name(name))

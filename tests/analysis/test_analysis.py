@@ -1,4 +1,5 @@
 """The analysis tools give known answers on constructed cases."""
+
 import numpy as np
 import pytest
 import torch
@@ -19,9 +20,16 @@ VOCAB = 512
 
 
 def config(input_embedding="binary"):
-    return ModelConfig(num_layers=3, hidden_size=32, num_attention_heads=4, ffn_hidden_size=64, seq_length=24,
-                       vocab_size=VOCAB, input_embedding=input_embedding,
-                       code_offset=1 if input_embedding != "learned" else 0)
+    return ModelConfig(
+        num_layers=3,
+        hidden_size=32,
+        num_attention_heads=4,
+        ffn_hidden_size=64,
+        seq_length=24,
+        vocab_size=VOCAB,
+        input_embedding=input_embedding,
+        code_offset=1 if input_embedding != "learned" else 0,
+    )
 
 
 def model(pg, input_embedding="binary", identity_block=None):
@@ -112,14 +120,32 @@ def test_run_analysis_on_a_saved_checkpoint_writes_json_and_plots(single_rank, t
     m = model(single_rank, "gf2")
     docs = [np.random.default_rng(i).integers(1, VOCAB, 200) for i in range(3)]
     prefix = write_indexed_dataset(tmp_path / "valid", docs, dtype=np.uint16)
-    state = {"model_config": dataclasses.asdict(config("gf2")), "tokenizer": None, "step": 0, "tokens": 0,
-             "run_config": {"valid_data_path": [prefix]}}
+    state = {
+        "model_config": dataclasses.asdict(config("gf2")),
+        "tokenizer": None,
+        "step": 0,
+        "tokens": 0,
+        "run_config": {"valid_data_path": [prefix]},
+    }
     save_megatron_checkpoint(tmp_path / "ckpt", m, state)
-    report = run_analysis(AnalysisConfig(load=str(tmp_path / "ckpt"), output_dir=str(tmp_path / "out"),
-                                         num_windows=8, probe_classes=8, patch_length=12, patch_position=4))
+    report = run_analysis(
+        AnalysisConfig(
+            load=str(tmp_path / "ckpt"),
+            output_dir=str(tmp_path / "out"),
+            num_windows=8,
+            probe_classes=8,
+            patch_length=12,
+            patch_position=4,
+        )
+    )
     saved = json.loads((tmp_path / "out" / "analysis.json").read_text())
     assert saved["input_embedding"] == "gf2" and len(saved["sites"]) == 4
     windows = torch.from_numpy(np.concatenate(docs)[: 8 * 24].astype(np.int64)).reshape(8, 24)
     assert saved["ablation"]["loss"] == pytest.approx(next_token_nll(m, windows, VOCAB), rel=1e-12)
-    assert {p.split("/")[-1] for p in report["plots"]} == {"activations.png", "ablation.png", "probes.png", "patching.png"}
+    assert {p.split("/")[-1] for p in report["plots"]} == {
+        "activations.png",
+        "ablation.png",
+        "probes.png",
+        "patching.png",
+    }
     assert saved["probes"]["token_identity"][0]["accuracy"] == 1.0  # an injective code, read linearly

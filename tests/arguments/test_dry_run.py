@@ -1,5 +1,6 @@
 """A dry run on a login node: TE is a warning, and the layout, microbatches and per-GPU memory
 come out with the arithmetic of docs/SCALING.md (whose paper-2 table these figures reproduce)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -19,17 +20,23 @@ HAS_TE = importlib.util.find_spec("transformer_engine") is not None
 
 
 def _args(recipe: str, *flags: str):
-    return parse_pretrain_args(["--config", str(REPO / "examples" / "recipes" / recipe), "--dry-run",
-                                "--vocab-size", "49152", *flags]).args
+    return parse_pretrain_args(
+        ["--config", str(REPO / "examples" / "recipes" / recipe), "--dry-run", "--vocab-size", "49152", *flags]
+    ).args
 
 
-@pytest.mark.parametrize("recipe, world, precision, total_gb, state_gb", [
-    ("paper2_1p7b_binary.yaml", 16, "bf16", 54.8, 11.6), ("paper2_1p7b_binary.yaml", 8, "bf16", 56.1, 12.8),
-    ("paper2_1p7b_learned.yaml", 16, "bf16", 55.5, 12.2), ("paper2_1p7b_learned.yaml", 8, "bf16", 56.9, 13.6),
-    # the recipes' own mode: fp32 weight + grad + the bf16 casts kept for backward, fp32 norm inputs
-    ("paper2_1p7b_binary.yaml", 16, "fp32-autocast-bf16", 64.5, 18.0),
-    ("paper2_1p7b_learned.yaml", 8, "fp32-autocast-bf16", 66.4, 19.9),
-])
+@pytest.mark.parametrize(
+    "recipe, world, precision, total_gb, state_gb",
+    [
+        ("paper2_1p7b_binary.yaml", 16, "bf16", 54.8, 11.6),
+        ("paper2_1p7b_binary.yaml", 8, "bf16", 56.1, 12.8),
+        ("paper2_1p7b_learned.yaml", 16, "bf16", 55.5, 12.2),
+        ("paper2_1p7b_learned.yaml", 8, "bf16", 56.9, 13.6),
+        # the recipes' own mode: fp32 weight + grad + the bf16 casts kept for backward, fp32 norm inputs
+        ("paper2_1p7b_binary.yaml", 16, "fp32-autocast-bf16", 64.5, 18.0),
+        ("paper2_1p7b_learned.yaml", 8, "fp32-autocast-bf16", 66.4, 19.9),
+    ],
+)
 def test_paper2_memory_matches_scaling_doc(recipe, world, precision, total_gb, state_gb):
     p = plan(_args(recipe, "--precision", precision), world)
     assert (p["dp"], p["microbatches"]) == (world, 128 // (8 * world))
@@ -38,8 +45,45 @@ def test_paper2_memory_matches_scaling_doc(recipe, world, precision, total_gb, s
 
 
 def test_full_recompute_and_no_distributed_optimizer():
-    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1", "--bf16"), 16)["bytes"]["total"] / GB, 1) == 25.6
-    assert round(plan(_args("paper2_1p7b_binary.yaml", "--recompute-granularity", "full", "--recompute-method", "uniform", "--recompute-num-layers", "1"), 16)["bytes"]["total"] / GB, 1) == 32.1
+    assert (
+        round(
+            plan(
+                _args(
+                    "paper2_1p7b_binary.yaml",
+                    "--recompute-granularity",
+                    "full",
+                    "--recompute-method",
+                    "uniform",
+                    "--recompute-num-layers",
+                    "1",
+                    "--bf16",
+                ),
+                16,
+            )["bytes"]["total"]
+            / GB,
+            1,
+        )
+        == 25.6
+    )
+    assert (
+        round(
+            plan(
+                _args(
+                    "paper2_1p7b_binary.yaml",
+                    "--recompute-granularity",
+                    "full",
+                    "--recompute-method",
+                    "uniform",
+                    "--recompute-num-layers",
+                    "1",
+                ),
+                16,
+            )["bytes"]["total"]
+            / GB,
+            1,
+        )
+        == 32.1
+    )
     a = _args("paper2_1p7b_binary.yaml", "--bf16")
     a.use_distributed_optimizer = False
     assert round(plan(a, 16)["bytes"]["total"] / GB, 1) == 74.1
@@ -53,27 +97,71 @@ def test_layout_that_does_not_divide_is_refused():
 
 
 def test_dry_run_prints_plan_and_te_warning():
-    env = {**os.environ, "WORLD_SIZE": "16",
-           "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config",
-                           "examples/recipes/paper2_1p7b_binary.yaml", "--vocab-size", "49152", "--fp8-format", "hybrid", "--bf16",
-                           "--dry-run"], cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    env = {
+        **os.environ,
+        "WORLD_SIZE": "16",
+        "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")])),
+    }
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.pretrain",
+            "--config",
+            "examples/recipes/paper2_1p7b_binary.yaml",
+            "--vocab-size",
+            "49152",
+            "--fp8-format",
+            "hybrid",
+            "--bf16",
+            "--dry-run",
+        ],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["fp8"] == "hybrid"  # stdout stays the config alone
     err = proc.stderr.splitlines()
     warned = [line for line in err if line.startswith("warning:")]
-    assert warned == ([] if HAS_TE else [
-        "warning: this run asks for Transformer Engine (--transformer-impl transformer_engine, --fp8-format hybrid), "
-        f"which is not installed here: the compute nodes will need it ({TE_INSTALL_HINT})"])
-    assert "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16" in err
+    assert warned == (
+        []
+        if HAS_TE
+        else [
+            "warning: this run asks for Transformer Engine (--transformer-impl transformer_engine, --fp8-format hybrid), "
+            f"which is not installed here: the compute nodes will need it ({TE_INSTALL_HINT})"
+        ]
+    )
+    assert (
+        "dry run: 16 GPUs = TP 1 x PP 1 x CP 1 x DP 16; global batch 128 = micro batch 8 x 1 microbatches x DP 16"
+        in err
+    )
     assert any(line.startswith("dry run: memory per GPU") and line.endswith("~54.8 GB") for line in err), err
 
 
 def test_gpt2_block_counts_the_tied_table_once_and_the_position_table():
     """Megatron-LM's default block: the tied head is the input table (one V x h, a copy on the last stage
     with PP > 1) and learned positions add max-position-embeddings x h."""
-    base = ["--num-layers", "4", "--hidden-size", "256", "--num-attention-heads", "8", "--seq-length", "512",
-            "--lr", "1e-3", "--train-iters", "10", "--vocab-size", "1000", "--transformer-impl", "local"]
+    base = [
+        "--num-layers",
+        "4",
+        "--hidden-size",
+        "256",
+        "--num-attention-heads",
+        "8",
+        "--seq-length",
+        "512",
+        "--lr",
+        "1e-3",
+        "--train-iters",
+        "10",
+        "--vocab-size",
+        "1000",
+        "--transformer-impl",
+        "local",
+    ]
     parse = lambda *f: parse_pretrain_args([*base, *f, "--dry-run"]).args  # noqa: E731
     untied = plan(parse("--untie-embeddings-and-output-weights", "--position-embedding-type", "rope"), 1)
     tied = plan(parse("--position-embedding-type", "rope"), 1)
@@ -86,22 +174,65 @@ def test_gpt2_block_counts_the_tied_table_once_and_the_position_table():
     assert tied_pp2["parameters"] == tied["parameters"]  # the last stage's copy is not another parameter
 
 
-@pytest.mark.parametrize("flags", [
-    [],  # Megatron-LM's defaults: LayerNorm, GELU, linear biases, learned positions, tied head
-    ["--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--qk-layernorm"],
-    ["--block", "llama", "--group-query-attention", "--num-query-groups", "2", "--input-embedding", "binary"],
-    ["--normalization", "RMSNorm", "--swiglu", "--add-qkv-bias", "--disable-bias-linear", "--kv-channels", "48",
-     "--position-embedding-type", "rope", "--untie-embeddings-and-output-weights"],
-    ["--squared-relu", "--qk-layernorm", "--input-embedding", "binary", "--position-embedding-type", "rope",
-     "--untie-embeddings-and-output-weights"],
-], ids=["gpt2", "untied-qknorm", "llama-gqa-binary", "rmsnorm-swiglu-qkvbias", "squared-relu-binary"])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],  # Megatron-LM's defaults: LayerNorm, GELU, linear biases, learned positions, tied head
+        ["--untie-embeddings-and-output-weights", "--position-embedding-type", "rope", "--qk-layernorm"],
+        ["--block", "llama", "--group-query-attention", "--num-query-groups", "2", "--input-embedding", "binary"],
+        [
+            "--normalization",
+            "RMSNorm",
+            "--swiglu",
+            "--add-qkv-bias",
+            "--disable-bias-linear",
+            "--kv-channels",
+            "48",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+        ],
+        [
+            "--squared-relu",
+            "--qk-layernorm",
+            "--input-embedding",
+            "binary",
+            "--position-embedding-type",
+            "rope",
+            "--untie-embeddings-and-output-weights",
+        ],
+    ],
+    ids=["gpt2", "untied-qknorm", "llama-gqa-binary", "rmsnorm-swiglu-qkvbias", "squared-relu-binary"],
+)
 def test_dry_run_parameter_count_equals_the_built_model(single_rank, flags):
     """The dry run's parameter count is the model's: every bias, norm and table megatron-core builds."""
     from megatron_fixedcode.checkpoint.single_process import build_single_rank_model
 
-    parsed = parse_pretrain_args(["--num-layers", "2", "--hidden-size", "128", "--num-attention-heads", "4",
-                                  "--ffn-hidden-size", "320", "--seq-length", "64", "--max-position-embeddings", "96",
-                                  "--lr", "1e-3", "--train-iters", "10", "--vocab-size", "1000",
-                                  "--transformer-impl", "local", *flags, "--dry-run"])
+    parsed = parse_pretrain_args(
+        [
+            "--num-layers",
+            "2",
+            "--hidden-size",
+            "128",
+            "--num-attention-heads",
+            "4",
+            "--ffn-hidden-size",
+            "320",
+            "--seq-length",
+            "64",
+            "--max-position-embeddings",
+            "96",
+            "--lr",
+            "1e-3",
+            "--train-iters",
+            "10",
+            "--vocab-size",
+            "1000",
+            "--transformer-impl",
+            "local",
+            *flags,
+            "--dry-run",
+        ]
+    )
     model = build_single_rank_model(parsed.model_config(1000))
     assert plan(parsed.args, 1)["parameters"] == sum(p.numel() for p in model.parameters())

@@ -1,4 +1,5 @@
 """docs/flags.md is generated from the parser and its tables and is current."""
+
 from __future__ import annotations
 
 from megatron_fixedcode.arguments.flag_table import GENERATED, flag_table_markdown
@@ -9,7 +10,9 @@ def test_docs_flag_table_is_current(monkeypatch):
     monkeypatch.delenv("LOCAL_RANK", raising=False)
     page = (REPO / "docs" / "flags.md").read_text()
     assert page.startswith(GENERATED)
-    assert page == flag_table_markdown(), "regenerate: python -m megatron_fixedcode.arguments.flag_table > docs/flags.md"
+    assert page == flag_table_markdown(), (
+        "regenerate: python -m megatron_fixedcode.arguments.flag_table > docs/flags.md"
+    )
 
 
 def test_every_flag_is_in_the_table():

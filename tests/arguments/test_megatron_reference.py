@@ -4,6 +4,7 @@ core_v0.16.1, the two of test_megatron_cli.py, and one per accepted flag family;
 tools/dev/megatron_reference.py, which runs Megatron-LM's parse_args + validate_args on them), the
 ``--dry-run`` config here gives every dest the value Megatron-LM's parser gives it, but for the
 deliberate differences of :data:`DIFFERENT`."""
+
 from __future__ import annotations
 
 import json
@@ -19,11 +20,18 @@ from tests.helpers.megatron_reference import DIFFERENT, REFERENCE
 # Lists Megatron-LM's own parser refuses (e.g. --save-retain-interval not a multiple of --save-interval).
 MEGATRON_REFUSES = {c["name"] for c in REFERENCE["cases"] if "__error__" in c["megatron"]}
 # Lists Megatron-LM's parser accepts and this one refuses at parse time (Megatron-LM fails later, building the model).
-REFUSED_HERE = {"gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split":
-                "--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"}  # once the uneven-split flags go
+REFUSED_HERE = {
+    "gpt3_mcore_te_tp1_pp4_vp2_account_for_embedding_loss_in_pipeline_split": "--num-layers 6 is not divisible by --pipeline-model-parallel-size 4"
+}  # once the uneven-split flags go
 # Context parallelism is refused at parse time until its parity is measured on a GPU (arguments/refusals.py).
-REFUSED_HERE.update({c["name"]: CONTEXT_PARALLEL_UNPROVEN for c in REFERENCE["cases"]
-                     if c["megatron"].get("context_parallel_size", 1) > 1 and "__error__" not in c["megatron"]})
+REFUSED_HERE.update(
+    {
+        c["name"]: CONTEXT_PARALLEL_UNPROVEN
+        for c in REFERENCE["cases"]
+        if c["megatron"].get("context_parallel_size", 1) > 1 and "__error__" not in c["megatron"]
+    }
+)
+
 
 def _megatron(case: dict) -> dict:
     values = {**REFERENCE["megatron_defaults"], **case["megatron"]}
@@ -38,11 +46,24 @@ def _dry_run(argv: list[str], capsys) -> dict:
 def test_reference_covers_the_lists_it_claims():
     names = {c["name"] for c in REFERENCE["cases"]}
     assert REFERENCE["megatron_lm"] == "core_v0.16.1" and len(names) == len(REFERENCE["cases"]) >= 100
-    assert {"llama3_8b_h100_fp8", "gpt3_175b_distributed", "modelopt_Llama-3.1-8B-Instruct", "modelopt_Qwen3-8B",
-            "gpt3_mcore_te_tp2_pp2", "gpt3_mcore_te_tp1_pp4_vp1"} <= names
+    assert {
+        "llama3_8b_h100_fp8",
+        "gpt3_175b_distributed",
+        "modelopt_Llama-3.1-8B-Instruct",
+        "modelopt_Qwen3-8B",
+        "gpt3_mcore_te_tp2_pp2",
+        "gpt3_mcore_te_tp1_pp4_vp1",
+    } <= names
     assert {n for n in names if n.startswith("families_")} == {
-        "families_architecture", "families_gpt2_block", "families_schedule_samples", "families_parallel", "families_vpp_cp",
-        "families_data_logging_checkpoint", "families_data_path", "families_inert"}
+        "families_architecture",
+        "families_gpt2_block",
+        "families_schedule_samples",
+        "families_parallel",
+        "families_vpp_cp",
+        "families_data_logging_checkpoint",
+        "families_data_path",
+        "families_inert",
+    }
     assert len(MEGATRON_REFUSES) <= 2, MEGATRON_REFUSES
 
 
@@ -55,8 +76,15 @@ def test_every_megatron_flag_is_accepted_or_refused_in_one_line(capsys):
     assert [f for f in REFERENCE["megatron_flags"] if f not in known and not out_of_scope(f)] == []
     assert len(REFERENCE["megatron_flags"]) > 600
     base = next(c for c in REFERENCE["cases"] if c["name"] == "gpt3_mcore_te_tp2_pp2")["argv"]
-    for flag in ("--moe-router-topk", "--window-size", "--cuda-graph-impl", "--fp4-format", "--inprocess-restart",
-                 "--eval-micro-batch-size", "--use-mup"):  # the last two: Megatron-LM 0.19 only
+    for flag in (
+        "--moe-router-topk",
+        "--window-size",
+        "--cuda-graph-impl",
+        "--fp4-format",
+        "--inprocess-restart",
+        "--eval-micro-batch-size",
+        "--use-mup",
+    ):  # the last two: Megatron-LM 0.19 only
         with pytest.raises(SystemExit):
             main([*base, flag, "1", "--dry-run"])
         err = capsys.readouterr().err
@@ -96,5 +124,7 @@ def test_flags_dropped_from_the_lists_are_refused_in_one_line(capsys):
         with pytest.raises(SystemExit) as e:
             main([*base, *group, "--dry-run"])
         assert e.value.code == 2
-        lines = [line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("note: ")]
+        lines = [
+            line for line in capsys.readouterr().err.splitlines() if line.strip() and not line.startswith("note: ")
+        ]
         assert len(lines) == 1 and f"{group[0]}" in lines[0], (group, lines)

@@ -1,5 +1,6 @@
 """Parsing and ``--dry-run`` of a paper recipe need no heavy import: a login node's Python may lack torch,
 and the tokenizer libraries take seconds to import."""
+
 from __future__ import annotations
 
 import json
@@ -26,6 +27,8 @@ def test_parse_and_dry_run_of_a_paper_recipe_import_neither_torch_nor_tokenizers
     )
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     env.pop("WORLD_SIZE", None)
-    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, env=env, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout.splitlines()[-1]) == [0, []]

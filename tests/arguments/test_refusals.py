@@ -1,5 +1,6 @@
 """Every machine-independent refusal is made at parse time, so ``--dry-run`` refuses what a run refuses;
 the rules a ``ModelConfig`` built by code obeys are the same functions the command line applies."""
+
 from __future__ import annotations
 
 import ast
@@ -14,8 +15,24 @@ from megatron_fixedcode.models.config import NO_TABLE_FOR_POSITIONS, NO_TABLE_TO
 from megatron_fixedcode.pretrain import main
 from tests.helpers import REPO
 
-MODEL = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32",
-         "--ffn-hidden-size", "128", "--lr", "1e-3", "--train-iters", "2", "--vocab-size", "256"]
+MODEL = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--seq-length",
+    "32",
+    "--ffn-hidden-size",
+    "128",
+    "--lr",
+    "1e-3",
+    "--train-iters",
+    "2",
+    "--vocab-size",
+    "256",
+]
 
 
 def _refused(argv: list[str], capsys) -> str:
@@ -36,28 +53,41 @@ def test_context_parallel_1_passes_the_dry_run(capsys):
     assert json.loads(capsys.readouterr().out)["context_parallel_size"] == 1
 
 
-@pytest.mark.parametrize("extra, words", [
-    (["--input-embedding", "binary"], f"--input-embedding binary {NO_TABLE_TO_TIE}"),
-    (["--input-embedding", "gf2", "--untie-embeddings-and-output-weights"], NO_TABLE_FOR_POSITIONS),
-    (["--fp8-format", "hybrid", "--transformer-impl", "local"], "--fp8-format needs Transformer Engine layers"),
-    (["--fp8-format", "hybrid"], "--fp8-format needs --bf16"),
-    (["--code-matrix", "A.npy"], "--code-matrix is the GF(2) recoding matrix: it needs --input-embedding gf2"),
-    (["--position-embedding-type", "mrope"], "--position-embedding-type mrope is not built here"),
-])
+@pytest.mark.parametrize(
+    "extra, words",
+    [
+        (["--input-embedding", "binary"], f"--input-embedding binary {NO_TABLE_TO_TIE}"),
+        (["--input-embedding", "gf2", "--untie-embeddings-and-output-weights"], NO_TABLE_FOR_POSITIONS),
+        (["--fp8-format", "hybrid", "--transformer-impl", "local"], "--fp8-format needs Transformer Engine layers"),
+        (["--fp8-format", "hybrid"], "--fp8-format needs --bf16"),
+        (["--code-matrix", "A.npy"], "--code-matrix is the GF(2) recoding matrix: it needs --input-embedding gf2"),
+        (["--position-embedding-type", "mrope"], "--position-embedding-type mrope is not built here"),
+    ],
+)
 def test_one_rule_refused_by_the_command_line_and_by_model_config(extra, words, capsys):
     assert words in _refused([*MODEL, *extra, "--dry-run"], capsys)
 
 
-@pytest.mark.parametrize("fields, words", [
-    ({"input_embedding": "binary", "share_embeddings_and_output_weights": True}, NO_TABLE_TO_TIE),
-    ({"input_embedding": "binary", "position_embedding_type": "learned_absolute"}, NO_TABLE_FOR_POSITIONS),
-    ({"fp8": "hybrid"}, "fp8 needs bf16"),
-    ({"input_embedding": "binary", "code_matrix": [[1]]}, "it needs input_embedding gf2"),
-])
+@pytest.mark.parametrize(
+    "fields, words",
+    [
+        ({"input_embedding": "binary", "share_embeddings_and_output_weights": True}, NO_TABLE_TO_TIE),
+        ({"input_embedding": "binary", "position_embedding_type": "learned_absolute"}, NO_TABLE_FOR_POSITIONS),
+        ({"fp8": "hybrid"}, "fp8 needs bf16"),
+        ({"input_embedding": "binary", "code_matrix": [[1]]}, "it needs input_embedding gf2"),
+    ],
+)
 def test_model_config_applies_the_same_rules(fields, words):
     with pytest.raises(ValueError, match=words):
-        ModelConfig(num_layers=1, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=16,
-                    vocab_size=256, **fields)
+        ModelConfig(
+            num_layers=1,
+            hidden_size=64,
+            num_attention_heads=4,
+            ffn_hidden_size=128,
+            seq_length=16,
+            vocab_size=256,
+            **fields,
+        )
 
 
 def test_each_flag_and_refused_prefix_is_defined_once():

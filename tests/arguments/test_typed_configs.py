@@ -1,6 +1,7 @@
 """The typed parts of PretrainConfig carry the flags as parsed: the trainer reads them, never the Namespace
 (tests/repository/test_architecture.py checks that), so a part that dropped or renamed a flag would silently
 train with its default."""
+
 import dataclasses
 
 import pytest
@@ -22,26 +23,93 @@ def test_default_parts_are_the_parsers_defaults():
     assert DownstreamConfig.from_args(defaults) == DownstreamConfig()
 
 
-@pytest.mark.parametrize("flags, part, expected", [
-    (["--num-workers", "0"], "data", {"num_workers": 0, "mock": True, "seq_length": 32}),
-    (["--no-mmap-bin-files", "--data-cache-path", "/tmp/c"], "data", {"mmap_bin_files": False, "cache_path": "/tmp/c"}),
-    (["--iterations-to-skip", "3", "5", "--manual-gc", "--manual-gc-interval", "7", "--rerun-mode", "disabled",
-      "--no-check-for-nan-in-loss-and-grad", "--distributed-timeout-minutes", "3"], "health",
-     {"iterations_to_skip": (3, 5), "manual_gc": True, "manual_gc_interval": 7, "rerun_mode": "disabled",
-      "check_for_nan_in_loss_and_grad": False, "distributed_timeout_minutes": 3}),
-    (["--bf16", "--overlap-grad-reduce", "--use-distributed-optimizer", "--no-bias-dropout-fusion"], "performance",
-     {"bf16": True, "precision": "bf16", "overlap_grad_reduce": True, "bias_dropout_fusion": False,
-      "transformer_impl": "local"}),
-    (["--log-straggler", "--straggler-minmax-count", "4", "--profile", "--use-pytorch-profiler", "--tensorboard-dir",
-      "/tmp/tb", "--profile-ranks", "0", "1", "--check-weight-hash-across-dp-replicas-interval", "9"], "watch",
-     {"log_straggler": True, "straggler_minmax_count": 4, "profile_ranks": (0, 1),
-      "check_weight_hash_across_dp_replicas_interval": 9, "log_interval": 1}),
-    (["--save", "/tmp/s", "--async-save", "--use-persistent-ckpt-worker", "--hf-export-interval", "2",
-      "--hf-export-dir", "/tmp/hf", "--no-dist-ckpt-optim-fully-reshardable"], "checkpoint",
-     {"async_save": True, "hf_export_interval": 2, "hf_export_dir": "/tmp/hf", "fully_reshardable": False}),
-    (["--skip-train", "--load", "/tmp/l"], "schedule", {"skip_train": True, "micro_batch_size": 2}),
-    (["--log-throughput"], "logging", {"log_throughput": True}),
-])
+@pytest.mark.parametrize(
+    "flags, part, expected",
+    [
+        (["--num-workers", "0"], "data", {"num_workers": 0, "mock": True, "seq_length": 32}),
+        (
+            ["--no-mmap-bin-files", "--data-cache-path", "/tmp/c"],
+            "data",
+            {"mmap_bin_files": False, "cache_path": "/tmp/c"},
+        ),
+        (
+            [
+                "--iterations-to-skip",
+                "3",
+                "5",
+                "--manual-gc",
+                "--manual-gc-interval",
+                "7",
+                "--rerun-mode",
+                "disabled",
+                "--no-check-for-nan-in-loss-and-grad",
+                "--distributed-timeout-minutes",
+                "3",
+            ],
+            "health",
+            {
+                "iterations_to_skip": (3, 5),
+                "manual_gc": True,
+                "manual_gc_interval": 7,
+                "rerun_mode": "disabled",
+                "check_for_nan_in_loss_and_grad": False,
+                "distributed_timeout_minutes": 3,
+            },
+        ),
+        (
+            ["--bf16", "--overlap-grad-reduce", "--use-distributed-optimizer", "--no-bias-dropout-fusion"],
+            "performance",
+            {
+                "bf16": True,
+                "precision": "bf16",
+                "overlap_grad_reduce": True,
+                "bias_dropout_fusion": False,
+                "transformer_impl": "local",
+            },
+        ),
+        (
+            [
+                "--log-straggler",
+                "--straggler-minmax-count",
+                "4",
+                "--profile",
+                "--use-pytorch-profiler",
+                "--tensorboard-dir",
+                "/tmp/tb",
+                "--profile-ranks",
+                "0",
+                "1",
+                "--check-weight-hash-across-dp-replicas-interval",
+                "9",
+            ],
+            "watch",
+            {
+                "log_straggler": True,
+                "straggler_minmax_count": 4,
+                "profile_ranks": (0, 1),
+                "check_weight_hash_across_dp_replicas_interval": 9,
+                "log_interval": 1,
+            },
+        ),
+        (
+            [
+                "--save",
+                "/tmp/s",
+                "--async-save",
+                "--use-persistent-ckpt-worker",
+                "--hf-export-interval",
+                "2",
+                "--hf-export-dir",
+                "/tmp/hf",
+                "--no-dist-ckpt-optim-fully-reshardable",
+            ],
+            "checkpoint",
+            {"async_save": True, "hf_export_interval": 2, "hf_export_dir": "/tmp/hf", "fully_reshardable": False},
+        ),
+        (["--skip-train", "--load", "/tmp/l"], "schedule", {"skip_train": True, "micro_batch_size": 2}),
+        (["--log-throughput"], "logging", {"log_throughput": True}),
+    ],
+)
 def test_each_part_carries_its_flags(flags, part, expected):
     got = dataclasses.asdict(getattr(parse_pretrain_args([*BASE, *flags]), part))
     assert {k: got[k] for k in expected} == expected

@@ -1,5 +1,6 @@
 """Every command answers ``-h`` and refuses a bad flag without importing torch, megatron.core,
 transformers or lm_eval (they take seconds to import; parsing needs none of them)."""
+
 from __future__ import annotations
 
 import json
@@ -35,8 +36,9 @@ print(json.dumps({"code": code, "heavy": [m for m in %r if m in sys.modules]}), 
 
 def _probe(command: str, *args: str) -> tuple[dict, str, str]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", PROBE, command, *args], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", PROBE, command, *args], cwd=REPO, env=env, capture_output=True, text=True, timeout=300
+    )
     return json.loads(proc.stdout.strip().splitlines()[-1]), proc.stdout, proc.stderr
 
 

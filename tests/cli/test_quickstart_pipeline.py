@@ -1,5 +1,6 @@
 """The quickstart pipeline: the data stage (corpus, tokenizer, index) is deterministic and readable
 by megatron-core; the whole pipeline in --quick mode trains both variants (slow)."""
+
 from __future__ import annotations
 
 import hashlib
@@ -17,9 +18,14 @@ from megatron_fixedcode.quickstart_pipeline import MIN_STEPS, choose_steps, main
 
 ROOT = Path(__file__).resolve().parents[2]
 DATA_ARGS = ["--data-only", "--corpus-mb", "0.3", "--vocab-size", "1024", "--valid-fraction", "0.2"]
-OUTPUTS = ["corpus/corpus.jsonl", "tokenizer/tokenizer.json", "data/corpus_train_text_document.bin",
-           "data/corpus_train_text_document.idx", "data/corpus_valid_text_document.bin",
-           "data/corpus_valid_text_document.idx"]
+OUTPUTS = [
+    "corpus/corpus.jsonl",
+    "tokenizer/tokenizer.json",
+    "data/corpus_train_text_document.bin",
+    "data/corpus_train_text_document.idx",
+    "data/corpus_valid_text_document.bin",
+    "data/corpus_valid_text_document.idx",
+]
 
 
 def digests(work: Path) -> dict[str, str]:
@@ -60,8 +66,19 @@ def test_user_corpus_and_tokenizer(tmp_path):
         (docs / f"note_{i:02d}.txt").write_text(f"Note {i}. " + "The fixed code replaces the table. " * (i + 5))
     (docs / "more.jsonl").write_text("".join(json.dumps({"text": f"record {i} " * 40}) + "\n" for i in range(30)))
     work = tmp_path / "user"
-    rc = main(["--data-only", "--work-dir", str(work), "--input", str(docs), "--valid-fraction", "0.3",
-               "--tokenizer-model", str(base / "tokenizer/tokenizer.json")])
+    rc = main(
+        [
+            "--data-only",
+            "--work-dir",
+            str(work),
+            "--input",
+            str(docs),
+            "--valid-fraction",
+            "0.3",
+            "--tokenizer-model",
+            str(base / "tokenizer/tokenizer.json"),
+        ]
+    )
     assert rc == 0
     summary = json.loads((work / "data/corpus_summary.json").read_text())
     assert sum(summary["documents"].values()) == 60
@@ -104,10 +121,18 @@ def test_time_limit_chooses_one_step_count_before_training(tmp_path, monkeypatch
     out = capsys.readouterr().out
     assert rc == 0, out
     # the kernel is built before any clock, and every probe runs before any variant trains
-    assert order == [("kernel", None), ("probe", "binary"), ("probe", "learned"), ("train", "binary"), ("train", "learned")]
+    assert order == [
+        ("kernel", None),
+        ("probe", "binary"),
+        ("probe", "learned"),
+        ("train", "binary"),
+        ("train", "learned"),
+    ]
     steps = choose_steps({"binary": 0.5, "learned": 0.1}, 0.5, 1000, 3)
     assert steps == (30 - 4 * 3 * 0.5 / 3) // 0.5 == 56  # the slowest variant's pace sets everyone's steps
-    schedule = {v: [c[c.index(f) + 1] for f in ("--train-iters", "--eval-interval", "--config")] for v, c in commands.items()}
+    schedule = {
+        v: [c[c.index(f) + 1] for f in ("--train-iters", "--eval-interval", "--config")] for v, c in commands.items()
+    }
     assert schedule["binary"] == schedule["learned"] == [str(steps), str(steps // 4), schedule["binary"][2]]
     assert not any("--exit-duration-in-mins" in c for c in commands.values())
     assert f"equal budget: every variant trained {steps} steps ({steps * 512:,} targets)" in out
@@ -120,13 +145,26 @@ def test_time_limit_chooses_one_step_count_before_training(tmp_path, monkeypatch
 @pytest.mark.slow
 def test_quick_run_trains_both_variants(tmp_path):
     work = tmp_path / "qs"
-    out = subprocess.run([sys.executable, "-m", "megatron_fixedcode.quickstart_pipeline", "--quick", *DATA_ARGS[1:],
-                          "--work-dir", str(work)], cwd=ROOT, capture_output=True, text=True, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.quickstart_pipeline",
+            "--quick",
+            *DATA_ARGS[1:],
+            "--work-dir",
+            str(work),
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
     for variant in ("binary", "learned"):
         records = [json.loads(ln) for ln in (work / "logs" / variant / "metrics.jsonl").read_text().splitlines() if ln]
         assert records and any("val_ppl" in r for r in records), variant
         assert (work / "checkpoints" / variant).is_dir()
-    table = out.stdout[out.stdout.rindex("val ppl"):]
+    table = out.stdout[out.stdout.rindex("val ppl") :]
     assert "binary" in table and "learned" in table
     assert "equal budget: every variant trained 6 steps" in table

@@ -1,5 +1,6 @@
 """A user error is one line; ``MFC_TRACEBACK=1`` shows the full traceback above it (for an error
 that is our bug, not the user's input). tools/verify_dataset.py reports its progress on long runs."""
+
 import io
 import os
 import subprocess
@@ -25,7 +26,10 @@ def _run(*args: str, traceback: bool = False) -> subprocess.CompletedProcess:
 def test_user_error_is_one_line_and_mfc_traceback_shows_it(tmp_path):
     args = ("tools/verify_dataset.py", "--tokenizer-model", str(tmp_path / "missing"), str(tmp_path / "x"))
     plain = _run(*args)
-    assert plain.returncode == 2 and plain.stderr == f"error: --tokenizer-model: no tokenizer.json at {tmp_path / 'missing'}\n"
+    assert (
+        plain.returncode == 2
+        and plain.stderr == f"error: --tokenizer-model: no tokenizer.json at {tmp_path / 'missing'}\n"
+    )
     full = _run(*args, traceback=True)
     lines = full.stderr.strip().splitlines()
     assert full.returncode == 2 and lines[0] == "Traceback (most recent call last):", full.stderr
@@ -34,8 +38,18 @@ def test_user_error_is_one_line_and_mfc_traceback_shows_it(tmp_path):
 
 @pytest.mark.slow
 def test_trainer_error_traceback_on_request(tmp_path):
-    args = ("-m", "megatron_fixedcode.pretrain", "--config", "examples/recipes/tiny_cpu.yaml", "--vocab-size", "256",
-            "--data-path", str(tmp_path / "missing_text_document"), "--train-iters", "1")
+    args = (
+        "-m",
+        "megatron_fixedcode.pretrain",
+        "--config",
+        "examples/recipes/tiny_cpu.yaml",
+        "--vocab-size",
+        "256",
+        "--data-path",
+        str(tmp_path / "missing_text_document"),
+        "--train-iters",
+        "1",
+    )
     plain = _run(*args)
     line = refused(plain)
     full = _run(*args, traceback=True)
@@ -82,9 +96,12 @@ def test_missing_optional_package_names_its_extra(monkeypatch):
 
     for module in ("wandb", "matplotlib", "lm_eval", "transformers"):
         monkeypatch.setitem(sys.modules, module, None)  # "import module" raises ImportError
-    with pytest.raises(ValueError, match=r"--wandb-project needs the wandb package.*pip install 'megatron-fixedcode\[wandb\]'"):
-        require_logging_backends(LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None,
-                                               wandb_project="p"))
+    with pytest.raises(
+        ValueError, match=r"--wandb-project needs the wandb package.*pip install 'megatron-fixedcode\[wandb\]'"
+    ):
+        require_logging_backends(
+            LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None, wandb_project="p")
+        )
     with pytest.raises(MissingExtra, match=r"pip install 'megatron-fixedcode\[plots\]'"):
         require("matplotlib", "plots", "the report")
     from megatron_fixedcode.eval.run import hf_perplexity

@@ -1,6 +1,7 @@
 """``--code-matrix FILE``: a user-given GF(2) recoding matrix is read in three formats, validated
 (one-line errors naming the file, exit 2), enters the fingerprint, and survives train → HF export
 (logits parity) → evaluation exactly."""
+
 import json
 
 import numpy as np
@@ -22,7 +23,7 @@ def circulant(k: int, shifts: tuple[int, ...]) -> np.ndarray:
 
 
 HAND_MADE_10 = circulant(10, (0, 1, 2, 4, 6))  # K = 10 (V = 1024), weight 5 everywhere, invertible
-LIGHT_10 = circulant(10, (0, 1, 3))           # invertible, weight 3 < paper 2's 4
+LIGHT_10 = circulant(10, (0, 1, 3))  # invertible, weight 3 < paper 2's 4
 
 
 def test_hand_made_matrices_are_what_the_tests_assume():
@@ -92,8 +93,10 @@ def test_bad_matrix_files_are_one_line_errors_naming_the_file(tmp_path, capsys, 
 
 def test_code_matrix_needs_gf2_and_agrees_with_code_offset(tmp_path, capsys):
     path = _write(tmp_path, "a.json", json.dumps({"matrix": HAND_MADE_10.tolist(), "offset": 3}))
-    for extra, words in ((["--input-embedding", "binary"], "needs --input-embedding gf2"),
-                         (["--input-embedding", "gf2", "--code-offset", "1"], "gives offset 3, --code-offset 1")):
+    for extra, words in (
+        (["--input-embedding", "binary"], "needs --input-embedding gf2"),
+        (["--input-embedding", "gf2", "--code-offset", "1"], "gives offset 3, --code-offset 1"),
+    ):
         with pytest.raises(SystemExit) as exit_info:
             main([*TINY, "--train-iters", "1", *extra, "--code-matrix", path, "--dry-run"])
         assert exit_info.value.code == 2 and words in capsys.readouterr().err
@@ -112,9 +115,19 @@ def test_trained_with_a_hand_made_matrix_exports_and_evaluates_exactly_that_map(
     corpus = write_corpus(tmp_path)
     matrix_file = _write(tmp_path, "released.json", json.dumps({"matrix": HAND_MADE_10.tolist(), "offset": 6}))
     save = str(tmp_path / "ckpt")
-    run = pretrain("--input-embedding", "gf2", "--code-matrix", matrix_file, "--code-kernel", "torch",
-                   "--train-iters", "2", "--save", save,
-                   *data_args(corpus, "gpt"))
+    run = pretrain(
+        "--input-embedding",
+        "gf2",
+        "--code-matrix",
+        matrix_file,
+        "--code-kernel",
+        "torch",
+        "--train-iters",
+        "2",
+        "--save",
+        save,
+        *data_args(corpus, "gpt"),
+    )
     assert f"--code-matrix {matrix_file}: 10x10, full rank over GF(2)" in run.stderr
 
     ckpt = load_megatron_checkpoint(save)
@@ -129,7 +142,10 @@ def test_trained_with_a_hand_made_matrix_exports_and_evaluates_exactly_that_map(
     ref = megatron_logits(ckpt.model, ids, vocab)
     assert (hf_logits(hf_dir, ids) - ref).abs().max().item() < 1e-4
     config = json.loads((hf_dir / "config.json").read_text())
-    assert config["fixed_code"]["fingerprint"] == code.fingerprint and config["fixed_code"]["matrix"] == HAND_MADE_10.tolist()
+    assert (
+        config["fixed_code"]["fingerprint"] == code.fingerprint
+        and config["fixed_code"]["matrix"] == HAND_MADE_10.tolist()
+    )
     assert model_config_from_llama(config).code_spec().fingerprint == code.fingerprint  # HF import rebuilds it
     free_dir = convert_checkpoint_to_hf(save, tmp_path / "hf_free", table_free=True)
     assert torch.equal(hf_logits(free_dir, ids, trust_remote_code=True), hf_logits(hf_dir, ids))
@@ -137,6 +153,18 @@ def test_trained_with_a_hand_made_matrix_exports_and_evaluates_exactly_that_map(
     result = checkpoint_perplexity(save, data_path=[corpus[1]])
     assert result["code_fingerprint"] == code.fingerprint and result["tokens"] > 0
 
-    refused = pretrain("--input-embedding", "gf2", "--code-kernel", "torch", "--train-iters", "4", "--load", save, "--save", save,
-                       *data_args(corpus, "gpt"), check=False)  # resuming with the seed's matrix instead
+    refused = pretrain(
+        "--input-embedding",
+        "gf2",
+        "--code-kernel",
+        "torch",
+        "--train-iters",
+        "4",
+        "--load",
+        save,
+        "--save",
+        save,
+        *data_args(corpus, "gpt"),
+        check=False,
+    )  # resuming with the seed's matrix instead
     assert refused.returncode == 2 and f"(code {code.fingerprint})" in refused.stderr

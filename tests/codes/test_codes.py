@@ -1,4 +1,5 @@
 """The fixed codes as pure math: injectivity, balance, rank, the pinned GF(2) matrix, inverses."""
+
 import itertools
 import json
 import subprocess
@@ -26,8 +27,22 @@ from tests.helpers import REPO
 # one is loaded with --code-matrix). Pinned so that a numpy upgrade or a refactor can never
 # silently change the matrix our gf2 runs use.
 GOLDEN_A_ROWS_SEED_12345 = [
-    50133, 48000, 4831, 43728, 45643, 8560, 50273, 6284,
-    10021, 17453, 26500, 28956, 16658, 4745, 22806, 58096,
+    50133,
+    48000,
+    4831,
+    43728,
+    45643,
+    8560,
+    50273,
+    6284,
+    10021,
+    17453,
+    26500,
+    28956,
+    16658,
+    4745,
+    22806,
+    58096,
 ]
 
 
@@ -106,8 +121,14 @@ def test_fingerprint_identifies_the_map():
     base = spec("gf2", 1000)
     assert base.fingerprint == spec("gf2", 1000).fingerprint
     assert base.fingerprint == spec("gf2", 1000, implementation="lookup").fingerprint
-    others = [spec("gf2", 1000, seed=1), spec("binary", 1000), spec("gf2", 1000, offset=1),
-              spec("gf2", 1000, scale=2.0), spec("gf2", 1000, hidden_size=32), spec("gf2", 1001)]
+    others = [
+        spec("gf2", 1000, seed=1),
+        spec("binary", 1000),
+        spec("gf2", 1000, offset=1),
+        spec("gf2", 1000, scale=2.0),
+        spec("gf2", 1000, hidden_size=32),
+        spec("gf2", 1001),
+    ]
     assert len({o.fingerprint for o in others} | {base.fingerprint}) == len(others) + 1
     assert CodeSpec.from_dict(json.loads(json.dumps(base.to_dict()))) == base
 
@@ -127,20 +148,41 @@ def test_bad_input_names_the_argument():
 
 def test_analyze_code_cli_reports_paper_configuration():
     out = subprocess.run(
-        [sys.executable, "tools/analyze_code.py", "--vocab-size", "49152", "--hidden-size", "2048",
-         "--code", "gf2", "--code-seed", "12345", "--json"],
-        cwd=REPO, capture_output=True, text=True, check=True,
+        [
+            sys.executable,
+            "tools/analyze_code.py",
+            "--vocab-size",
+            "49152",
+            "--hidden-size",
+            "2048",
+            "--code",
+            "gf2",
+            "--code-seed",
+            "12345",
+            "--json",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     report = json.loads(out.stdout)
-    assert (report["K"], report["tiles"], report["gf2_rank"], report["collisions"], report["input_rank"]) == (16, 128, 16, 0, 16)
+    assert (report["K"], report["tiles"], report["gf2_rank"], report["collisions"], report["input_rank"]) == (
+        16,
+        128,
+        16,
+        0,
+        16,
+    )
     assert report["min_row_weight"] >= 4 and report["min_col_weight"] >= 4
     assert report["zero_code_tokens"] == [0]
     assert report["fingerprint"] == spec("gf2", 49152, hidden_size=2048).fingerprint
     assert analyze_code(spec("gf2", 49152, hidden_size=2048, offset=1))["zero_code_tokens"] != [0]
 
 
-@pytest.mark.parametrize("vocab_size,code_bits,offset", [(49152, None, 0), (1000, None, 0b101), (49152, 20, 7),
-                                                         (128256, None, 3)])
+@pytest.mark.parametrize(
+    "vocab_size,code_bits,offset", [(49152, None, 0), (1000, None, 0b101), (49152, 20, 7), (128256, None, 3)]
+)
 def test_byte_tables_recode_every_id_by_linearity(vocab_size, code_bits, offset):
     """XOR of the per-id-byte tables (A is GF(2)-linear) ⊕ b == the codebook, for every id."""
     s = spec("gf2", vocab_size, code_bits=code_bits, offset=offset)

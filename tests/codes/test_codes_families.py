@@ -1,5 +1,6 @@
 """The code families as pure math: injectivity at the activation dtype (or a loud refusal), the
 bf16 emulation against torch, norm matching, fingerprints (the paper codes' stay pinned)."""
+
 import json
 
 import numpy as np

@@ -1,4 +1,5 @@
 """The CPU runtime layer's allocator setting, measured in fresh processes."""
+
 import json
 import subprocess
 import sys
@@ -24,7 +25,9 @@ print(json.dumps({"applied": applied, "faults": min(faults)}))
 
 
 def _faults(mode: str) -> dict:
-    out = subprocess.run([sys.executable, "-c", _FAULTS_PER_64MIB_STEP, mode], check=True, capture_output=True, text=True)
+    out = subprocess.run(
+        [sys.executable, "-c", _FAULTS_PER_64MIB_STEP, mode], check=True, capture_output=True, text=True
+    )
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
@@ -39,6 +42,7 @@ def test_freed_activation_memory_is_reused_without_page_faults():
 
 
 # --- megatron-core patches (apply_cpu_patches), checked where they run: on CPU tensors ---------------
+
 
 def _mcore_version():
     import megatron.core
@@ -100,14 +104,18 @@ def test_kernel_load_survives_a_lock_left_by_a_killed_process(tmp_path, monkeypa
 
     if fixed_code_cpu_kernel() is None:
         pytest.skip("the kernel cannot be built here")
-    name = "megatron_fixedcode_fixed_code_cpu_" + ("avx2" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "generic")
+    name = "megatron_fixedcode_fixed_code_cpu_" + (
+        "avx2" if torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") else "generic"
+    )
     built = _build_directory_guard(name).directory
     monkeypatch.setenv("TORCH_EXTENSIONS_DIR", str(tmp_path))
     copy = _build_directory_guard(name).directory
     shutil.copytree(built, copy)
     (copy / "lock").write_text("")
-    probe = ("from megatron_fixedcode.kernels import fixed_code_cpu_kernel; from pathlib import Path;"
-             f"print(fixed_code_cpu_kernel() is not None, Path({str(copy / 'lock')!r}).exists())")
+    probe = (
+        "from megatron_fixedcode.kernels import fixed_code_cpu_kernel; from pathlib import Path;"
+        f"print(fixed_code_cpu_kernel() is not None, Path({str(copy / 'lock')!r}).exists())"
+    )
     proc = subprocess.run([sys.executable, "-c", probe], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert proc.stdout.split() == ["True", "False"], proc.stdout + proc.stderr[-2000:]

@@ -9,6 +9,7 @@
   (autocast replayed) and with TE's fuse_wgrad_accumulation into megatron's main_grad, equal to the
   unfused gradients.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -24,9 +25,12 @@ from megatron_fixedcode.compat.autocast import forward_autocast
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
 from tests.helpers.te import copy_local_into_te
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
-                                 reason="Transformer Engine is not installed")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine is not installed"
+    ),
+]
 
 GEMM = """
 import json, sys, torch, transformer_engine.pytorch as te
@@ -42,8 +46,12 @@ with torch.no_grad():
 
 
 def gemm_errors(**env) -> dict:
-    clean = {k: v for k, v in os.environ.items() if k not in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")}
-    proc = subprocess.run([sys.executable, "-c", GEMM], env={**clean, **env}, capture_output=True, text=True, timeout=120)
+    clean = {
+        k: v for k, v in os.environ.items() if k not in ("NVIDIA_TF32_OVERRIDE", "TORCH_ALLOW_TF32_CUBLAS_OVERRIDE")
+    }
+    proc = subprocess.run(
+        [sys.executable, "-c", GEMM], env={**clean, **env}, capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     import json
 
@@ -60,8 +68,18 @@ def test_te_fp32_gemm_is_tf32_unless_cublas_override_is_set():
 
 
 def tiny(impl: str, **kw) -> ModelConfig:
-    return ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=4, ffn_hidden_size=512, seq_length=128,
-                       vocab_size=49152, input_embedding="binary", autocast_bf16=True, transformer_impl=impl, **kw)
+    return ModelConfig(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        ffn_hidden_size=512,
+        seq_length=128,
+        vocab_size=49152,
+        input_embedding="binary",
+        autocast_bf16=True,
+        transformer_impl=impl,
+        **kw,
+    )
 
 
 def batch():
@@ -105,8 +123,12 @@ def test_te_autocast_backward_with_fused_wgrad_equals_unfused(single_rank, recom
         model = build_gpt_model(cfg, config, single_rank).cuda()
         if fused:
             assert fuse_te_wgrad_accumulation(model) > 0
-        ddp = DistributedDataParallel(config=config, ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
-                                      module=model, pg_collection=single_rank)
+        ddp = DistributedDataParallel(
+            config=config,
+            ddp_config=DistributedDataParallelConfig(grad_reduce_in_fp32=True),
+            module=model,
+            pg_collection=single_rank,
+        )
         ddp.zero_grad_buffer()
         tokens, pos, labels = batch()
         with forward_autocast(config, tokens.device):

@@ -3,6 +3,7 @@
 The autocast mode is checked where it differs from the others: parameters and the residual
 stream (each layer's output) stay FP32 while every linear layer of a block returns BF16; activation
 recompute replays the autocast (same gradients as without recompute); a tiny run learns."""
+
 import json
 
 import pytest
@@ -20,8 +21,17 @@ PAPER2 = "examples/recipes/paper2_1p7b_gf2.yaml"
 
 
 def tiny(**kw) -> ModelConfig:
-    fields = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=16,
-                  vocab_size=256, make_vocab_size_divisible_by=8, input_embedding="gf2", transformer_impl="local")
+    fields = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=16,
+        vocab_size=256,
+        make_vocab_size_divisible_by=8,
+        input_embedding="gf2",
+        transformer_impl="local",
+    )
     return ModelConfig(**{**fields, **kw})
 
 
@@ -43,18 +53,25 @@ def forward_loss(model) -> torch.Tensor:
 def test_autocast_keeps_parameters_and_residual_stream_fp32_and_runs_matmuls_in_bf16(single_rank):
     model = build(single_rank, tiny(autocast_bf16=True))
     config = model.config
-    assert (config.enable_autocast, config.autocast_dtype, config.bf16, config.params_dtype) == \
-           (True, torch.bfloat16, False, torch.float32)
+    assert (config.enable_autocast, config.autocast_dtype, config.bf16, config.params_dtype) == (
+        True,
+        torch.bfloat16,
+        False,
+        torch.float32,
+    )
     seen: dict[str, torch.dtype] = {}
 
     def record(name):
         def hook(module, inputs, output):
             out = output[0] if isinstance(output, tuple) else output
             seen[name] = out.dtype
+
         return hook
 
     for name, module in model.named_modules():
-        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, TransformerLayer)) or name.endswith("layernorm"):
+        if isinstance(module, (ColumnParallelLinear, RowParallelLinear, TransformerLayer)) or name.endswith(
+            "layernorm"
+        ):
             module.register_forward_hook(record(name))
     loss = forward_loss(model)
     linears = {n: d for n, d in seen.items() if n.endswith(("linear_qkv", "linear_proj", "linear_fc1", "linear_fc2"))}
@@ -115,8 +132,22 @@ def test_paper2_recipe_is_the_papers_mode_and_megatron_bf16_is_one_flag_away(cap
 @pytest.mark.slow
 def test_a_tiny_autocast_run_learns(tmp_path):
     corpus = write_corpus(tmp_path)
-    pretrain("--input-embedding", "gf2", "--precision", "fp32-autocast-bf16", "--code-kernel", "torch",
-             "--train-iters", "30", "--lr", "1e-2", "--eval-interval", "30", "--metrics-file", str(tmp_path / "m.jsonl"),
-             *data_args(corpus, "document_windows"))
+    pretrain(
+        "--input-embedding",
+        "gf2",
+        "--precision",
+        "fp32-autocast-bf16",
+        "--code-kernel",
+        "torch",
+        "--train-iters",
+        "30",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "30",
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+        *data_args(corpus, "document_windows"),
+    )
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert metrics[-1]["val_loss"] < 4.5, [round(m["loss"], 3) for m in metrics]  # below ln(128): the bigram

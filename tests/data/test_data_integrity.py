@@ -22,8 +22,15 @@ REPO = Path(__file__).resolve().parents[2]
 
 def _python(code: str, **kw) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, "-c", textwrap.dedent(code)], env=env, cwd=str(REPO),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        env=env,
+        cwd=str(REPO),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> None:
@@ -39,6 +46,7 @@ def _wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120.0) -> Non
 
 # --------------------------------------------------------------------------- 1: locks
 
+
 def test_lock_refuses_second_holder_and_names_it(tmp_path):
     first = lock_output_prefix(tmp_path / "out")
     with pytest.raises(LockHeld, match=rf"--output-prefix .*out is in use by another run: pid {os.getpid()} on host"):
@@ -53,7 +61,7 @@ def test_lock_of_killed_holder_is_taken_over(tmp_path):
     holder = _python(f"""
         import time
         from megatron_fixedcode.utils.locks import lock_save_dir
-        lock = lock_save_dir({str(tmp_path / 'ckpt')!r})
+        lock = lock_save_dir({str(tmp_path / "ckpt")!r})
         open({str(ready)!r}, 'w').close()
         time.sleep(600)
     """)
@@ -77,8 +85,9 @@ def small_tokenizer(tmp_path_factory) -> str:
 
 
 def _corpus(path: Path, n: int = 400) -> Path:
-    path.write_text("".join(json.dumps({"id": str(i), "text": f"doc t{i} word{i % 13}. " * (1 + i % 7)}) + "\n"
-                            for i in range(n)))
+    path.write_text(
+        "".join(json.dumps({"id": str(i), "text": f"doc t{i} word{i % 13}. " * (1 + i % 7)}) + "\n" for i in range(n))
+    )
     return path
 
 
@@ -102,9 +111,23 @@ _PAUSED_PREPROCESS = """
 
 
 def _preprocess_argv(corpus: Path, prefix: Path, tokenizer: str) -> list[str]:
-    return ["--input", str(corpus), "--output-prefix", str(prefix), "--tokenizer-type", "HuggingFaceTokenizer",
-            "--tokenizer-model", tokenizer, "--append-eod", "--id-key", "id", "--valid-fraction", "0.1",
-            "--chunk-docs", "50"]
+    return [
+        "--input",
+        str(corpus),
+        "--output-prefix",
+        str(prefix),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        tokenizer,
+        "--append-eod",
+        "--id-key",
+        "id",
+        "--valid-fraction",
+        "0.1",
+        "--chunk-docs",
+        "50",
+    ]
 
 
 def test_concurrent_preprocess_on_one_prefix_second_refused_first_complete(tmp_path, small_tokenizer):
@@ -117,8 +140,9 @@ def test_concurrent_preprocess_on_one_prefix_second_refused_first_complete(tmp_p
     argv = _preprocess_argv(corpus, prefix, small_tokenizer)
     first = _python(_PAUSED_PREPROCESS.format(ready=str(ready), go=str(go), argv=argv))
     _wait_for(ready, first)
-    second = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO,
-                            capture_output=True, text=True, timeout=300)
+    second = subprocess.run(
+        [sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     go.touch()
     out, err = first.communicate(timeout=300)
     assert second.returncode == 2, second.stderr
@@ -141,13 +165,16 @@ def test_preprocess_takes_over_lock_of_killed_run(tmp_path, small_tokenizer):
     corpus, prefix = _corpus(tmp_path / "c.jsonl"), tmp_path / "books"
     ready = tmp_path / "ready"
     argv = _preprocess_argv(corpus, prefix, small_tokenizer)
-    killed = _python(_PAUSED_PREPROCESS.format(ready=str(ready), go=str(tmp_path / "never"), argv=argv + ["--workers", "2"]))
+    killed = _python(
+        _PAUSED_PREPROCESS.format(ready=str(ready), go=str(tmp_path / "never"), argv=argv + ["--workers", "2"])
+    )
     _wait_for(ready, killed)
     killed.send_signal(signal.SIGKILL)
     killed.wait()
     assert Path(f"{prefix}.lock").exists()  # left behind by the killed run
-    rerun = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO,
-                           capture_output=True, text=True, timeout=300)
+    rerun = subprocess.run(
+        [sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert rerun.returncode == 0, rerun.stderr  # its pool workers died with it: lock free
     assert "taking over the lock" in rerun.stderr
     assert len(IndexedDataset(f"{prefix}_train_text_document").document_indices) > 1
@@ -166,15 +193,23 @@ def test_merge_output_locked(tmp_path):
 
 # --------------------------------------------------------------------------- 6: shard checks
 
+
 def _build(tmp_path, prefixes, dataset_type, vocab_size, seq=8, valid=None):
     from megatron_fixedcode.data import DataConfig, build_datasets
     from tests.helpers.data import StubTokenizer, single_process_group
 
-    cfg = DataConfig(data_path=prefixes, valid_data_path=valid, dataset_type=dataset_type, seq_length=seq,
-                     split="100,0,0", cache_path=str(tmp_path / "cache"))
+    cfg = DataConfig(
+        data_path=prefixes,
+        valid_data_path=valid,
+        dataset_type=dataset_type,
+        seq_length=seq,
+        split="100,0,0",
+        cache_path=str(tmp_path / "cache"),
+    )
     with single_process_group(tmp_path):
-        return build_datasets(cfg, StubTokenizer(vocab_size=vocab_size), num_train_samples=16,
-                              num_valid_samples=0, seed=3)
+        return build_datasets(
+            cfg, StubTokenizer(vocab_size=vocab_size), num_train_samples=16, num_valid_samples=0, seed=3
+        )
 
 
 @pytest.mark.parametrize("dataset_type", ["gpt", "document_windows"])
@@ -216,8 +251,9 @@ def test_valid_shard_checked_too(tmp_path):
 def test_token_dtype_must_hold_the_vocabulary(tmp_path):
     from tests.helpers.data import random_documents, write_indexed_dataset
 
-    shard = write_indexed_dataset(tmp_path / "u16", random_documents(np.random.default_rng(0), [40] * 3, 500),
-                                  dtype=np.uint16)
+    shard = write_indexed_dataset(
+        tmp_path / "u16", random_documents(np.random.default_rng(0), [40] * 3, 500), dtype=np.uint16
+    )
     with pytest.raises(ValueError, match=rf"^data_path {shard}: tokens are stored as uint16 .* 70000 ids"):
         _build(tmp_path, [shard], "document_windows", vocab_size=70000)
 
@@ -232,7 +268,9 @@ def test_token_id_beyond_vocabulary_is_a_named_error(tmp_path, dataset_type):
     docs = [np.full(40, 7)] + [np.r_[np.full(20, 7), np.full(20, 900)]] * 3
     shard = write_indexed_dataset(tmp_path / "ids", docs)
     train, _ = _build(tmp_path, [shard], dataset_type, vocab_size=500)
-    with pytest.raises(TokenIdOutOfRange, match=rf"^{shard} \(document.* token id 900 is outside the vocabulary \[0, 500\)"):
+    with pytest.raises(
+        TokenIdOutOfRange, match=rf"^{shard} \(document.* token id 900 is outside the vocabulary \[0, 500\)"
+    ):
         for i in range(len(train)):
             train[i]
 
@@ -245,14 +283,19 @@ def _trainer_refused_on_two_ranks(proc, *needles) -> str:
 
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
-    errors = [line for line in out.splitlines() if " ERROR " in line or "pretrain: error: " in line]  # logged / at parse time
+    errors = [
+        line for line in out.splitlines() if " ERROR " in line or "pretrain: error: " in line
+    ]  # logged / at parse time
     assert len(errors) == 1, (errors, out[-3000:])
     for needle in needles:
         assert needle in errors[0], errors[0]
     codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
     assert codes and set(codes) <= {"2", "-15"} and "2" in codes, (codes, out[-3000:])  # -15: torchrun ended it first
-    frames = [line for line in out.splitlines() if line.lstrip().startswith('File "') and "torch/distributed" not in line
-              and "<frozen runpy>" not in line]
+    frames = [
+        line
+        for line in out.splitlines()
+        if line.lstrip().startswith('File "') and "torch/distributed" not in line and "<frozen runpy>" not in line
+    ]
     assert not frames, frames
     return errors[0]
 
@@ -287,6 +330,7 @@ def test_token_id_beyond_vocabulary_stops_two_rank_training_with_one_line(tmp_pa
 
 
 # --------------------------------------------------------------------------- 12: helpers die with parent
+
 
 def _alive(pid: int) -> bool:
     try:
@@ -329,31 +373,40 @@ def test_checkpoint_writer_helper_dies_with_sigkilled_parent(tmp_path):
     """The forked Manager that serves megatron's async-writer results queue
     outlived a SIGKILLed rank; started through compat.process it dies with its parent."""
     assert _helper_after_parent_sigkill(
-        tmp_path, "import torch; queue = torch.multiprocessing.get_context('fork').Manager().Queue()")
+        tmp_path, "import torch; queue = torch.multiprocessing.get_context('fork').Manager().Queue()"
+    )
     assert not _helper_after_parent_sigkill(
-        tmp_path, "from megatron_fixedcode.compat.process import helper_queue; queue = helper_queue()")
+        tmp_path, "from megatron_fixedcode.compat.process import helper_queue; queue = helper_queue()"
+    )
     # install_die_with_parent_for_forks covers every later fork, megatron's own included
-    assert not _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
+    assert not _helper_after_parent_sigkill(
+        tmp_path,
+        textwrap.dedent("""
         from megatron_fixedcode.compat.process import install_die_with_parent_for_forks
         import torch
         install_die_with_parent_for_forks()
         queue = torch.multiprocessing.get_context('fork').Manager().Queue()
-    """).replace("\n", "\n        "))
+    """).replace("\n", "\n        "),
+    )
 
 
 @pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux-only")
 def test_trainer_checkpoint_results_queue_dies_with_parent(tmp_path):
     """The trainer's own path (checkpoint/save.py's _fork_results_queue)."""
-    assert not _helper_after_parent_sigkill(tmp_path, textwrap.dedent("""
+    assert not _helper_after_parent_sigkill(
+        tmp_path,
+        textwrap.dedent("""
         from megatron_fixedcode.checkpoint.save import _fork_results_queue
         from megatron.core.dist_checkpointing.strategies import filesystem_async
         _fork_results_queue()
         queue = filesystem_async._results_queue
-    """).replace("\n", "\n        "))
+    """).replace("\n", "\n        "),
+    )
 
 
 # --------------------------------------------------------------------------- 7: --save pre-flight
+
 
 def test_save_under_a_file_refused_before_training(tmp_path):
     from megatron_fixedcode.checkpoint.save_checks import check_save_dir_writable
@@ -403,10 +456,15 @@ def test_write_failure_names_path_and_os_error(tmp_path, monkeypatch):
             raise RuntimeError("writer failed") from e
     except RuntimeError as e:
         err = save_checks.checkpoint_write_error(tmp_path, e)
-    assert str(err) == f"cannot write checkpoint {tmp_path / 'x.distcp'}: no space left on device; the last complete checkpoint is kept"
+    assert (
+        str(err)
+        == f"cannot write checkpoint {tmp_path / 'x.distcp'}: no space left on device; the last complete checkpoint is kept"
+    )
     usage = save_checks.shutil.disk_usage(tmp_path)
     monkeypatch.setattr(save_checks.shutil, "disk_usage", lambda p: usage._replace(free=0))
-    err = save_checks.checkpoint_write_error(tmp_path, RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598"))
+    err = save_checks.checkpoint_write_error(
+        tmp_path, RuntimeError("[enforce fail at inline_container.cc:672] unexpected pos 704 vs 598")
+    )
     assert "no space left on device" in str(err) and str(tmp_path) in str(err)
 
 
@@ -418,8 +476,16 @@ def test_trainer_refuses_save_under_a_file_before_step_one(tmp_path):
 
     (tmp_path / "file").write_text("x")
     metrics = tmp_path / "metrics.jsonl"
-    proc = pretrain("--train-iters", "2", "--save", str(tmp_path / "file" / "ckpt"), "--metrics-file", str(metrics),
-                    *data_args(write_corpus(tmp_path), "document_windows"), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--save",
+        str(tmp_path / "file" / "ckpt"),
+        "--metrics-file",
+        str(metrics),
+        *data_args(write_corpus(tmp_path), "document_windows"),
+        check=False,
+    )
     refused(proc, f"--save {tmp_path / 'file' / 'ckpt'}: cannot create the directory: not a directory")
     assert not metrics.exists()
 
@@ -431,8 +497,14 @@ def test_trainer_refuses_read_only_save_before_step_one(tmp_path):
 
     (tmp_path / "ro").mkdir()
     (tmp_path / "ro").chmod(0o500)
-    proc = pretrain("--train-iters", "2", "--save", str(tmp_path / "ro"),
-                    *data_args(write_corpus(tmp_path), "document_windows"), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--save",
+        str(tmp_path / "ro"),
+        *data_args(write_corpus(tmp_path), "document_windows"),
+        check=False,
+    )
     refused(proc, f"--save {tmp_path / 'ro'}: not writable: permission denied")
 
 
@@ -467,20 +539,40 @@ def test_full_disk_during_save_names_path_and_keeps_last_good_checkpoint(tmp_pat
     from tests.helpers.pretrain import TINY, data_args, write_corpus
 
     ckpt = tmp_path / "ckpt"
-    argv = [*TINY, "--train-iters", "3", "--save", str(ckpt), "--save-interval", "1",
-            *data_args(write_corpus(tmp_path), "document_windows")]
+    argv = [
+        *TINY,
+        "--train-iters",
+        "3",
+        "--save",
+        str(ckpt),
+        "--save-interval",
+        "1",
+        *data_args(write_corpus(tmp_path), "document_windows"),
+    ]
     env = dict(os.environ, PYTHONPATH=str(REPO), PYTHONWARNINGS="ignore", OMP_NUM_THREADS="1")
-    proc = subprocess.run([sys.executable, "-c", textwrap.dedent(_FULL_DISK_AT_STEP_2.format(argv=argv))],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(_FULL_DISK_AT_STEP_2.format(argv=argv))],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     # megatron-core's writer logs the OSError of its worker too (one line; two on 0.19)
-    refused(proc, f"cannot write checkpoint {ckpt / 'iter_0000002'}", "no space left on device",
-                     "the last complete checkpoint is kept", also_from="megatron.core.dist_checkpointing")
+    refused(
+        proc,
+        f"cannot write checkpoint {ckpt / 'iter_0000002'}",
+        "no space left on device",
+        "the last complete checkpoint is kept",
+        also_from="megatron.core.dist_checkpointing",
+    )
     assert checkpoint.latest_step(ckpt) == 1
     assert checkpoint.verified_step(ckpt) == 1
     assert not (ckpt / "iter_0000002").exists()  # the partial save is not left to look like a checkpoint
 
 
 # --------------------------------------------------------------------------- 13: huge documents
+
 
 def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokenizer):
     """A 50 MB document needed 7 GB to index; records above
@@ -492,14 +584,17 @@ def test_document_above_size_limit_refused_with_file_line(tmp_path, small_tokeni
     sys.path.insert(0, str(REPO / "tools"))
     import preprocess_data
 
-    proc = subprocess.run([sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "tools/preprocess_data.py", *argv], cwd=REPO, capture_output=True, text=True, timeout=300
+    )
     assert proc.returncode == 2
     assert proc.stderr.strip().splitlines()[-1].startswith(f"error: {corpus}:2: key 'text' holds ")
     assert "--max-document-bytes 8388608" in proc.stderr
     # raising the limit indexes it; skipping counts it
-    assert preprocess_data.main(argv + ["--max-document-bytes", str(16 << 20), "--output-prefix",
-                                        str(tmp_path / "ok")]) == 0
+    assert (
+        preprocess_data.main(argv + ["--max-document-bytes", str(16 << 20), "--output-prefix", str(tmp_path / "ok")])
+        == 0
+    )
     assert preprocess_data.main(argv + ["--skip-bad-documents", "--output-prefix", str(tmp_path / "skip")]) == 0
     summary = json.loads((tmp_path / "skip_summary.json").read_text())
     assert summary["skipped"]["count"] == 1
@@ -528,12 +623,13 @@ def test_a_prefix_reindexed_with_another_corpus_gets_a_new_sample_index_and_refu
     write_indexed_dataset(prefix, small, dtype=np.uint16)
     pretrain(*common, "--data-path", str(prefix), "--save", str(tmp_path / "ckpt"))
     write_indexed_dataset(prefix, large, dtype=np.uint16)  # the same prefix, another corpus
-    write_indexed_dataset(fresh, large, dtype=np.uint16)   # the same corpus where no cache exists
+    write_indexed_dataset(fresh, large, dtype=np.uint16)  # the same corpus where no cache exists
     for where, path in (("reindexed", prefix), ("fresh", fresh)):
         pretrain(*common, "--data-path", str(path), "--metrics-file", str(tmp_path / f"{where}.jsonl"))
     reindexed, first = (read_metrics(tmp_path / f"{w}.jsonl") for w in ("reindexed", "fresh"))
     assert [r["loss"] for r in reindexed] == [r["loss"] for r in first]  # the new corpus's samples
-    proc = pretrain(*common, "--data-path", str(prefix), "--load", str(tmp_path / "ckpt"), "--train-iters", "2",
-                    check=False)
+    proc = pretrain(
+        *common, "--data-path", str(prefix), "--load", str(tmp_path / "ckpt"), "--train-iters", "2", check=False
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 2 and "data_fingerprint" in out and "re-indexed" in out, out[-2000:]

@@ -1,5 +1,6 @@
 """A full disk while indexing: one line naming the outputs and the free space, exit code 2, no
 traceback; what was complete before stays, the partial outputs are .tmp files only."""
+
 from __future__ import annotations
 
 import json
@@ -43,11 +44,23 @@ def _one_line(proc) -> str:
 
 def test_preprocess_data_on_a_full_disk(tmp_path, full_disk):
     corpus = _corpus(tmp_path / "in")
-    proc = _run(str(REPO / "tools" / "preprocess_data.py"), "--input", str(corpus), "--output-prefix",
-                str(full_disk / "books"), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SMOLLM2),
-                "--append-eod")
+    proc = _run(
+        str(REPO / "tools" / "preprocess_data.py"),
+        "--input",
+        str(corpus),
+        "--output-prefix",
+        str(full_disk / "books"),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        str(SMOLLM2),
+        "--append-eod",
+    )
     line = _one_line(proc)
-    assert line.startswith(f"error: no space left on device writing {full_disk / 'books'}_* (") and "MiB free there" in line
+    assert (
+        line.startswith(f"error: no space left on device writing {full_disk / 'books'}_* (")
+        and "MiB free there" in line
+    )
     assert not [p for p in full_disk.iterdir() if p.name.endswith((".bin", ".idx", "_summary.json"))]
 
 
@@ -55,8 +68,21 @@ def test_shard_indexing_task_on_a_full_disk(tmp_path, full_disk):
     _corpus(tmp_path / "in")
     out = full_disk / "idx"
     tool = ["-m", "megatron_fixedcode.cli.preprocess_shards"]
-    plan = _run(*tool, "plan", "--input", str(tmp_path / "in"), "--output-dir", str(out), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model",
-                str(SMOLLM2), "--append-eod", "--id-key", "id")
+    plan = _run(
+        *tool,
+        "plan",
+        "--input",
+        str(tmp_path / "in"),
+        "--output-dir",
+        str(out),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        str(SMOLLM2),
+        "--append-eod",
+        "--id-key",
+        "id",
+    )
     assert plan.returncode == 0, plan.stderr[-3000:]
     line = _one_line(_run(*tool, "task", "--output-dir", str(out), "--task-id", "0"))
     assert line.startswith(f"error: task 0: no space left on device writing {out / 'books'}_* ("), line

@@ -126,9 +126,7 @@ def test_documents_and_starts_are_uniform(tmp_path):
     lengths = [9, 11, 14, 18, 30, 5, 60]
     prefix = write_indexed_dataset(tmp_path / "u", tagged_documents(lengths))
     num_samples = 20_000
-    ds = DocumentWindowDataset(
-        [prefix], seq_length=SEQ, num_samples=num_samples, seed=3, samples_per_shard_visit=100
-    )
+    ds = DocumentWindowDataset([prefix], seq_length=SEQ, num_samples=num_samples, seed=3, samples_per_shard_visit=100)
     locs = [ds.locate(i) for i in range(num_samples)]
     eligible = [d for d, n in enumerate(lengths) if n >= SEQ + 1]
     doc_counts = numpy.array([sum(1 for x in locs if x.document == d) for d in eligible])
@@ -155,8 +153,12 @@ def test_data_parallel_ranks_read_the_same_global_stream(shards):
             for mb in range(num_microbatches(gbs, mbs, dp_size)):
                 for rank in range(dp_size):
                     idx = rank_microbatch_indices(
-                        step, mb, global_batch_size=gbs, micro_batch_size=mbs,
-                        dp_rank=rank, dp_size=dp_size,
+                        step,
+                        mb,
+                        global_batch_size=gbs,
+                        micro_batch_size=mbs,
+                        dp_rank=rank,
+                        dp_size=dp_size,
                     )
                     parts.append(fetch_microbatch(ds, idx))
             samples = [{k: v[j] for k, v in p.items()} for p in parts for j in range(mbs)]
@@ -175,9 +177,7 @@ def test_rank_sampler_with_workers_resumes_mid_stream(shards):
         sampler = RankMicrobatchSampler(
             total_samples=96, consumed_samples=32, micro_batch_size=mbs, dp_rank=rank, dp_size=2
         )
-        loader = torch.utils.data.DataLoader(
-            ds, batch_sampler=sampler, collate_fn=collate_samples, num_workers=2
-        )
+        loader = torch.utils.data.DataLoader(ds, batch_sampler=sampler, collate_fn=collate_samples, num_workers=2)
         per_rank.append(list(loader))
     assert len(per_rank[0]) == len(sampler) == 64 // (mbs * 2)
     interleaved = [mb["tokens"] for pair in zip(*per_rank) for mb in pair]
@@ -190,12 +190,13 @@ def test_build_datasets_document_windows(shards, tmp_path):
     docs = random_documents(numpy.random.default_rng(0), [30, 12])
     valid = write_indexed_dataset(tmp_path / "valid", docs)
     cfg = DataConfig(
-        data_path=shards, valid_data_path=[valid], dataset_type="document_windows",
-        seq_length=SEQ, samples_per_shard_visit=samples_per_shard_visit(4, 2, 2),
+        data_path=shards,
+        valid_data_path=[valid],
+        dataset_type="document_windows",
+        seq_length=SEQ,
+        samples_per_shard_visit=samples_per_shard_visit(4, 2, 2),
     )
-    train_ds, valid_ds = build_datasets(
-        cfg, None, num_train_samples=50, num_valid_samples=10, seed=5
-    )
+    train_ds, valid_ds = build_datasets(cfg, None, num_train_samples=50, num_valid_samples=10, seed=5)
     assert len(train_ds) == 50 and len(valid_ds) == 10
     assert train_ds.samples_per_shard_visit == 16
     assert valid_ds.prefixes == [valid]
@@ -205,17 +206,13 @@ def test_build_datasets_document_windows(shards, tmp_path):
 def test_bad_inputs_raise_value_errors(shards, tmp_path):
     short = write_indexed_dataset(tmp_path / "short", tagged_documents([3, 8]))
     with pytest.raises(ValueError, match="prefixes"):
-        DocumentWindowDataset(
-            [short], seq_length=SEQ, num_samples=1, seed=0, samples_per_shard_visit=1
-        )
+        DocumentWindowDataset([short], seq_length=SEQ, num_samples=1, seed=0, samples_per_shard_visit=1)
     with pytest.raises(ValueError, match="weights"):
         _dataset([shards[0], short], weights=[0.5, 0.5])
     with pytest.raises(ValueError, match="samples_per_shard_visit"):
         DataConfig(data_path=shards, dataset_type="document_windows", samples_per_shard_visit=0)
     with pytest.raises(ValueError, match="global_batch_size"):
-        rank_microbatch_indices(
-            0, 0, global_batch_size=10, micro_batch_size=4, dp_rank=0, dp_size=1
-        )
+        rank_microbatch_indices(0, 0, global_batch_size=10, micro_batch_size=4, dp_rank=0, dp_size=1)
     with pytest.raises(IndexError):
         _dataset(shards, num_samples=5)[5]
 
@@ -229,17 +226,33 @@ def test_two_gloo_ranks_read_the_dp1_global_batch(shards, tmp_path):
     from tests.helpers import REPO, torchrun
 
     step, gbs, mbs = 3, 8, 2
-    torchrun(REPO / "tests" / "helpers" / "data.py", str(tmp_path), str(step), str(gbs),
-             str(mbs), str(SEQ), *shards, nproc=2, timeout=180)
+    torchrun(
+        REPO / "tests" / "helpers" / "data.py",
+        str(tmp_path),
+        str(step),
+        str(gbs),
+        str(mbs),
+        str(SEQ),
+        *shards,
+        nproc=2,
+        timeout=180,
+    )
     gathered = json.loads((tmp_path / "stream.json").read_text())
     for dataset_type in ("gpt", "document_windows"):
         cfg = DataConfig(
-            data_path=shards, dataset_type=dataset_type, seq_length=SEQ, split="60,40,0",
-            cache_path=str(tmp_path / "cache1"), samples_per_shard_visit=5,
+            data_path=shards,
+            dataset_type=dataset_type,
+            seq_length=SEQ,
+            split="60,40,0",
+            cache_path=str(tmp_path / "cache1"),
+            samples_per_shard_visit=5,
         )
         with single_process_group(tmp_path):
             train_ds, _ = build_datasets(
-                cfg, StubTokenizer(), num_train_samples=(step + 1) * gbs, num_valid_samples=0,
+                cfg,
+                StubTokenizer(),
+                num_train_samples=(step + 1) * gbs,
+                num_valid_samples=0,
                 seed=9,
             )
             indices = global_batch_indices(step, gbs)

@@ -23,22 +23,15 @@ def data(tmp_path_factory):
     root = tmp_path_factory.mktemp("gpt")
     rng = numpy.random.default_rng(0)
     lengths = {s: rng.integers(5, 200, size=40).tolist() for s in range(3)}
-    prefixes = [
-        write_indexed_dataset(root / f"shard{s}", tagged_documents(lengths[s], shard=s))
-        for s in range(3)
-    ]
+    prefixes = [write_indexed_dataset(root / f"shard{s}", tagged_documents(lengths[s], shard=s)) for s in range(3)]
     with single_process_group(root):
         yield {"root": root, "prefixes": prefixes, "lengths": lengths}
 
 
 def _build(data, data_path, num_train=400, num_valid=40, seed=11, **kw):
     kw.setdefault("split", "90,10,0")
-    cfg = DataConfig(
-        data_path=data_path, seq_length=SEQ, cache_path=str(data["root"] / "cache"), **kw
-    )
-    return build_datasets(
-        cfg, StubTokenizer(), num_train_samples=num_train, num_valid_samples=num_valid, seed=seed
-    )
+    cfg = DataConfig(data_path=data_path, seq_length=SEQ, cache_path=str(data["root"] / "cache"), **kw)
+    return build_datasets(cfg, StubTokenizer(), num_train_samples=num_train, num_valid_samples=num_valid, seed=seed)
 
 
 def _document_tokens(data, shard: int, document: int) -> numpy.ndarray:

@@ -23,7 +23,9 @@ def test_describe_samples_reports_where_each_window_came_from(tmp_path):
     lengths = [40, 9, 3, 25]
     prefix = write_indexed_dataset(tmp_path / "t", tagged_documents(lengths))
     cfg = DataConfig(
-        data_path=[prefix], dataset_type="document_windows", seq_length=8,
+        data_path=[prefix],
+        dataset_type="document_windows",
+        seq_length=8,
         samples_per_shard_visit=4,
     )
     train_ds, _ = build_datasets(cfg, None, num_train_samples=12, num_valid_samples=0, seed=1)
@@ -51,11 +53,26 @@ def smollm2(tmp_path_factory):
 
 def _run_tool(smollm2, *extra: str) -> list[dict]:
     cmd = [
-        sys.executable, str(REPO / "tools" / "inspect_batch.py"),
-        "--data-path", smollm2["prefix"], "--seq-length", str(SEQ),
-        "--global-batch-size", str(GBS), "--seed", str(SEED), "--step", str(STEP),
-        "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(SMOLLM2),
-        "--max-chars", "100000", "--json", *extra,
+        sys.executable,
+        str(REPO / "tools" / "inspect_batch.py"),
+        "--data-path",
+        smollm2["prefix"],
+        "--seq-length",
+        str(SEQ),
+        "--global-batch-size",
+        str(GBS),
+        "--seed",
+        str(SEED),
+        "--step",
+        str(STEP),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        str(SMOLLM2),
+        "--max-chars",
+        "100000",
+        "--json",
+        *extra,
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, cwd=REPO)
     assert out.returncode == 0, out.stderr[-3000:]
@@ -73,11 +90,11 @@ def _check(records, dataset, tokenizer):
 
 @pytest.mark.slow
 def test_tool_document_windows(smollm2):
-    records = _run_tool(
-        smollm2, "--dataset-type", "document_windows", "--samples-per-shard-visit", "8"
-    )
+    records = _run_tool(smollm2, "--dataset-type", "document_windows", "--samples-per-shard-visit", "8")
     cfg = DataConfig(
-        data_path=[smollm2["prefix"]], dataset_type="document_windows", seq_length=SEQ,
+        data_path=[smollm2["prefix"]],
+        dataset_type="document_windows",
+        seq_length=SEQ,
         samples_per_shard_visit=8,
     )
     train_ds, _ = build_datasets(cfg, None, num_train_samples=100, num_valid_samples=0, seed=SEED)
@@ -94,7 +111,10 @@ def test_tool_gpt_dataset(smollm2):
     cfg = DataConfig(data_path=[smollm2["prefix"]], seq_length=SEQ, split=split, cache_path=cache)
     with single_process_group(smollm2["root"]):
         train_ds, _ = build_datasets(
-            cfg, smollm2["tokenizer"], num_train_samples=(STEP + 1) * GBS,
-            num_valid_samples=0, seed=SEED,
+            cfg,
+            smollm2["tokenizer"],
+            num_train_samples=(STEP + 1) * GBS,
+            num_valid_samples=0,
+            seed=SEED,
         )
         _check(records, train_ds, smollm2["tokenizer"])

@@ -26,18 +26,25 @@ def shards(tmp_path_factory) -> Path:
         (root / f"in{shard}.jsonl").write_text(
             "".join(json.dumps({"text": f"shard {shard} doc t{i}"}) + "\n" for i in range(50 + shard))
         )
-        preprocess(PreprocessConfig(
-            input=[str(root / f"in{shard}.jsonl")], output_prefix=str(root / "idx" / f"shard{shard}"),
-            tokenizer_type="HuggingFaceTokenizer", tokenizer_model=str(model), append_eod=True, valid_fraction=0.2,
-        ))
+        preprocess(
+            PreprocessConfig(
+                input=[str(root / f"in{shard}.jsonl")],
+                output_prefix=str(root / "idx" / f"shard{shard}"),
+                tokenizer_type="HuggingFaceTokenizer",
+                tokenizer_model=str(model),
+                append_eod=True,
+                valid_fraction=0.2,
+            )
+        )
     return root / "idx"
 
 
 def documents(prefix: str) -> list[list[int]]:
     dataset = IndexedDataset(prefix)
     bounds = dataset.document_indices
-    return [np.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]).tolist()
-            for d in range(len(bounds) - 1)]
+    return [
+        np.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]).tolist() for d in range(len(bounds) - 1)
+    ]
 
 
 def test_merge_directory_with_pattern(shards, tmp_path):
@@ -84,16 +91,34 @@ def test_missing_input_and_failed_merge_keep_previous_output(shards, tmp_path, m
 
 def test_cli(shards, tmp_path):
     run = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "merge_datasets.py"), "--input", str(shards),
-         "--pattern", "*_valid_*", "--output-prefix", str(tmp_path / "merged")],
-        capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "tools" / "merge_datasets.py"),
+            "--input",
+            str(shards),
+            "--pattern",
+            "*_valid_*",
+            "--output-prefix",
+            str(tmp_path / "merged"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert run.returncode == 0, run.stderr
     want = sum(len(documents(output_prefix_for(str(shards / f"shard{i}"), "valid", "text"))) for i in range(3))
     assert len(documents(str(tmp_path / "merged"))) == want
     bad = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "merge_datasets.py"), "--input", str(tmp_path / "none"),
-         "--output-prefix", str(tmp_path / "m2")],
-        capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "tools" / "merge_datasets.py"),
+            "--input",
+            str(tmp_path / "none"),
+            "--output-prefix",
+            str(tmp_path / "m2"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert bad.returncode == 2 and "not found" in bad.stderr and "Traceback" not in bad.stderr

@@ -94,20 +94,36 @@ def test_gpt2_bpe_with_megatron_flags(tmp_path, corpus_sample, capsys):
 
     jsonl, docs = corpus_sample
     vocab, merges = write_gpt2_bpe_files(tmp_path / "gpt2")
-    flags = ["--input", str(jsonl), "--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab),
-             "--merge-file", str(merges), "--append-eod", "--id-key", "id", "--valid-fraction", "0.2"]
+    flags = [
+        "--input",
+        str(jsonl),
+        "--tokenizer-type",
+        "GPT2BPETokenizer",
+        "--vocab-file",
+        str(vocab),
+        "--merge-file",
+        str(merges),
+        "--append-eod",
+        "--id-key",
+        "id",
+        "--valid-fraction",
+        "0.2",
+    ]
     assert main([*flags, "--output-prefix", str(tmp_path / "out"), "--workers", "2"]) == 0
     summary = json.loads((tmp_path / "out_summary.json").read_text())
     assert summary["tokenizer"]["type"] == "GPT2BPETokenizer" and summary["tokenizer"]["merge_file"] == str(merges)
     assert summary["tokenizer"]["vocab_size"] == 1001 and summary["tokenizer"]["eod"] == 1000
     ref = GPT2Tokenizer(str(vocab), str(merges))
-    check_roundtrip(tmp_path, docs, types.SimpleNamespace(tokenize=ref.encode, eod=ref.encoder["<|endoftext|>"]),
-                    summary, 0.2)
+    check_roundtrip(
+        tmp_path, docs, types.SimpleNamespace(tokenize=ref.encode, eod=ref.encoder["<|endoftext|>"]), summary, 0.2
+    )
     assert main([*flags, "--output-prefix", str(tmp_path / "one")]) == 0
     for split in ("train", "valid"):
         for suffix in (".bin", ".idx"):
-            assert (Path(output_prefix_for(str(tmp_path / "one"), split, "text") + suffix).read_bytes()
-                    == Path(output_prefix_for(str(tmp_path / "out"), split, "text") + suffix).read_bytes())
+            assert (
+                Path(output_prefix_for(str(tmp_path / "one"), split, "text") + suffix).read_bytes()
+                == Path(output_prefix_for(str(tmp_path / "out"), split, "text") + suffix).read_bytes()
+            )
     capsys.readouterr()
     assert main([*flags, "--output-prefix", str(tmp_path / "x"), "--tokenizer-model", str(tmp_path)]) == 2
     assert "drop --tokenizer-model" in capsys.readouterr().err
@@ -121,12 +137,22 @@ def test_roundtrip_sentencepiece(tmp_path, corpus_sample):
     jsonl, docs = corpus_sample
     (tmp_path / "train.txt").write_text("\n".join(d["text"] for d in docs[:200]), encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(
-        input=str(tmp_path / "train.txt"), model_prefix=str(tmp_path / "sp"), vocab_size=500,
-        byte_fallback=True, minloglevel=2,
+        input=str(tmp_path / "train.txt"),
+        model_prefix=str(tmp_path / "sp"),
+        vocab_size=500,
+        byte_fallback=True,
+        minloglevel=2,
     )
     model = tmp_path / "sp.model"
-    summary = index_files(tmp_path, [jsonl], model, tokenizer_type="SentencePieceTokenizer", id_key="id",
-                  valid_fraction=0.2, append_eod=False)
+    summary = index_files(
+        tmp_path,
+        [jsonl],
+        model,
+        tokenizer_type="SentencePieceTokenizer",
+        id_key="id",
+        valid_fraction=0.2,
+        append_eod=False,
+    )
     tok = build_tokenizer("SentencePieceTokenizer", str(model))
     check_roundtrip(tmp_path, docs, tok, summary, 0.2, append_eod=False)
 
@@ -151,12 +177,22 @@ def test_workers_and_chunking_do_not_change_bytes(tmp_path, corpus_sample):
     jsonl, _ = corpus_sample
     model = SMOLLM2
     for name, workers, chunk_docs in (("w1", 1, 16), ("w2", 2, 16), ("w2b", 2, 5)):
-        index_files(tmp_path, [jsonl], model, name=name, workers=workers, chunk_docs=chunk_docs,
-            append_eod=True, valid_fraction=0.1)
+        index_files(
+            tmp_path,
+            [jsonl],
+            model,
+            name=name,
+            workers=workers,
+            chunk_docs=chunk_docs,
+            append_eod=True,
+            valid_fraction=0.1,
+        )
     for split in ("train", "valid"):
         for suffix in (".bin", ".idx"):
-            files = [Path(output_prefix_for(str(tmp_path / n), split, "text") + suffix).read_bytes()
-                     for n in ("w1", "w2", "w2b")]
+            files = [
+                Path(output_prefix_for(str(tmp_path / n), split, "text") + suffix).read_bytes()
+                for n in ("w1", "w2", "w2b")
+            ]
             assert files[0] == files[1] == files[2]
 
 
@@ -169,7 +205,10 @@ def test_split_is_document_level_and_within_bounds(tmp_path, small_tokenizer):
     for name, seed in (("a", 7), ("b", 7), ("c", 8)):
         index_files(tmp_path, [path], small_tokenizer, name=name, valid_fraction=fraction, split_seed=seed, id_key="id")
         ids[name] = {
-            split: [tok.detokenize(d.tolist()) for d in read_documents(output_prefix_for(str(tmp_path / name), split, "text"))]
+            split: [
+                tok.detokenize(d.tolist())
+                for d in read_documents(output_prefix_for(str(tmp_path / name), split, "text"))
+            ]
             for split in ("train", "valid")
         }
     train, valid = set(ids["a"]["train"]), set(ids["a"]["valid"])
@@ -203,7 +242,9 @@ def test_dtype_choice(tmp_path):
         tok.pre_tokenizer = pre_tokenizers.Whitespace()
         tok.save(str(tmp_path / f"{name}.json"))
         (tmp_path / f"{name}.jsonl").write_text(json.dumps({"text": f"w{size - 1} w1 w{size // 2}"}) + "\n")
-        summary = index_files(tmp_path, [tmp_path / f"{name}.jsonl"], tmp_path / f"{name}.json", name=name, append_eod=True)
+        summary = index_files(
+            tmp_path, [tmp_path / f"{name}.jsonl"], tmp_path / f"{name}.json", name=name, append_eod=True
+        )
         assert summary["dtype"] == {"small": "uint16", "large": "int32"}[name]
         (doc,) = read_documents(output_prefix_for(str(tmp_path / name), "train", "text"))
         assert doc.tolist() == [size - 1, 1, size // 2, 0]
@@ -235,14 +276,34 @@ def _parquet_bytes(tmp_path, rows) -> bytes:
 
 
 BAD_INPUTS = {
-    "bad_json": ("b.jsonl", lambda _: b'{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n', r"b\.jsonl:3: malformed JSON"),
+    "bad_json": (
+        "b.jsonl",
+        lambda _: b'{"text": "a"}\n{"text": "b"}\n{"text": \n{"text": "d"}\n',
+        r"b\.jsonl:3: malformed JSON",
+    ),
     "missing_key": ("m.jsonl", lambda _: b'{"text": "a"}\n{"body": "b"}\n', r"m\.jsonl:2: missing .*'text'"),
     "non_utf8": ("u.jsonl", lambda _: b'{"text": "a"}\n{"text": "bad \xff"}\n', r"u\.jsonl:2: not valid UTF-8"),
-    "lone_surrogate": ("s.jsonl", lambda _: b'{"text": "a"}\n{"text": "x \\ud800 y"}\n', r"s\.jsonl:2: key 'text' holds a lone surrogate"),
+    "lone_surrogate": (
+        "s.jsonl",
+        lambda _: b'{"text": "a"}\n{"text": "x \\ud800 y"}\n',
+        r"s\.jsonl:2: key 'text' holds a lone surrogate",
+    ),
     "empty_file": ("e.jsonl", lambda _: b"", r"e\.jsonl: empty file"),
-    "truncated_gzip": ("g.jsonl.gz", lambda _: _truncated(gzip.compress(b'{"text": "abc"}\n' * 5000)), r"g\.jsonl\.gz:\d+: truncated or corrupt gzip"),
-    "truncated_parquet": ("p.parquet", lambda t: _truncated(_parquet_bytes(t, [{"text": "abc"}] * 100)), r"p\.parquet: unreadable parquet"),
-    "parquet_null": ("n.parquet", lambda t: _parquet_bytes(t, [{"text": "a"}, {"text": None}]), r"n\.parquet:row 2: missing"),
+    "truncated_gzip": (
+        "g.jsonl.gz",
+        lambda _: _truncated(gzip.compress(b'{"text": "abc"}\n' * 5000)),
+        r"g\.jsonl\.gz:\d+: truncated or corrupt gzip",
+    ),
+    "truncated_parquet": (
+        "p.parquet",
+        lambda t: _truncated(_parquet_bytes(t, [{"text": "abc"}] * 100)),
+        r"p\.parquet: unreadable parquet",
+    ),
+    "parquet_null": (
+        "n.parquet",
+        lambda t: _parquet_bytes(t, [{"text": "a"}, {"text": None}]),
+        r"n\.parquet:row 2: missing",
+    ),
 }
 
 
@@ -257,7 +318,9 @@ def test_bad_input_names_file_and_line(tmp_path, small_tokenizer, case):
         index_files(tmp_path, [good, tmp_path / name], small_tokenizer)
     summary = index_files(tmp_path, [good, tmp_path / name], small_tokenizer, skip_bad_documents=True)
     assert summary["skipped"]["count"] >= 1
-    assert re.search(pattern, f"{summary['skipped']['listed'][0]['where']}: {summary['skipped']['listed'][0]['reason']}")
+    assert re.search(
+        pattern, f"{summary['skipped']['listed'][0]['where']}: {summary['skipped']['listed'][0]['reason']}"
+    )
     assert summary["documents"]["train"] >= 1
 
 
@@ -291,15 +354,29 @@ def test_cli_error_and_killed_run(tmp_path, small_tokenizer):
     big.write_text("".join(json.dumps({"text": f"doc t{i} word{i % 13}. " * 20}) + "\n" for i in range(100000)))
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"text": "a"}\n{oops\n')
-    cli = [sys.executable, str(REPO / "tools" / "preprocess_data.py"), "--tokenizer-type", "HuggingFaceTokenizer",
-           "--tokenizer-model", small_tokenizer, "--output-prefix", str(tmp_path / "out"), "--valid-fraction", "0"]
+    cli = [
+        sys.executable,
+        str(REPO / "tools" / "preprocess_data.py"),
+        "--tokenizer-type",
+        "HuggingFaceTokenizer",
+        "--tokenizer-model",
+        small_tokenizer,
+        "--output-prefix",
+        str(tmp_path / "out"),
+        "--valid-fraction",
+        "0",
+    ]
     err = subprocess.run(cli + ["--input", str(bad)], capture_output=True, text=True, cwd=REPO)
     assert err.returncode == 2 and "bad.jsonl:2: malformed JSON" in err.stderr and "Traceback" not in err.stderr
     index_files(tmp_path, [small], small_tokenizer)
     prefix = output_prefix_for(str(tmp_path / "out"), "train", "text")
     before = {s: Path(prefix + s).read_bytes() for s in (".bin", ".idx")}
-    proc = subprocess.Popen(cli + ["--input", str(big), "--chunk-docs", "200"], cwd=REPO,
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(
+        cli + ["--input", str(big), "--chunk-docs", "200"],
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline and proc.poll() is None:
         tmp_bin = Path(prefix + ".bin.tmp")

@@ -1,5 +1,6 @@
 """Our numpy ``.bin/.idx`` writer is byte-identical to megatron-core's ``IndexedDatasetBuilder``,
 and preprocessing imports neither megatron-core nor torch."""
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,11 @@ def test_writer_bytes_equal_indexed_dataset_builder(tmp_path, vocab):
 
     ours = IndexedWriter(str(tmp_path / "ours.bin"), dtype)
     for batch in (docs[:7], docs[7:8], docs[8:]):  # batches of any size, one call each
-        ours.add_documents(np.concatenate([d[0] for d in batch]), np.concatenate([d[1] for d in batch]),
-                           np.array([len(d[1]) for d in batch]))
+        ours.add_documents(
+            np.concatenate([d[0] for d in batch]),
+            np.concatenate([d[1] for d in batch]),
+            np.array([len(d[1]) for d in batch]),
+        )
     ours.finalize(str(tmp_path / "ours.idx"))
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"ours{suffix}").read_bytes() == (tmp_path / f"ref{suffix}").read_bytes()
@@ -67,7 +71,10 @@ def test_writer_bytes_equal_indexed_dataset_builder(tmp_path, vocab):
     for suffix in (".bin", ".idx"):
         assert (tmp_path / f"ours2{suffix}").read_bytes() == (tmp_path / f"ref2{suffix}").read_bytes()
     index = IndexFile(str(tmp_path / "ours2.idx"))
-    assert index.dtype == np.dtype(dtype) and merged.num_documents == len(docs) + len(more) == len(index.document_indices) - 1
+    assert (
+        index.dtype == np.dtype(dtype)
+        and merged.num_documents == len(docs) + len(more) == len(index.document_indices) - 1
+    )
 
 
 def test_empty_writer_matches(tmp_path):
@@ -81,13 +88,35 @@ def test_empty_writer_matches(tmp_path):
 def test_preprocess_imports_no_torch(tmp_path, small_tokenizer):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps({"text": f"document {i} " * 5}) + "\n" for i in range(50)))
-    probe = ("import runpy, sys; sys.argv = sys.argv[1:]\n"
-             "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
-             "print([m for m in ('torch', 'megatron.core') if m in sys.modules], code)")
+    probe = (
+        "import runpy, sys; sys.argv = sys.argv[1:]\n"
+        "try:\n    runpy.run_path(sys.argv[0], run_name='__main__')\nexcept SystemExit as e:\n    code = e.code\n"
+        "print([m for m in ('torch', 'megatron.core') if m in sys.modules], code)"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO), os.environ.get("PYTHONPATH")]))}
-    proc = subprocess.run([sys.executable, "-c", probe, str(REPO / "tools" / "preprocess_data.py"),
-                           "--input", str(corpus), "--output-prefix", str(tmp_path / "out"), "--append-eod",
-                           "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", small_tokenizer,
-                           "--workers", "2"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-c",
+            probe,
+            str(REPO / "tools" / "preprocess_data.py"),
+            "--input",
+            str(corpus),
+            "--output-prefix",
+            str(tmp_path / "out"),
+            "--append-eod",
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            small_tokenizer,
+            "--workers",
+            "2",
+        ],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.stdout.strip().splitlines()[-1] == "[] 0", proc.stderr
     assert Path(str(tmp_path / "out") + "_train_text_document.idx").is_file()

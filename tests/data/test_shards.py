@@ -44,7 +44,9 @@ def test_split_key_is_id_where_present_else_text_per_document(tmp_path, small_to
 
     tok = build_tokenizer("HuggingFaceTokenizer", small_tokenizer)
     want_valid = [r["text"] for r in records if is_validation_document(key(r), seed, fraction)]
-    got_valid = [tok.detokenize(d.tolist()) for d in read_documents(output_prefix_for(str(tmp_path / "out"), "valid", "text"))]
+    got_valid = [
+        tok.detokenize(d.tolist()) for d in read_documents(output_prefix_for(str(tmp_path / "out"), "valid", "text"))
+    ]
     assert got_valid == want_valid
     # the id decides where there is one: the text hash alone gives another split of those records
     by_text = [r["text"] for r in records if is_validation_document(r["text"].encode(), seed, fraction)]
@@ -55,6 +57,7 @@ def test_split_key_is_id_where_present_else_text_per_document(tmp_path, small_to
 
 
 # --- tools/verify_dataset.py ---------------------------------------------------------------------
+
 
 def _verify(capsys, *argv):
     from tools.verify_dataset import main
@@ -68,8 +71,12 @@ def _verify(capsys, *argv):
 def indexed(tmp_path, small_tokenizer):
     """A two-split dataset from preprocess_data's library path, in its own directory."""
     path = tmp_path / "in.jsonl"
-    path.write_text("".join(json.dumps({"id": str(i), "text": " ".join(f"word{j % 13} t{i}" for j in range(i % 40 + 1))})
-                            + "\n" for i in range(400)))
+    path.write_text(
+        "".join(
+            json.dumps({"id": str(i), "text": " ".join(f"word{j % 13} t{i}" for j in range(i % 40 + 1))}) + "\n"
+            for i in range(400)
+        )
+    )
     out = tmp_path / "idx"
     out.mkdir()
     summary = index_files(out, [path], small_tokenizer, name="shard", valid_fraction=0.2, append_eod=True)
@@ -88,8 +95,9 @@ def test_verify_reports_counts_of_a_good_dataset(indexed, capsys):
         assert rows[split]["eligible_documents"] == sum(len(d) >= 31 for d in docs) > 0
 
 
-@pytest.mark.parametrize("damage", ["truncated_bin", "flipped_idx_size", "flipped_idx_header", "id_beyond_vocab",
-                                    "summary_count"])
+@pytest.mark.parametrize(
+    "damage", ["truncated_bin", "flipped_idx_size", "flipped_idx_header", "id_beyond_vocab", "summary_count"]
+)
 def test_verify_names_the_damaged_shard(indexed, capsys, damage):
     out, _ = indexed
     train = output_prefix_for(str(out / "shard"), "train", "text")
@@ -113,9 +121,13 @@ def test_verify_names_the_damaged_shard(indexed, capsys, damage):
     assert rc == 2
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
     assert len(errors) == 1 and errors[0].startswith(f"error: {train}: "), stderr
-    expected = {"truncated_bin": "truncated", "flipped_idx_size": "the index is damaged",
-                "flipped_idx_header": "not a megatron-core index", "id_beyond_vocab": "id 320, outside the vocabulary",
-                "summary_count": "its summary says"}[damage]
+    expected = {
+        "truncated_bin": "truncated",
+        "flipped_idx_size": "the index is damaged",
+        "flipped_idx_header": "not a megatron-core index",
+        "id_beyond_vocab": "id 320, outside the vocabulary",
+        "summary_count": "its summary says",
+    }[damage]
     assert expected in errors[0]
     assert f"ok {valid}:" in stdout  # the good shard is still reported
 
@@ -148,7 +160,9 @@ def test_verify_names_a_bin_changed_in_range(indexed, small_tokenizer, capsys, c
     train = output_prefix_for(str(out / "shard"), "train", "text")
     valid = output_prefix_for(str(out / "shard"), "valid", "text")
     recorded = summary["outputs_sha256"][os.path.basename(train)]
-    assert recorded["bin_sha256"] == file_sha256(train + ".bin") and recorded["idx_sha256"] == file_sha256(train + ".idx")
+    assert recorded["bin_sha256"] == file_sha256(train + ".bin") and recorded["idx_sha256"] == file_sha256(
+        train + ".idx"
+    )
     _change_tokens_in_range(train, change, build_tokenizer("HuggingFaceTokenizer", small_tokenizer).eod)
     for argv in ([out, "--vocab-size", 320], [out / "shard_summary.json"], [train, "--vocab-size", 320]):
         rc, stdout, stderr = _verify(capsys, *argv)
@@ -180,8 +194,9 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
     rc, stdout, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
     assert rc == 0 and stdout.count("ok ") == 4 and "note: " not in stderr, stderr
     # a merge records its output's hash too, and the output verifies against it
-    merged = merge_datasets([str(out / "part-000_train_text_document"), str(out / "part-001_train_text_document")],
-                            str(tmp_path / "merged"))
+    merged = merge_datasets(
+        [str(out / "part-000_train_text_document"), str(out / "part-001_train_text_document")], str(tmp_path / "merged")
+    )
     assert merged["outputs_sha256"]["merged"]["bin_sha256"] == file_sha256(tmp_path / "merged.bin")
     assert _verify(capsys, tmp_path / "merged")[0] == 0
     _change_tokens_in_range(str(tmp_path / "merged"), "one_token", 0)
@@ -192,15 +207,22 @@ def test_manifest_carries_the_bin_sha256_and_verify_checks_it(tmp_path, small_to
     _change_tokens_in_range(damaged, "reversed", 0)
     rc, _, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    assert rc == 2 and len(errors) == 1 and errors[0].startswith(f"error: {damaged}: {damaged}.bin differs from the "
-                                                                  f"one manifest {out / 'manifest.json'} recorded")
+    assert (
+        rc == 2
+        and len(errors) == 1
+        and errors[0].startswith(
+            f"error: {damaged}: {damaged}.bin differs from the one manifest {out / 'manifest.json'} recorded"
+        )
+    )
     # indexed before .bin hashes were recorded: still verified (structure, counts, .idx hash), with a note
     for entry in manifest["shards"]:
         for split in ("train", "valid"):
             del entry[split]["bin_sha256"]
     (out / "manifest.json").write_text(json.dumps(manifest))
     rc, _, stderr = _verify(capsys, out / "manifest.json", "--vocab-size", 320)
-    assert rc == 0 and "note: 4 of 4 shards verified without a recorded .bin sha256" in stderr and "error" not in stderr, stderr
+    assert (
+        rc == 0 and "note: 4 of 4 shards verified without a recorded .bin sha256" in stderr and "error" not in stderr
+    ), stderr
 
 
 @pytest.mark.slow
@@ -214,8 +236,9 @@ def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
 
     out, _ = indexed
     train = output_prefix_for(str(out / "shard"), "train", "text")
-    pretrain("--dataset-type", "gpt", "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0",
-             "--data-path", train)
+    pretrain(
+        "--dataset-type", "gpt", "--train-iters", "1", "--eval-iters", "1", "--split", "100,0,0", "--data-path", train
+    )
     assert list(Path(train, "cache").iterdir())  # megatron's cache, named like the prefix
     for path in (train, train + ".idx", out):
         rc, stdout, stderr = _verify(capsys, path, "--vocab-size", 320)
@@ -226,7 +249,8 @@ def test_verify_a_prefix_beside_megatrons_index_cache(indexed, capsys):
     rc, _, stderr = _verify(capsys, out / "empty")
     assert rc == 2 and stderr.strip().splitlines()[-1] == (
         f"error: {out / 'empty'}: not a dataset: no {out / 'empty'}.bin/.idx, and no *_summary.json or .bin/.idx "
-        "pairs in this directory")
+        "pairs in this directory"
+    )
 
 
 def test_verify_without_a_vocabulary_runs_the_structural_checks(indexed, capsys):
@@ -241,10 +265,13 @@ def test_verify_without_a_vocabulary_runs_the_structural_checks(indexed, capsys)
     open(train + ".idx", "wb").write(bytes(data))
     rc, _, stderr = _verify(capsys, train)
     errors = [line for line in stderr.splitlines() if line.startswith("error: ")]
-    assert rc == 2 and len(errors) == 1 and errors[0].startswith(f"error: {train}: ") and "index is damaged" in errors[0]
+    assert (
+        rc == 2 and len(errors) == 1 and errors[0].startswith(f"error: {train}: ") and "index is damaged" in errors[0]
+    )
 
 
 # --- per-shard, resumable indexing (megatron_fixedcode/data/shards.py) ----------------------------
+
 
 def _write_shards(directory, n=4, docs=60):
     """JSONL, JSONL.gz and Parquet shards with ids (one shard without), plus the records."""
@@ -256,8 +283,10 @@ def _write_shards(directory, n=4, docs=60):
     directory.mkdir(parents=True, exist_ok=True)
     paths = []
     for s in range(n):
-        records = [{"id": f"s{s}d{i}", "text": " ".join(f"word{(i * j) % 13} t{s}" for j in range(i % 30 + 1))}
-                   for i in range(docs)]
+        records = [
+            {"id": f"s{s}d{i}", "text": " ".join(f"word{(i * j) % 13} t{s}" for j in range(i % 30 + 1))}
+            for i in range(docs)
+        ]
         if s == 1:
             records = [{"text": r["text"]} for r in records]
         if s % 3 == 0:
@@ -274,8 +303,13 @@ def _write_shards(directory, n=4, docs=60):
 def _plan(tmp_path, inputs, tokenizer, **kw):
     from megatron_fixedcode.data import shards
 
-    plan = shards.make_plan([str(i) for i in inputs], str(tmp_path / "out"), "HuggingFaceTokenizer", tokenizer,
-                            **{"append_eod": True, "id_key": "id", "valid_fraction": 0.1, **kw})
+    plan = shards.make_plan(
+        [str(i) for i in inputs],
+        str(tmp_path / "out"),
+        "HuggingFaceTokenizer",
+        tokenizer,
+        **{"append_eod": True, "id_key": "id", "valid_fraction": 0.1, **kw},
+    )
     shards.write_plan(plan)
     return plan
 
@@ -295,15 +329,28 @@ def test_shard_tasks_match_one_process_per_shard_and_resume(tmp_path, small_toke
     # byte-identical to preprocess_data's library path, one process per shard
     (tmp_path / "ref").mkdir()
     for path in inputs:
-        index_files(tmp_path / "ref", [path], small_tokenizer, name=shards.shard_name(path), append_eod=True, id_key="id",
-            valid_fraction=0.1)
+        index_files(
+            tmp_path / "ref",
+            [path],
+            small_tokenizer,
+            name=shards.shard_name(path),
+            append_eod=True,
+            id_key="id",
+            valid_fraction=0.1,
+        )
     got, want = _output_bytes(tmp_path / "out"), _output_bytes(tmp_path / "ref")
     assert len(got) == 5 * 2 * 2 and got == want
     summary = json.loads((tmp_path / "out" / "part-001_summary.json").read_text())
-    assert summary["split_keys"] == {"id": 0, "text": 60} and summary["shard"]["input_bytes"] == inputs[1].stat().st_size
+    assert (
+        summary["split_keys"] == {"id": 0, "text": 60} and summary["shard"]["input_bytes"] == inputs[1].stat().st_size
+    )
     # a re-run skips every complete shard without touching it
     mtimes = {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
-    assert [shards.run_task(plan, i)["skipped"] for i in range(3)] == [["part-000", "part-001"], ["part-002", "part-003"], ["part-004"]]
+    assert [shards.run_task(plan, i)["skipped"] for i in range(3)] == [
+        ["part-000", "part-001"],
+        ["part-002", "part-003"],
+        ["part-004"],
+    ]
     assert mtimes == {p.name: p.stat().st_mtime_ns for p in (tmp_path / "out").iterdir()}
     # an input changed since (mtime), a summary without its shard record (killed while finishing),
     # a damaged .idx: each shard is redone, the others skipped
@@ -316,8 +363,13 @@ def test_shard_tasks_match_one_process_per_shard_and_resume(tmp_path, small_toke
     idx.write_bytes(idx.read_bytes()[:-8] + bytes(8))
     fp = build_tokenizer("HuggingFaceTokenizer", small_tokenizer).fingerprint
     status = shards.plan_status(plan, fp)
-    assert {n: s for n, (s, _) in status.items()} == {"part-000": "stale", "part-001": "done", "part-002": "stale",
-                                                      "part-003": "done", "part-004": "stale"}
+    assert {n: s for n, (s, _) in status.items()} == {
+        "part-000": "stale",
+        "part-001": "done",
+        "part-002": "stale",
+        "part-003": "done",
+        "part-004": "stale",
+    }
     reports = [shards.run_task(plan, i) for i in range(3)]
     assert [r["done"] for r in reports] == [["part-000"], ["part-002"], ["part-004"]]
     assert _output_bytes(tmp_path / "out") == want
@@ -400,8 +452,16 @@ def test_manifest_refuses_incomplete_lists_good_shards_and_feeds_the_trainer(tmp
     (tmp_path / "data_args.txt").write_text(" ".join(direct) + "\n")
     assert _trainer_args("--data-args-path", tmp_path / "data_args.txt", "--vocab-size", 320).data_path == direct
     # a blend of two manifests, 0.8 / 0.2, each shard weighted by its share of its manifest's tokens
-    a = _trainer_args("--data-manifest", out / "manifest.json", out / "manifest.json",
-                      "--data-manifest-weights", 0.8, 0.2, "--tokenizer-model", small_tokenizer)
+    a = _trainer_args(
+        "--data-manifest",
+        out / "manifest.json",
+        out / "manifest.json",
+        "--data-manifest-weights",
+        0.8,
+        0.2,
+        "--tokenizer-model",
+        small_tokenizer,
+    )
     weights = [float(w) for w in a.train_data_path[0::2]]
     tokens = [s["train"]["tokens"] for s in manifest["shards"]]
     assert a.train_data_path[1::2] == direct * 2
@@ -416,8 +476,18 @@ def test_trainer_refuses_a_manifest_of_another_tokenizer(tmp_path, small_tokeniz
     assert _write_manifest_cli(tmp_path / "out") == 0
     other = SMOLLM2
     manifest = tmp_path / "out" / "manifest.json"
-    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(TINY), "--dry-run",
-           "--data-manifest", str(manifest), "--tokenizer-model", str(other)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        "--config",
+        str(TINY),
+        "--dry-run",
+        "--data-manifest",
+        str(manifest),
+        "--tokenizer-model",
+        str(other),
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert out.returncode == 2
     error = out.stderr.strip().splitlines()[-1]
@@ -446,7 +516,9 @@ def test_launchers_take_the_manifest_paper2_and_paper1_blend(tmp_path, small_tok
     del env["DATA_PATH"], env["VALID_DATA_PATH"]
     command, config, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], env)
     assert command[command.index("--data-manifest") + 1] == fwe and "--data-path" not in command
-    assert config["train_data_path"] == [str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]]
+    assert config["train_data_path"] == [
+        str(tmp_path / "fwe" / "out" / s["train"]["prefix"]) for s in manifests[0]["shards"]
+    ]
     env.update(DATA_MANIFEST=f"{fwe} {cosmo}", DATA_MANIFEST_WEIGHTS="0.8 0.2")
     command, config, _ = run_dry("pretrain_paper1.sh", ["binary"], env)
     weights = [float(w) for w in config["train_data_path"][0::2]]
@@ -479,8 +551,25 @@ def test_shard_benchmark_reports_both_paths_on_the_same_tokens(tmp_path):
     from benchmarks.preprocess_shards import main
 
     out = tmp_path / "bench.json"
-    assert main(["--corpus-dir", str(ASSETS / "corpus"), "--tokenizer-model", str(SMOLLM2), "--shards", "4",
-                 "--tasks", "2", "--repeat", "1", "--json", str(out)]) == 0
+    assert (
+        main(
+            [
+                "--corpus-dir",
+                str(ASSETS / "corpus"),
+                "--tokenizer-model",
+                str(SMOLLM2),
+                "--shards",
+                "4",
+                "--tasks",
+                "2",
+                "--repeat",
+                "1",
+                "--json",
+                str(out),
+            ]
+        )
+        == 0
+    )
     result = json.loads(out.read_text())
     assert result["tokens"] > 100_000 and result["array_tasks"] == 2
     for path in ("one_process", "array"):
@@ -522,8 +611,22 @@ def test_gpt2_bpe_files_through_every_data_tool(tmp_path, capsys):
     tok = ["--tokenizer-type", "GPT2BPETokenizer", "--vocab-file", str(vocab), "--merge-file", str(merges)]
     shaping = ["--append-eod", "--id-key", "id", "--valid-fraction", "0.1"]
     out = tmp_path / "out"
-    assert preprocess_shards.main(["plan", "--input", str(tmp_path / "in"), "--output-dir", str(out), *tok,
-                                   "--shards-per-task", "2", *shaping]) == 0
+    assert (
+        preprocess_shards.main(
+            [
+                "plan",
+                "--input",
+                str(tmp_path / "in"),
+                "--output-dir",
+                str(out),
+                *tok,
+                "--shards-per-task",
+                "2",
+                *shaping,
+            ]
+        )
+        == 0
+    )
     assert [preprocess_shards.main(["task", "--output-dir", str(out), "--task-id", str(i)]) for i in (0, 1)] == [0, 0]
     assert preprocess_shards.main(["status", "--output-dir", str(out)]) == 0
     assert capsys.readouterr().out.count("done ") == 3
@@ -538,7 +641,8 @@ def test_gpt2_bpe_files_through_every_data_tool(tmp_path, capsys):
     gpt2 = build_tokenizer("GPT2BPETokenizer", str(vocab), merge_file=str(merges))
     assert manifest["tokenizer"]["fingerprint"] == gpt2.fingerprint
     assert _trainer_args("--data-manifest", out / "manifest.json", *tok).train_data_path == [
-        str(out / s["train"]["prefix"]) for s in manifest["shards"]]
+        str(out / s["train"]["prefix"]) for s in manifest["shards"]
+    ]
     other = tmp_path / "other_merges.txt"
     other.write_text("".join(merges.read_text().splitlines(keepends=True)[:-1]))  # one merge fewer
     with pytest.raises(SystemExit) as e:

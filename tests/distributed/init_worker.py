@@ -3,6 +3,7 @@ rank's initial weights keyed by *global* layer number, plus the TP partition of 
 
     torchrun --nproc_per_node N tests/distributed/init_worker.py --layout {single,pp2,tp2,vpp2} --out DIR
 """
+
 import argparse
 import re
 from pathlib import Path
@@ -31,8 +32,17 @@ def main():
     a = p.parse_args()
     layout = LAYOUTS[a.layout]
     pg = initialize_distributed(layout, seed=1234)
-    cfg = ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2, ffn_hidden_size=128,
-                      seq_length=16, vocab_size=1000, make_vocab_size_divisible_by=64, input_embedding=a.variant)
+    cfg = ModelConfig(
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=128,
+        seq_length=16,
+        vocab_size=1000,
+        make_vocab_size_divisible_by=64,
+        input_embedding=a.variant,
+    )
     seed_streams(1234)  # as the trainer does before building
     chunks = build_model_chunks(cfg, build_transformer_config(cfg, layout), layout, pg, wrap_ddp=False)
     weights, partition = {}, {}
@@ -46,8 +56,7 @@ def main():
             if getattr(param, "tensor_model_parallel", False):
                 partition[name] = (param.partition_dim, getattr(param, "partition_stride", 1))
     r = parallel_ranks()
-    torch.save({"weights": weights, "partition": partition, "ranks": r},
-               Path(a.out) / f"{a.layout}_rank{r['rank']}.pt")
+    torch.save({"weights": weights, "partition": partition, "ranks": r}, Path(a.out) / f"{a.layout}_rank{r['rank']}.pt")
     dist.barrier()
     destroy_distributed()
 

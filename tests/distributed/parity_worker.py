@@ -6,6 +6,7 @@ gradients as a distributed checkpoint (gradient copied into each parameter) plus
 mode ``compare``: on one rank, load two gradient checkpoints (any layout) and report the
 largest relative difference per variant. Megatron's resharding does the gathering.
 """
+
 import argparse
 import json
 from pathlib import Path
@@ -23,8 +24,13 @@ from megatron_fixedcode.training.model_chunks import build_model_chunks
 VARIANTS = ("learned", "binary", "gf2", "gpt2")
 # Megatron-LM's default GPT-2 block: the learned table tied to the output layer (across pipeline
 # stages: finalize_model_grads sums the two copies' gradients), learned positions, linear biases
-GPT2_BLOCK = dict(input_embedding="learned", block="gpt_gelu", add_bias_linear=True,
-                  position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
+GPT2_BLOCK = dict(
+    input_embedding="learned",
+    block="gpt_gelu",
+    add_bias_linear=True,
+    position_embedding_type="learned_absolute",
+    share_embeddings_and_output_weights=True,
+)
 EXTRA_VARIANTS = {  # the research interfaces (tests/models/test_codes_parity.py): name -> ModelConfig fields
     "binary_centered_normmatch": dict(input_embedding="binary", code_centered=True, code_norm_match=True),
     "random": dict(input_embedding="random", code_width=24),
@@ -40,9 +46,17 @@ SEQ, MBS, NUM_MB, VOCAB = 32, 2, 2, 1000
 
 
 def model_config(variant: str) -> ModelConfig:
-    return ModelConfig(num_layers=4, hidden_size=64, num_attention_heads=4, num_query_groups=2,
-                       ffn_hidden_size=128, seq_length=SEQ, vocab_size=VOCAB, make_vocab_size_divisible_by=64,
-                       **{"gpt2": GPT2_BLOCK, **EXTRA_VARIANTS}.get(variant, {"input_embedding": variant}))
+    return ModelConfig(
+        num_layers=4,
+        hidden_size=64,
+        num_attention_heads=4,
+        num_query_groups=2,
+        ffn_hidden_size=128,
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        make_vocab_size_divisible_by=64,
+        **{"gpt2": GPT2_BLOCK, **EXTRA_VARIANTS}.get(variant, {"input_embedding": variant}),
+    )
 
 
 def microbatches():
@@ -50,8 +64,7 @@ def microbatches():
     out = []
     for _ in range(NUM_MB):
         seq = torch.randint(0, VOCAB, (MBS, SEQ + 1), generator=g)
-        out.append({"tokens": seq[:, :-1], "labels": seq[:, 1:].contiguous(),
-                    "loss_mask": torch.ones(MBS, SEQ)})
+        out.append({"tokens": seq[:, :-1], "labels": seq[:, 1:].contiguous(), "loss_mask": torch.ones(MBS, SEQ)})
     return out
 
 
@@ -100,8 +113,7 @@ def run(args, layout):
             for chunk in chunks:
                 chunk.module.load_state_dict(loaded, strict=False)
         n_coll = embedding_collectives(chunks, microbatches()[0])
-        out = forward_backward(chunks, microbatches(), num_microbatches=NUM_MB, seq_length=SEQ,
-                               micro_batch_size=MBS)
+        out = forward_backward(chunks, microbatches(), num_microbatches=NUM_MB, seq_length=SEQ, micro_batch_size=MBS)
         for chunk in chunks:
             for p in chunk.module.parameters():
                 p.data.copy_(p.main_grad)
@@ -145,9 +157,12 @@ def compare(args):
         for name, g_ref in ref.items():
             diff = (other[name] - g_ref).abs().max().item()
             worst[name] = diff / max(g_ref.abs().max().item(), 1e-30)
-        report[variant] = {"max_rel_diff": max(worst.values()), "worst_param": max(worst, key=worst.get),
-                           "num_params": len(worst),
-                           "min_grad_scale": min(g.abs().max().item() for g in ref.values())}
+        report[variant] = {
+            "max_rel_diff": max(worst.values()),
+            "worst_param": max(worst, key=worst.get),
+            "num_params": len(worst),
+            "min_grad_scale": min(g.abs().max().item() for g in ref.values()),
+        }
     if "gf2" in args.variants:
         report["code_mismatch_error"] = load_other_code_error(args, layout, pg)
     Path(args.workdir, f"compare_{args.layout}.json").write_text(json.dumps(report))

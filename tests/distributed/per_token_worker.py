@@ -4,6 +4,7 @@ microbatches three ways, through megatron's schedule, DDP and finalize_model_gra
 settings the trainer uses for each ``--dataset-type`` given. Writes, per split, the largest relative
 difference of the gradient from the exact gradient of the mean NLL over all loss positions of the
 global batch (computed on each rank by a plain forward/backward of the same weights)."""
+
 import argparse
 import json
 from pathlib import Path
@@ -24,16 +25,28 @@ def global_batch() -> dict:
     g = torch.Generator().manual_seed(0)
     seq = torch.randint(0, VOCAB, (GLOBAL, SEQ + 1), generator=g)
     mask = torch.zeros(GLOBAL, SEQ)
-    for i, n in enumerate((1, 15, 2, 9, 16, 3, 1, 2)):  # rank 0: 27 tokens, rank 1: 22  # response lengths: prompt first, then the response
-        mask[i, SEQ - n:] = 1
+    for i, n in enumerate(
+        (1, 15, 2, 9, 16, 3, 1, 2)
+    ):  # rank 0: 27 tokens, rank 1: 22  # response lengths: prompt first, then the response
+        mask[i, SEQ - n :] = 1
     return {"tokens": seq[:, :-1], "labels": seq[:, 1:].contiguous(), "loss_mask": mask}
 
 
 def build(config_fields: dict, layout, pg, wrap_ddp: bool):
     torch.manual_seed(1234)
-    cfg = ModelConfig(num_layers=2, hidden_size=32, num_attention_heads=2, ffn_hidden_size=64, seq_length=SEQ,
-                      vocab_size=VOCAB, input_embedding="binary", make_vocab_size_divisible_by=8)
-    return build_model_chunks(cfg, build_transformer_config(cfg, layout, **config_fields), layout, pg, wrap_ddp=wrap_ddp)
+    cfg = ModelConfig(
+        num_layers=2,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_hidden_size=64,
+        seq_length=SEQ,
+        vocab_size=VOCAB,
+        input_embedding="binary",
+        make_vocab_size_divisible_by=8,
+    )
+    return build_model_chunks(
+        cfg, build_transformer_config(cfg, layout, **config_fields), layout, pg, wrap_ddp=wrap_ddp
+    )
 
 
 def main():
@@ -54,14 +67,14 @@ def main():
     reference = {n: p.grad.clone() for n, p in ref_model.named_parameters()}
 
     per_rank = GLOBAL // world
-    mine = {k: v[rank * per_rank:(rank + 1) * per_rank] for k, v in batch.items()}
+    mine = {k: v[rank * per_rank : (rank + 1) * per_rank] for k, v in batch.items()}
     result = {}
     for dataset_type in args.dataset_types:
         chunks = build(loss_config_fields(dataset_type), layout, pg, wrap_ddp=True)
         result[dataset_type] = {}
         for num_mb, mbs in SPLITS:
             chunks[0].zero_grad_buffer()
-            micro = [{k: v[i * mbs:(i + 1) * mbs] for k, v in mine.items()} for i in range(num_mb)]
+            micro = [{k: v[i * mbs : (i + 1) * mbs] for k, v in mine.items()} for i in range(num_mb)]
             forward_backward(chunks, micro, num_microbatches=num_mb, seq_length=SEQ, micro_batch_size=mbs)
             worst = 0.0
             for name, param in chunks[0].module.named_parameters():

@@ -1,6 +1,7 @@
 """Evaluation where the user evaluates: ``--device`` (default: CUDA when torch sees a GPU),
 ``--dtype`` and ``--batch-size`` reach the perplexity and the harness paths, and the log-probabilities
 are reduced in float64 a chunk at a time, never as a float64 copy of the whole ``[B, S, V]`` batch."""
+
 import json
 import subprocess
 import sys
@@ -51,8 +52,9 @@ def test_nll_is_float64_exact_without_a_float64_batch(monkeypatch, dtype):
     tgt_BS = torch.full((B, S), -100)
     for b, doc in enumerate(docs):
         tgt_BS[b, : len(doc)] = torch.tensor(doc)
-    ref = torch.nn.functional.cross_entropy(logits_BSV.double().flatten(0, 1), tgt_BS.flatten(), ignore_index=-100,
-                                            reduction="sum")
+    ref = torch.nn.functional.cross_entropy(
+        logits_BSV.double().flatten(0, 1), tgt_BS.flatten(), ignore_index=-100, reduction="sum"
+    )
     assert len(seen) == 1 and out["tokens"] == int((tgt_BS != -100).sum())
     assert out["loss"] == pytest.approx(float(ref) / out["tokens"], rel=1e-13)
 
@@ -70,16 +72,29 @@ def export(tmp_path_factory):
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
     root = tmp_path_factory.mktemp("device")
-    src = random_checkpoint(root / "ckpt", input_embedding="gf2", vocab_size=49152, hidden_size=32,
-                            num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=128,
-                            tokenizer_model=str(SMOLLM2_TOKENIZER))
+    src = random_checkpoint(
+        root / "ckpt",
+        input_embedding="gf2",
+        vocab_size=49152,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_hidden_size=64,
+        num_layers=1,
+        seq_length=128,
+        tokenizer_model=str(SMOLLM2_TOKENIZER),
+    )
     return src, convert_checkpoint_to_hf(src, root / "hf")
 
 
 def _evaluate(*args, code=0):
-    proc = subprocess.run([sys.executable, "tools/evaluate.py", *args], cwd=REPO, capture_output=True, text=True,
-                          env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-                          timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "tools/evaluate.py", *args],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )
     assert proc.returncode == code, proc.stderr[-3000:]
     return proc
 
@@ -90,15 +105,18 @@ def test_evaluate_device_dtype_and_batch_size(export):
     text = str(ASSETS / "corpus" / "state_union" / "1945-Truman.txt")
     common = ["--text-files", text, "--max-tokens", "300", "--json"]
     full = json.loads(_evaluate("--hf-model", str(hf), "--device", "cpu", "--batch-size", "1", *common).stdout)
-    half = json.loads(_evaluate("--hf-model", str(hf), "--device", "cpu", "--dtype", "bfloat16", "--batch-size", "3",
-                                *common).stdout)
+    half = json.loads(
+        _evaluate("--hf-model", str(hf), "--device", "cpu", "--dtype", "bfloat16", "--batch-size", "3", *common).stdout
+    )
     assert (full["device"], full["dtype"], half["device"], half["dtype"]) == ("cpu", "float32", "cpu", "bfloat16")
     assert half["tokens"] == full["tokens"] and half["loss"] == pytest.approx(full["loss"], rel=0.02)
     mega = json.loads(_evaluate("--load", str(ckpt), "--device", "cpu", *common).stdout)
     assert mega["device"] == "cpu" and mega["loss"] == pytest.approx(full["loss"], abs=1e-5)
     refused = _evaluate("--load", str(ckpt), "--dtype", "bfloat16", *common, code=2)
-    assert refused.stderr.startswith("error: --dtype bfloat16 applies to --hf-model") and len(
-        refused.stderr.strip().splitlines()) == 1
+    assert (
+        refused.stderr.startswith("error: --dtype bfloat16 applies to --hf-model")
+        and len(refused.stderr.strip().splitlines()) == 1
+    )
 
 
 @pytest.mark.slow
@@ -135,11 +153,19 @@ def test_harness_gets_device_dtype_and_batch_size(export, monkeypatch):
 @pytest.mark.slow
 def test_eval_memory_benchmark_runs():
     """benchmarks/eval_memory.py --smoke: both reductions, the same sum, the chunked one smaller."""
-    proc = subprocess.run([sys.executable, "benchmarks/eval_memory.py", "--smoke", "--json"], cwd=REPO,
-                          capture_output=True, text=True, timeout=300,
-                          env={"PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.run(
+        [sys.executable, "benchmarks/eval_memory.py", "--smoke", "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={"PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO), "PYTHONWARNINGS": "ignore"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     r = json.loads(proc.stdout.strip().splitlines()[-1])
     before, after = r["variants"]["before"], r["variants"]["after"]
     assert r["nll_relative_difference"] < 1e-12
-    assert after["tensor_peak_bytes"] < before["tensor_peak_bytes"] and before["tensor_peak_bytes"] >= 2 * before["logits_bytes"] * 2
+    assert (
+        after["tensor_peak_bytes"] < before["tensor_peak_bytes"]
+        and before["tensor_peak_bytes"] >= 2 * before["logits_bytes"] * 2
+    )

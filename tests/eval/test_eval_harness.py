@@ -1,5 +1,6 @@
 """The LM Evaluation Harness end to end on a tiny export, with local-file tasks built from the
 benchmark samples in tests/assets (skipped when lm-eval is absent)."""
+
 import json
 
 import pytest
@@ -16,9 +17,17 @@ def export(tmp_path_factory):
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
     root = tmp_path_factory.mktemp("harness")
-    src = random_checkpoint(root / "ckpt", input_embedding="binary", vocab_size=49152, hidden_size=32,
-                            num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=256,
-                            tokenizer_model=str(SMOLLM2_TOKENIZER))
+    src = random_checkpoint(
+        root / "ckpt",
+        input_embedding="binary",
+        vocab_size=49152,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_hidden_size=64,
+        num_layers=1,
+        seq_length=256,
+        tokenizer_model=str(SMOLLM2_TOKENIZER),
+    )
     return convert_checkpoint_to_hf(src, root / "hf")
 
 
@@ -67,11 +76,20 @@ def test_two_checkpoints_see_identical_request_sets_and_report_truncation(tmp_pa
     monkeypatch.setenv("HF_DATASETS_CACHE", str(tmp_path / "hf_datasets"))
     outs = []
     for variant in ("binary", "gf2"):
-        src = random_checkpoint(tmp_path / variant, input_embedding=variant, vocab_size=49152, hidden_size=32,
-                                num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=64,
-                                tokenizer_model=str(SMOLLM2_TOKENIZER))
-        out = run_harness(convert_checkpoint_to_hf(src, tmp_path / f"{variant}_hf"), "piqa_local,lambada_local",
-                          limit=4, batch_size=4)
+        src = random_checkpoint(
+            tmp_path / variant,
+            input_embedding=variant,
+            vocab_size=49152,
+            hidden_size=32,
+            num_attention_heads=2,
+            ffn_hidden_size=64,
+            num_layers=1,
+            seq_length=64,
+            tokenizer_model=str(SMOLLM2_TOKENIZER),
+        )
+        out = run_harness(
+            convert_checkpoint_to_hf(src, tmp_path / f"{variant}_hf"), "piqa_local,lambada_local", limit=4, batch_size=4
+        )
         outs.append({**out, "label": variant})
     a, b = (o["requests"] for o in outs)
     assert set(a) == set(b) == {"piqa_local@0shot", "lambada_local@0shot"}

@@ -1,5 +1,6 @@
 """tools/evaluate.py: loss/ppl/tokens of a checkpoint equal plain transformers on its export, on
 text files and on an indexed split; the windowing protocol by hand."""
+
 import json
 import math
 import subprocess
@@ -30,9 +31,14 @@ def test_uniform_logits_give_log_vocab():
 
 
 def _evaluate(*args):
-    proc = subprocess.run([sys.executable, "tools/evaluate.py", *args, "--json"], cwd=REPO, capture_output=True,
-                          text=True, env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
-                          timeout=300)  # the code under test, not an installed copy
+    proc = subprocess.run(
+        [sys.executable, "tools/evaluate.py", *args, "--json"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        env={"HF_HUB_OFFLINE": "1", "PATH": "", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)},
+        timeout=300,
+    )  # the code under test, not an installed copy
     assert proc.returncode == 0, proc.stderr[-3000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -41,9 +47,17 @@ def _evaluate(*args):
 def test_checkpoint_and_export_report_the_same_loss(tmp_path):
     from megatron_fixedcode.export import convert_checkpoint_to_hf
 
-    src = random_checkpoint(tmp_path / "ckpt", input_embedding="gf2", vocab_size=49152, hidden_size=32,
-                            num_attention_heads=2, ffn_hidden_size=64, num_layers=1, seq_length=128,
-                            tokenizer_model=str(SMOLLM2_TOKENIZER))
+    src = random_checkpoint(
+        tmp_path / "ckpt",
+        input_embedding="gf2",
+        vocab_size=49152,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_hidden_size=64,
+        num_layers=1,
+        seq_length=128,
+        tokenizer_model=str(SMOLLM2_TOKENIZER),
+    )
     hf_dir = convert_checkpoint_to_hf(src, tmp_path / "hf")
     text = ASSETS / "corpus" / "state_union" / "1945-Truman.txt"
     a = _evaluate("--load", str(src), "--text-files", str(text), "--max-tokens", "600")

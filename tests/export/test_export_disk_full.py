@@ -1,5 +1,6 @@
 """An export that runs out of disk: one line naming it and the free space, exit code 2, no traceback;
 the partial export is removed and an earlier export at the same path (``--overwrite``) is kept whole."""
+
 from __future__ import annotations
 
 import hashlib
@@ -29,6 +30,8 @@ def test_an_export_on_a_full_disk_keeps_the_earlier_one(tmp_path, capsys):
         assert convert_main(["--load", str(src), "--output", str(out), "--no-parity-check", "--overwrite"]) == 2
         err = capsys.readouterr().err.strip().splitlines()
         assert len(err) == 1 and err[0].startswith(f"error: no space left on device writing {out}.partial ("), err
-        assert err[0].endswith(f"MiB free there; No space left on device): the partial export was removed and {out} "
-                               "is as it was; free space, then run the same command again")
+        assert err[0].endswith(
+            f"MiB free there; No space left on device): the partial export was removed and {out} "
+            "is as it was; free space, then run the same command again"
+        )
         assert _digest(out) == before and sorted(p.name for p in disk.iterdir()) == ["hf"]

@@ -3,6 +3,7 @@
 tanh approximation of GPUs' fused bias-GELU, recorded in the checkpoint), the norm epsilon
 and position table as trained, identical weights after the import; a fixed code exports with a zero
 position table and its own head; what GPT-2 cannot hold is refused."""
+
 import json
 
 import pytest
@@ -14,13 +15,19 @@ from tests.helpers.export import hf_logits, random_checkpoint
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
-GPT2_BLOCK = dict(input_embedding="learned", block="gpt_gelu", add_bias_linear=True,
-                  position_embedding_type="learned_absolute", share_embeddings_and_output_weights=True)
+GPT2_BLOCK = dict(
+    input_embedding="learned",
+    block="gpt_gelu",
+    add_bias_linear=True,
+    position_embedding_type="learned_absolute",
+    share_embeddings_and_output_weights=True,
+)
 CASES = {
     "tied": dict(GPT2_BLOCK, max_position_embeddings=48, norm_epsilon=1e-6),
     "untied": dict(GPT2_BLOCK, share_embeddings_and_output_weights=False),
-    "binary": dict(GPT2_BLOCK, input_embedding="binary", position_embedding_type="none",
-                   share_embeddings_and_output_weights=False),
+    "binary": dict(
+        GPT2_BLOCK, input_embedding="binary", position_embedding_type="none", share_embeddings_and_output_weights=False
+    ),
     "tanh": dict(GPT2_BLOCK, gelu_approximation="tanh"),  # as trained on a GPU with the fused bias-GELU kernel
 }
 
@@ -62,8 +69,12 @@ def test_gpt2_export_refuses_what_gpt2_cannot_hold(tmp_path):
     gqa = load_megatron_checkpoint(random_checkpoint(tmp_path / "gqa", **GPT2_BLOCK, num_query_groups=2))
     with pytest.raises(ValueError, match="num_query_groups=2 .*GPT-2 has no grouped-query attention"):
         hf_tensors_and_config(gqa.model.state_dict(), gqa.model_cfg, bos_token_id=None, eos_token_id=None)
-    rope = load_megatron_checkpoint(random_checkpoint(tmp_path / "rope", **dict(
-        GPT2_BLOCK, position_embedding_type="rope", share_embeddings_and_output_weights=False)))
+    rope = load_megatron_checkpoint(
+        random_checkpoint(
+            tmp_path / "rope",
+            **dict(GPT2_BLOCK, position_embedding_type="rope", share_embeddings_and_output_weights=False),
+        )
+    )
     with pytest.raises(ValueError, match="add_bias_linear=True.*GPT2LMHeadModel"):
         hf_tensors_and_config(rope.model.state_dict(), rope.model_cfg, bos_token_id=None, eos_token_id=None)
 
@@ -86,6 +97,13 @@ def test_a_tanh_gelu_checkpoint_computes_another_function_than_erf(tmp_path):
     tanh = load_megatron_checkpoint(random_checkpoint(tmp_path / "tanh", **GPT2_BLOCK, gelu_approximation="tanh"))
     tanh.model.load_state_dict(erf.model.state_dict())
     ids = torch.randint(0, erf.model_cfg.vocab_size, (1, 16))
-    diff = (megatron_logits(erf.model, ids, erf.model_cfg.vocab_size)
-            - megatron_logits(tanh.model, ids, erf.model_cfg.vocab_size)).abs().max().item()
+    diff = (
+        (
+            megatron_logits(erf.model, ids, erf.model_cfg.vocab_size)
+            - megatron_logits(tanh.model, ids, erf.model_cfg.vocab_size)
+        )
+        .abs()
+        .max()
+        .item()
+    )
     assert 0 < diff < 1e-2

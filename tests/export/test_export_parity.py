@@ -1,5 +1,6 @@
 """Checkpoints from the real trainer (TP=2 with GQA, PP=2, one rank) → HF: logits within 1e-4 of
 the megatron model, identical greedy generation, and the table-free remote-code export agrees."""
+
 import json
 
 import numpy as np
@@ -28,8 +29,17 @@ def checkpoints(tmp_path_factory):
     out = {}
     for variant, (flags, nproc) in LAYOUTS.items():
         out[variant] = str(root / variant)
-        pretrain("--input-embedding", variant, "--train-iters", "2", "--save", out[variant], *flags,
-                 *data_args(corpus, "gpt"), nproc=nproc)
+        pretrain(
+            "--input-embedding",
+            variant,
+            "--train-iters",
+            "2",
+            "--save",
+            out[variant],
+            *flags,
+            *data_args(corpus, "gpt"),
+            nproc=nproc,
+        )
     return out
 
 
@@ -57,10 +67,12 @@ def test_exported_logits_and_generation_match(tmp_path, checkpoints, variant):
         return
     assert config["fixed_code"]["fingerprint"] == code.fingerprint
     from safetensors.torch import load_file
+
     table = load_file(str(hf_dir / "model.safetensors"))["model.embed_tokens.weight"]
     assert torch.equal(table, torch.from_numpy(code.vectors(np.arange(vocab)).astype(np.float32)))
     free_dir = convert_checkpoint_to_hf(checkpoints[variant], tmp_path / "hf_free", table_free=True)
     from safetensors.torch import load_file as load
+
     assert "model.embed_tokens.weight" not in load(str(free_dir / "model.safetensors"))
     assert torch.equal(hf_logits(free_dir, ids, trust_remote_code=True), got)
 

@@ -2,6 +2,7 @@
 from), exit code 3 and the export kept when it fails, --no-parity-check, and tools/check_hf_export.py
 failing on an export with one tensor changed after writing. Slow: checkpoints of each exported block
 (Llama-like, GPT-NeoX-like, Megatron-LM's GPT-2) trained at TP=2 and PP=2."""
+
 import json
 
 import numpy as np
@@ -18,9 +19,23 @@ from tests.helpers.pretrain import TINY, TINY_MEGATRON_BLOCK, data_args, pretrai
 
 pytest.importorskip("transformers")
 pytest.importorskip("safetensors")
-FIELDS = {"passed", "max_abs_logit_diff", "max_abs_logit", "mean_nll_megatron", "mean_nll_hf", "abs_nll_diff",
-          "next_token_agreement", "threshold", "tokens", "export_dtype", "compute_dtype", "architecture",
-          "checkpoint", "step", "transformers_version"}
+FIELDS = {
+    "passed",
+    "max_abs_logit_diff",
+    "max_abs_logit",
+    "mean_nll_megatron",
+    "mean_nll_hf",
+    "abs_nll_diff",
+    "next_token_agreement",
+    "threshold",
+    "tokens",
+    "export_dtype",
+    "compute_dtype",
+    "architecture",
+    "checkpoint",
+    "step",
+    "transformers_version",
+}
 
 
 def _report(hf_dir) -> dict:
@@ -104,8 +119,17 @@ def trained(tmp_path_factory):
         if (block, layout) not in done:
             base, flags, _ = BLOCKS[block]
             out = str(root / f"{block}_{layout}")
-            pretrain("--train-iters", "2", "--save", out, *flags, *LAYOUTS[layout], *data_args(corpus, "gpt"),
-                     nproc=2, base=base)
+            pretrain(
+                "--train-iters",
+                "2",
+                "--save",
+                out,
+                *flags,
+                *LAYOUTS[layout],
+                *data_args(corpus, "gpt"),
+                nproc=2,
+                base=base,
+            )
             done[block, layout] = out
         return done[block, layout]
 

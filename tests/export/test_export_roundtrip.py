@@ -1,5 +1,6 @@
 """In-process export/import: megatron → HF → megatron round trip, GPT-NeoX for gpt_gelu, sharding,
 tokenizer files, and the refusals."""
+
 import json
 
 import pytest
@@ -54,8 +55,15 @@ def test_gpt_gelu_with_grouped_query_attention_is_refused(tmp_path):
 def test_tokenizer_files_load_with_auto_tokenizer(tmp_path):
     from transformers import AutoTokenizer
 
-    src = random_checkpoint(tmp_path / "src", vocab_size=49152, hidden_size=32, num_attention_heads=2,
-                            ffn_hidden_size=64, num_layers=1, tokenizer_model=str(SMOLLM2_TOKENIZER))
+    src = random_checkpoint(
+        tmp_path / "src",
+        vocab_size=49152,
+        hidden_size=32,
+        num_attention_heads=2,
+        ffn_hidden_size=64,
+        num_layers=1,
+        tokenizer_model=str(SMOLLM2_TOKENIZER),
+    )
     hf_dir = convert_checkpoint_to_hf(src, tmp_path / "hf", dtype="bfloat16")
     tok = AutoTokenizer.from_pretrained(hf_dir)
     assert tok("Hello world!")["input_ids"] == [19556, 905, 17]
@@ -107,21 +115,36 @@ def _edit_config(hf_dir, **changes):
     (hf_dir / "config.json").write_text(json.dumps(config))
 
 
-@pytest.mark.parametrize("damage, needles", [
-    # config.json says 1 layer, the safetensors hold 2: layer 1 was dropped silently (rc 0)
-    (lambda d: _edit_config(d, num_hidden_layers=1),
-     ["num_hidden_layers=1, the safetensors hold 2 layers", "9 tensors not used by the model",
-      "model.layers.1.self_attn.q_proj.weight"]),
-    (lambda d: _drop_tensor(d, "model.layers.0.mlp.up_proj.weight"),  # was a KeyError traceback
-     ["1 tensors missing: model.layers.0.mlp.up_proj.weight"]),
-    (lambda d: _edit_config(d, intermediate_size=96),  # was a shape traceback
-     ["of another shape", "model.layers.0.mlp.gate_proj.weight [128, 64] (expected [96, 64])"]),
-    (lambda d: _edit_config(d, hidden_size=None), ["config.json: no hidden_size"]),  # was a KeyError
-    (lambda d: _edit_config(d, num_key_value_heads=3), ["num_key_value_heads=3 does not divide"]),
-    (lambda d: (d / "config.json").write_text("{\"vocab_size\": 1000,"), ["config.json: not valid JSON"]),
-    (lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
-     ["model.safetensors", "truncated"]),
-], ids=["fewer-layers", "missing-tensor", "wrong-shape", "missing-key", "bad-groups", "bad-json", "truncated"])
+@pytest.mark.parametrize(
+    "damage, needles",
+    [
+        # config.json says 1 layer, the safetensors hold 2: layer 1 was dropped silently (rc 0)
+        (
+            lambda d: _edit_config(d, num_hidden_layers=1),
+            [
+                "num_hidden_layers=1, the safetensors hold 2 layers",
+                "9 tensors not used by the model",
+                "model.layers.1.self_attn.q_proj.weight",
+            ],
+        ),
+        (
+            lambda d: _drop_tensor(d, "model.layers.0.mlp.up_proj.weight"),  # was a KeyError traceback
+            ["1 tensors missing: model.layers.0.mlp.up_proj.weight"],
+        ),
+        (
+            lambda d: _edit_config(d, intermediate_size=96),  # was a shape traceback
+            ["of another shape", "model.layers.0.mlp.gate_proj.weight [128, 64] (expected [96, 64])"],
+        ),
+        (lambda d: _edit_config(d, hidden_size=None), ["config.json: no hidden_size"]),  # was a KeyError
+        (lambda d: _edit_config(d, num_key_value_heads=3), ["num_key_value_heads=3 does not divide"]),
+        (lambda d: (d / "config.json").write_text('{"vocab_size": 1000,'), ["config.json: not valid JSON"]),
+        (
+            lambda d: (d / "model.safetensors").write_bytes((d / "model.safetensors").read_bytes()[:-100]),
+            ["model.safetensors", "truncated"],
+        ),
+    ],
+    ids=["fewer-layers", "missing-tensor", "wrong-shape", "missing-key", "bad-groups", "bad-json", "truncated"],
+)
 @pytest.mark.slow
 def test_import_refuses_weights_that_do_not_fit_the_config_in_one_line(tmp_path, capsys, damage, needles):
     """Every tensor in the safetensors is used and every tensor the model needs is
@@ -164,8 +187,14 @@ def test_a_killed_export_leaves_nothing_that_looks_complete_and_is_refused(tmp_p
     from tests.helpers import REPO
 
     src, out = random_checkpoint(tmp_path / "src"), tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-c", KILL_AT_CONFIG, "--load", str(src), "--output", str(out)], cwd=REPO,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore"}, capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, "-c", KILL_AT_CONFIG, "--load", str(src), "--output", str(out)],
+        cwd=REPO,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert proc.returncode == -9, proc.stderr[-3000:]
     partial = hf_io.partial_dir(out)
     assert not out.exists() and (partial / hf_io.INCOMPLETE_MARKER).exists()

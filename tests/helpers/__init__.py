@@ -1,4 +1,5 @@
 """Shared test helpers: launching torchrun workers and locating the test data (tests/assets)."""
+
 from __future__ import annotations
 
 import os
@@ -18,14 +19,26 @@ def torchrun(script: Path, *args: str, nproc: int = 2, timeout: int = 600) -> su
     if forked_ranks_wanted():
         proc = run_ranks(list(args), nproc=nproc, env=env, cwd=REPO, timeout=timeout, script=script)
         if proc.returncode != 0:
-            raise AssertionError(f"{script} on {nproc} forked ranks failed ({proc.returncode}):\n"
-                                 f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+            raise AssertionError(
+                f"{script} on {nproc} forked ranks failed ({proc.returncode}):\n"
+                f"{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+            )
         return proc
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(nproc),
-           "--standalone", str(script), *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nproc_per_node",
+        str(nproc),
+        "--standalone",
+        str(script),
+        *args,
+    ]
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
-        raise AssertionError(f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}")
+        raise AssertionError(
+            f"{' '.join(cmd)} failed ({proc.returncode}):\n{proc.stdout[-4000:]}\n{proc.stderr[-8000:]}"
+        )
     return proc
 
 
@@ -56,8 +69,12 @@ def write_gpt2_bpe_files(out: Path, vocab_size: int = 1000) -> tuple[Path, Path]
     out.mkdir(parents=True, exist_ok=True)
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tok.train([str(book)], trainers.BpeTrainer(vocab_size=vocab_size, show_progress=False,
-                                               initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    tok.train(
+        [str(book)],
+        trainers.BpeTrainer(
+            vocab_size=vocab_size, show_progress=False, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok.model.save(str(out))
     vocab = json.loads((out / "vocab.json").read_text(encoding="utf-8"))
     vocab["<|endoftext|>"] = len(vocab)

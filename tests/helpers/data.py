@@ -16,9 +16,7 @@ import torch
 from megatron.core.datasets.indexed_dataset import IndexedDataset, IndexedDatasetBuilder
 
 
-def write_indexed_dataset(
-    prefix: str | Path, documents: list[numpy.ndarray], dtype: type = numpy.int32
-) -> str:
+def write_indexed_dataset(prefix: str | Path, documents: list[numpy.ndarray], dtype: type = numpy.int32) -> str:
     """Write `documents` (one sequence each) as `<prefix>.bin/.idx`; returns the prefix."""
     prefix = str(prefix)
     builder = IndexedDatasetBuilder(prefix + ".bin", dtype=dtype)
@@ -41,10 +39,7 @@ def random_documents(
 def tagged_documents(lengths: list[int], shard: int = 0) -> list[numpy.ndarray]:
     """Documents whose every token encodes (shard, document, position), so a window's
     origin can be read back from its tokens: token = shard*10^6 + doc*10^3 + pos."""
-    return [
-        shard * 1_000_000 + d * 1_000 + numpy.arange(n, dtype=numpy.int64)
-        for d, n in enumerate(lengths)
-    ]
+    return [shard * 1_000_000 + d * 1_000 + numpy.arange(n, dtype=numpy.int64) for d, n in enumerate(lengths)]
 
 
 class StubTokenizer:
@@ -66,9 +61,7 @@ def single_process_group(tmp_dir: str | Path) -> Iterator[None]:
         yield
         return
     store = os.path.join(str(tmp_dir), "pg_store")
-    torch.distributed.init_process_group(
-        "gloo", init_method=f"file://{store}", world_size=1, rank=0
-    )
+    torch.distributed.init_process_group("gloo", init_method=f"file://{store}", world_size=1, rank=0)
     try:
         yield
     finally:
@@ -79,9 +72,7 @@ def read_documents(prefix: str) -> list[numpy.ndarray]:
     """Each document's tokens (its sequences concatenated), via megatron-core's reader."""
     dataset = IndexedDataset(prefix)
     bounds = dataset.document_indices
-    return [
-        numpy.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]) for d in range(len(bounds) - 1)
-    ]
+    return [numpy.concatenate([dataset[j] for j in range(bounds[d], bounds[d + 1])]) for d in range(len(bounds) - 1)]
 
 
 def index_files(tmp_path, inputs, tokenizer, name="out", tokenizer_type="HuggingFaceTokenizer", **kwargs) -> dict:
@@ -89,14 +80,18 @@ def index_files(tmp_path, inputs, tokenizer, name="out", tokenizer_type="Hugging
     from megatron_fixedcode.data.preprocess import PreprocessConfig, preprocess
 
     cfg = PreprocessConfig(
-        input=[str(i) for i in inputs], output_prefix=str(tmp_path / name), tokenizer_type=tokenizer_type,
-        tokenizer_model=str(tokenizer), **{"valid_fraction": 0.0, **kwargs},
+        input=[str(i) for i in inputs],
+        output_prefix=str(tmp_path / name),
+        tokenizer_type=tokenizer_type,
+        tokenizer_model=str(tokenizer),
+        **{"valid_fraction": 0.0, **kwargs},
     )
     return preprocess(cfg)
 
 
-def _dp_stream_worker(out_dir: str, step: int, global_batch_size: int, micro_batch_size: int,
-                      seq_length: int, prefixes: list[str]) -> None:
+def _dp_stream_worker(
+    out_dir: str, step: int, global_batch_size: int, micro_batch_size: int, seq_length: int, prefixes: list[str]
+) -> None:
     """One torchrun rank: read this rank's microbatches of `step` for both dataset types and
     gather them; rank 0 writes {dataset_type: {index: tokens}} to out_dir/stream.json."""
     import json
@@ -114,18 +109,29 @@ def _dp_stream_worker(out_dir: str, step: int, global_batch_size: int, micro_bat
     result = {}
     for dataset_type in ("gpt", "document_windows"):
         cfg = DataConfig(
-            data_path=prefixes, dataset_type=dataset_type, seq_length=seq_length,
-            split="60,40,0", cache_path=os.path.join(out_dir, "cache"), samples_per_shard_visit=5,
+            data_path=prefixes,
+            dataset_type=dataset_type,
+            seq_length=seq_length,
+            split="60,40,0",
+            cache_path=os.path.join(out_dir, "cache"),
+            samples_per_shard_visit=5,
         )
         train_ds, _ = build_datasets(
-            cfg, StubTokenizer(), num_train_samples=(step + 1) * global_batch_size,
-            num_valid_samples=0, seed=9,
+            cfg,
+            StubTokenizer(),
+            num_train_samples=(step + 1) * global_batch_size,
+            num_valid_samples=0,
+            seed=9,
         )
         mine = {}
         for mb in range(num_microbatches(global_batch_size, micro_batch_size, world)):
             idx = rank_microbatch_indices(
-                step, mb, global_batch_size=global_batch_size,
-                micro_batch_size=micro_batch_size, dp_rank=rank, dp_size=world,
+                step,
+                mb,
+                global_batch_size=global_batch_size,
+                micro_batch_size=micro_batch_size,
+                dp_rank=rank,
+                dp_size=world,
             )
             tokens = fetch_microbatch(train_ds, idx)["tokens"]
             mine.update({i: t.tolist() for i, t in zip(idx, tokens)})

@@ -1,4 +1,5 @@
 """What a refused command looks like: one error line naming what is wrong, no traceback."""
+
 from __future__ import annotations
 
 import subprocess

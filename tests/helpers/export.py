@@ -1,4 +1,5 @@
 """Helpers for export/import/eval tests: tiny in-process checkpoints, HF logits, greedy decoding."""
+
 from __future__ import annotations
 
 import os
@@ -10,8 +11,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
 os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 
-TINY_MODEL = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
-                  vocab_size=1000, make_vocab_size_divisible_by=8, transformer_impl="local")
+TINY_MODEL = dict(
+    num_layers=2,
+    hidden_size=64,
+    num_attention_heads=4,
+    ffn_hidden_size=128,
+    seq_length=32,
+    vocab_size=1000,
+    make_vocab_size_divisible_by=8,
+    transformer_impl="local",
+)
 
 
 def random_checkpoint(root: Path, tokenizer_model: str | None = None, seed: int = 0, **fields) -> Path:
@@ -48,13 +57,19 @@ def megatron_greedy(model, ids_1S: torch.Tensor, vocab_size: int, num_new: int) 
     for _ in range(num_new):
         nxt = megatron_logits(model, ids, vocab_size)[0, -1].argmax()
         ids = torch.cat([ids, nxt.view(1, 1)], dim=1)
-    return ids[0, ids_1S.shape[1]:].tolist()
+    return ids[0, ids_1S.shape[1] :].tolist()
 
 
 def hf_greedy(model_dir: Path, ids_1S: torch.Tensor, num_new: int, trust_remote_code: bool = False) -> list[int]:
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(model_dir, trust_remote_code=trust_remote_code).eval()
-    out = model.generate(ids_1S, attention_mask=torch.ones_like(ids_1S), max_new_tokens=num_new,
-                         min_new_tokens=num_new, do_sample=False, pad_token_id=0)
-    return out[0, ids_1S.shape[1]:].tolist()
+    out = model.generate(
+        ids_1S,
+        attention_mask=torch.ones_like(ids_1S),
+        max_new_tokens=num_new,
+        min_new_tokens=num_new,
+        do_sample=False,
+        pad_token_id=0,
+    )
+    return out[0, ids_1S.shape[1] :].tolist()

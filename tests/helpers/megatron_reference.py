@@ -1,5 +1,6 @@
 """What Megatron-LM's own parser resolves for many argument lists (tests/assets/megatron_reference.json,
 written by tools/dev/megatron_reference.py), and where this parser deliberately differs."""
+
 from __future__ import annotations
 
 import json

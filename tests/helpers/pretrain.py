@@ -1,4 +1,5 @@
 """Tiny corpora and launch helpers for trainer tests (synthetic token documents, vocab 1000)."""
+
 from __future__ import annotations
 
 import json
@@ -13,17 +14,64 @@ from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO
 from tests.helpers.rank_launch import forked_ranks_wanted, run_ranks
 
-TINY = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--ffn-hidden-size", "128",
-        "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "8", "--lr", "3e-3",
-        "--min-lr", "3e-4", "--lr-warmup-iters", "2", "--transformer-impl", "local", "--log-interval", "1",
-        "--vocab-size", "1024", "--make-vocab-size-divisible-by", "8",
-        # the project's defaults before Megatron-LM's, which these tests were written for
-        "--block", "llama", "--input-embedding", "binary", "--hidden-dropout", "0", "--attention-dropout", "0", "--adam-beta2", "0.95",
-        "--lr-decay-style", "cosine", "--eval-iters", "10", "--ckpt-keep-last", "2", "--split", "99,1,0"]
+TINY = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--ffn-hidden-size",
+    "128",
+    "--seq-length",
+    "32",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "8",
+    "--lr",
+    "3e-3",
+    "--min-lr",
+    "3e-4",
+    "--lr-warmup-iters",
+    "2",
+    "--transformer-impl",
+    "local",
+    "--log-interval",
+    "1",
+    "--vocab-size",
+    "1024",
+    "--make-vocab-size-divisible-by",
+    "8",
+    # the project's defaults before Megatron-LM's, which these tests were written for
+    "--block",
+    "llama",
+    "--input-embedding",
+    "binary",
+    "--hidden-dropout",
+    "0",
+    "--attention-dropout",
+    "0",
+    "--adam-beta2",
+    "0.95",
+    "--lr-decay-style",
+    "cosine",
+    "--eval-iters",
+    "10",
+    "--ckpt-keep-last",
+    "2",
+    "--split",
+    "99,1,0",
+]
 
 # TINY without --block llama: Megatron-LM's default GPT-2 block (LayerNorm, GELU, linear biases, learned
 # positions, the output layer tied to the learned table)
-TINY_MEGATRON_BLOCK = [*TINY[:TINY.index("--block")], *TINY[TINY.index("--block") + 2:], "--input-embedding", "learned"]
+TINY_MEGATRON_BLOCK = [
+    *TINY[: TINY.index("--block")],
+    *TINY[TINY.index("--block") + 2 :],
+    "--input-embedding",
+    "learned",
+]
 
 
 def write_corpus(root: Path, num_active: int = 128) -> tuple[str, str]:
@@ -38,25 +86,38 @@ def write_corpus(root: Path, num_active: int = 128) -> tuple[str, str]:
         for _ in range(int(rng.integers(40, 200)) - 1):
             doc.append(int(successor[doc[-1] - 1]) if rng.random() < 0.8 else int(rng.integers(1, num_active + 1)))
         docs.append(np.array(doc))
-    return (write_indexed_dataset(root / "train", docs[:270], dtype=np.uint16),
-            write_indexed_dataset(root / "valid", docs[270:], dtype=np.uint16))
+    return (
+        write_indexed_dataset(root / "train", docs[:270], dtype=np.uint16),
+        write_indexed_dataset(root / "valid", docs[270:], dtype=np.uint16),
+    )
 
 
 def data_args(corpus: tuple[str, str], dataset_type: str) -> list[str]:
     train, valid = corpus
     if dataset_type == "document_windows":  # a validation blend of its own: --train-data-path (Megatron-LM)
-        return ["--train-data-path", train, "--dataset-type", dataset_type, "--eval-iters", "2",
-                "--valid-data-path", valid, "--samples-per-shard-visit", "16"]
+        return [
+            "--train-data-path",
+            train,
+            "--dataset-type",
+            dataset_type,
+            "--eval-iters",
+            "2",
+            "--valid-data-path",
+            valid,
+            "--samples-per-shard-visit",
+            "16",
+        ]
     args = ["--data-path", train, "--dataset-type", dataset_type, "--eval-iters", "2"]
     return args
 
 
 # TINY without --vocab-size: the vocabulary is the tokenizer's (--tokenizer-model, or the one --load carries)
-TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in TINY[max(i - 1, 0):i + 1]]
+TINY_TOKENIZER_VOCAB = [x for i, x in enumerate(TINY) if "--vocab-size" not in TINY[max(i - 1, 0) : i + 1]]
 
 
-def pretrain(*args: str, nproc: int = 1, check: bool = True, timeout: int = 300,
-             base: list[str] = TINY, torchrun: bool = False) -> subprocess.CompletedProcess:
+def pretrain(
+    *args: str, nproc: int = 1, check: bool = True, timeout: int = 300, base: list[str] = TINY, torchrun: bool = False
+) -> subprocess.CompletedProcess:
     """One training run; a single rank runs without torchrun (world size 1 on gloo). ``base``: the
     flags before ``args`` (:data:`TINY_MEGATRON_BLOCK` for Megatron-LM's GPT-2 block). The ranks are forked
     from a pre-imported server (tests/helpers/rank_launch.py), except a multi-rank run that may fail
@@ -87,5 +148,10 @@ def assert_same_steps(straight: list[dict], resumed: list[dict]) -> None:
     assert resumed, "the resumed run logged no step"
     for b in resumed:
         a = by_step[b["step"]]
-        assert (a["loss"], a["grad_norm"], a["lr"], a["tokens"], a.get("val_loss")) == \
-               (b["loss"], b["grad_norm"], b["lr"], b["tokens"], b.get("val_loss")), b["step"]
+        assert (a["loss"], a["grad_norm"], a["lr"], a["tokens"], a.get("val_loss")) == (
+            b["loss"],
+            b["grad_norm"],
+            b["lr"],
+            b["tokens"],
+            b.get("val_loss"),
+        ), b["step"]

@@ -9,6 +9,7 @@ running the same entry point (``megatron_fixedcode.pretrain.main``) with torchru
 (its agent, signal forwarding, exit-code summary) is tested through real launches in tests/launchers/ and
 the signal tests; :func:`tests.helpers.pretrain.pretrain` uses this for runs expected to succeed.
 """
+
 from __future__ import annotations
 
 import multiprocessing
@@ -86,8 +87,9 @@ def _rank(argv: list[str], env: dict[str, str], cwd: str, out: str, err: str, sc
     sys.exit(code or 0)
 
 
-def run_ranks(argv: list[str], *, nproc: int, env: dict[str, str], cwd: Path, timeout: float,
-              script: Path | None = None) -> subprocess.CompletedProcess:
+def run_ranks(
+    argv: list[str], *, nproc: int, env: dict[str, str], cwd: Path, timeout: float, script: Path | None = None
+) -> subprocess.CompletedProcess:
     """``megatron_fixedcode.pretrain`` (or ``script``) on ``nproc`` forked ranks; stdout and stderr of all
     ranks, and the first non-zero rank exit code (0 when all succeeded), as a CompletedProcess."""
     from megatron_fixedcode.compat.distributed import free_port  # torch and megatron-core: not at collection
@@ -96,12 +98,28 @@ def run_ranks(argv: list[str], *, nproc: int, env: dict[str, str], cwd: Path, ti
     with tempfile.TemporaryDirectory(prefix="ranks-") as tmp:
         out, err = os.path.join(tmp, "out"), os.path.join(tmp, "err")
         if nproc > 1:
-            env = {**env, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()), "WORLD_SIZE": str(nproc),
-                   "LOCAL_WORLD_SIZE": str(nproc), "GROUP_RANK": "0"}
-        ranks = [ctx.Process(target=_rank, args=(argv, {**env, **({"RANK": str(r), "LOCAL_RANK": str(r)}
-                                                                   if nproc > 1 else {})}, str(cwd), out, err,
-                                                      str(script) if script else None))
-                 for r in range(nproc)]
+            env = {
+                **env,
+                "MASTER_ADDR": "127.0.0.1",
+                "MASTER_PORT": str(free_port()),
+                "WORLD_SIZE": str(nproc),
+                "LOCAL_WORLD_SIZE": str(nproc),
+                "GROUP_RANK": "0",
+            }
+        ranks = [
+            ctx.Process(
+                target=_rank,
+                args=(
+                    argv,
+                    {**env, **({"RANK": str(r), "LOCAL_RANK": str(r)} if nproc > 1 else {})},
+                    str(cwd),
+                    out,
+                    err,
+                    str(script) if script else None,
+                ),
+            )
+            for r in range(nproc)
+        ]
         for p in ranks:
             p.start()
         try:

@@ -2,6 +2,7 @@
 ``python -m torch.distributed.run ... -m tests.helpers.slowed_rank [--slow-rank R] [--diverge-at N] FLAGS``
 runs ``megatron_fixedcode.pretrain`` with rank R's model forward slowed by 0.1 s (a slow GPU) and, with
 ``--diverge-at N``, rank 1's weights nudged after step N (replicas that drifted apart)."""
+
 import os
 import sys
 import time
@@ -17,7 +18,7 @@ def _take(argv: list[str], flag: str) -> int | None:
         return None
     i = argv.index(flag)
     value = int(argv[i + 1])
-    del argv[i:i + 2]
+    del argv[i : i + 2]
     return value
 
 

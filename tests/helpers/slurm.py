@@ -1,5 +1,6 @@
 """The local Slurm cluster the Slurm tests run against (scripts/slurm_local.sh): the session
 fixture that finds or starts it, and job state read from scontrol and sacct."""
+
 from __future__ import annotations
 
 import os
@@ -35,8 +36,9 @@ def job_info(job: str) -> dict:
 
 
 def sacct_now(job: str) -> tuple[str, str]:
-    out = subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode"], capture_output=True,
-                         text=True).stdout.split()
+    out = subprocess.run(
+        ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State,ExitCode"], capture_output=True, text=True
+    ).stdout.split()
     return tuple(out[0].split("|")) if out else ("", "")
 
 
@@ -67,4 +69,5 @@ def wait_done(job: str, run: Path, timeout: float = 400) -> dict:
     def done():
         info = job_info(job)
         return info if info.get("JobState") and info["JobState"] not in IN_FLIGHT else None
+
     return wait_until(done, timeout, f"job {job} to end", run)

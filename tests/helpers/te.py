@@ -1,13 +1,16 @@
 """Local-spec weights into a Transformer Engine-spec model of the same config: TE fuses each block's
 pre-norm into the following linear, so two names differ."""
+
 from __future__ import annotations
 
 import torch
 
-TE_NAMES = {"input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
-            "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
-            "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
-            "pre_mlp_layernorm.bias": "mlp.linear_fc1.layer_norm_bias"}
+TE_NAMES = {
+    "input_layernorm.weight": "self_attention.linear_qkv.layer_norm_weight",
+    "input_layernorm.bias": "self_attention.linear_qkv.layer_norm_bias",
+    "pre_mlp_layernorm.weight": "mlp.linear_fc1.layer_norm_weight",
+    "pre_mlp_layernorm.bias": "mlp.linear_fc1.layer_norm_bias",
+}
 
 
 def te_name(local_name: str) -> str:

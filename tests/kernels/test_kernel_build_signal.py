@@ -1,6 +1,7 @@
 """The fused CPU kernel's first build is not interrupted by a signal meant for the
 trainer. torchrun, Slurm and a terminal signal a worker's whole process group; the compiler ran in
 that group and died, so that rank fell back to the torch path while the others compiled on."""
+
 import os
 import subprocess
 import sys
@@ -37,7 +38,14 @@ def test_a_sigterm_to_the_trainers_process_group_does_not_stop_the_kernel_build(
     if shutil.which("ninja") is None and not os.path.exists(os.path.join(os.path.dirname(sys.executable), "ninja")):
         pytest.skip("no ninja: the kernel cannot be built here")
     env = {**os.environ, "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext"), "PYTHONPATH": str(REPO)}
-    proc = subprocess.run([sys.executable, "-c", TRAINER], cwd=REPO, env=env, capture_output=True, text=True,
-                          timeout=900, start_new_session=True)
+    proc = subprocess.run(
+        [sys.executable, "-c", TRAINER],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        start_new_session=True,
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert proc.stdout.split() == ["built", "signalled"], proc.stdout + proc.stderr[-3000:]

@@ -1,5 +1,6 @@
 """Slurm launchers and YAML recipes: syntax, dry runs the trainer accepts, recipe invariants,
 and how the launchers read their environment. Under a real Slurm controller: tests/launchers/test_slurm.py."""
+
 from __future__ import annotations
 
 import json
@@ -20,8 +21,19 @@ EXAMPLES = ROOT / "examples"
 RECIPES = EXAMPLES / "recipes"
 INPUT_KEYS = re.compile(r"^(input_embedding|code_\w+)$")
 # what the launchers set on the command line, on top of the recipe
-LAUNCHER_KEYS = {"data_path", "train_data_path", "valid_data_path", "tokenizer_model", "seed", "save", "load", "save_interval",
-                 "exit_signal_handler", "tensorboard_dir", "metrics_file"}
+LAUNCHER_KEYS = {
+    "data_path",
+    "train_data_path",
+    "valid_data_path",
+    "tokenizer_model",
+    "seed",
+    "save",
+    "load",
+    "save_interval",
+    "exit_signal_handler",
+    "tensorboard_dir",
+    "metrics_file",
+}
 
 # (script, positional args, recipe)
 LAUNCHERS = [
@@ -38,7 +50,7 @@ def recipe(name: str) -> dict:
 
 
 def trainer_args(command: list[str]) -> list[str]:
-    return command[command.index("megatron_fixedcode.pretrain") + 1:]
+    return command[command.index("megatron_fixedcode.pretrain") + 1 :]
 
 
 def test_all_shell_scripts_parse():
@@ -75,13 +87,13 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
     command, printed, stderr = run_dry(script, args, env)
     assert "would be refused" not in stderr, stderr
     assert command[:1] == ["srun"] and "torchrun" in command
-    torchrun = command[command.index("torchrun"):]
+    torchrun = command[command.index("torchrun") :]
     for flag in ("--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id"):
         assert flag in torchrun
     assert torchrun[torchrun.index("--rdzv_backend") + 1] == "c10d"
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "8"
     # srun gives the node's one task its CPUs (srun does not inherit sbatch's --cpus-per-task)
-    srun = command[:command.index("torchrun")]
+    srun = command[: command.index("torchrun")]
     cpus = [a for a in srun if a.startswith("--cpus-per-task=")]
     assert len(cpus) == 1 and int(cpus[0].split("=")[1]) >= 1
 
@@ -90,7 +102,9 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
         monkeypatch.delenv(key, raising=False)
         if key in env:
             monkeypatch.setenv(key, env[key])
-    monkeypatch.setenv("WORLD_SIZE", str(int(torchrun[torchrun.index("--nnodes") + 1]) * 8))  # as the launcher's dry run
+    monkeypatch.setenv(
+        "WORLD_SIZE", str(int(torchrun[torchrun.index("--nnodes") + 1]) * 8)
+    )  # as the launcher's dry run
     capsys.readouterr()
     assert main([*trainer_args(command), "--dry-run"]) == 0
     resolved = json.loads(capsys.readouterr().out)
@@ -106,20 +120,30 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
         assert resolved["tokenizer_model"] == env["TOKENIZER"]
         assert resolved["global_batch_size"] * resolved["seq_length"] == 262_144
     else:
-        assert resolved["train_data_path"] == ["0.8", "/data/fineweb_train_text_document",
-                                         "0.2", "/data/cosmopedia_train_text_document"]
+        assert resolved["train_data_path"] == [
+            "0.8",
+            "/data/fineweb_train_text_document",
+            "0.2",
+            "/data/cosmopedia_train_text_document",
+        ]
 
 
 def test_dry_run_cpus_per_task_and_cuda_requirement(tmp_path):
     env = launcher_env(tmp_path, SLURM_CPUS_PER_TASK="64", SLURM_GPUS_ON_NODE="8")
     del env["MFC_REQUIRE_CUDA"]
     env.pop("OMP_NUM_THREADS", None)  # a user's own setting wins over the per-GPU default checked below
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     command = shlex.split(lines[lines.index("# command:") + 1])
-    assert "--cpus-per-task=64" in command[:command.index("torchrun")]
+    assert "--cpus-per-task=64" in command[: command.index("torchrun")]
     assert "cpus_per_task=64" in lines[0]
     # the trainer's environment: a rank without a visible GPU refuses to start (exported by default)
     assert "MFC_REQUIRE_CUDA=1" in out.stdout and "OMP_NUM_THREADS=8" in out.stdout
@@ -149,8 +173,13 @@ def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_bat
 
 
 def test_paper1_launcher_rejects_unknown_recipe(tmp_path):
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_paper1.sh"), "gf2", "9", "--dry-run"],
-                         env=launcher_env(tmp_path), capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_paper1.sh"), "gf2", "9", "--dry-run"],
+        env=launcher_env(tmp_path),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and "paper1_0p4b_gf2_L9.yaml not found" in out.stderr
 
 
@@ -161,7 +190,11 @@ def _only_input_keys_differ(a: dict, b: dict, also: frozenset = frozenset()) -> 
 
 def test_paper2_recipes_differ_only_in_input_keys():
     learned, binary, gf2 = (recipe(f"paper2_1p7b_{v}.yaml") for v in ("learned", "binary", "gf2"))
-    assert (learned["input_embedding"], binary["input_embedding"], gf2["input_embedding"]) == ("learned", "binary", "gf2")
+    assert (learned["input_embedding"], binary["input_embedding"], gf2["input_embedding"]) == (
+        "learned",
+        "binary",
+        "gf2",
+    )
     assert gf2["code_seed"] == 12345 and gf2.get("code_offset", 0) == 0
     for a, b in ((learned, binary), (learned, gf2), (binary, gf2)):
         assert _only_input_keys_differ(a, b) == set()
@@ -169,9 +202,15 @@ def test_paper2_recipes_differ_only_in_input_keys():
 
 def test_paper1_recipes_differ_only_in_input_keys_and_depth():
     names = sorted(p.name for p in RECIPES.glob("paper1_0p4b_*.yaml"))
-    assert {"paper1_0p4b_learned.yaml", "paper1_0p4b_binary.yaml", "paper1_0p4b_gf2.yaml",
-            "paper1_0p4b_learned_L9.yaml", "paper1_0p4b_binary_L9.yaml",
-            "paper1_0p4b_learned_L16.yaml", "paper1_0p4b_binary_L16.yaml"} <= set(names)
+    assert {
+        "paper1_0p4b_learned.yaml",
+        "paper1_0p4b_binary.yaml",
+        "paper1_0p4b_gf2.yaml",
+        "paper1_0p4b_learned_L9.yaml",
+        "paper1_0p4b_binary_L9.yaml",
+        "paper1_0p4b_learned_L16.yaml",
+        "paper1_0p4b_binary_L16.yaml",
+    } <= set(names)
     base = recipe("paper1_0p4b_learned.yaml")
     for name in names:
         r = recipe(name)
@@ -183,21 +222,61 @@ def test_paper1_recipes_differ_only_in_input_keys_and_depth():
 
 def test_recipes_hold_the_spec_numbers():
     p2 = recipe("paper2_1p7b_binary.yaml")
-    expected2 = dict(num_layers=24, hidden_size=2048, num_attention_heads=32, ffn_hidden_size=8192, seq_length=2048,
-                     normalization="RMSNorm", swiglu=True, add_bias_linear=False, position_embedding_type="rope",
-                     untie_embeddings_and_output_weights=True, hidden_dropout=0.0, attention_dropout=0.0, lr=1.5e-4, min_lr=1e-5, lr_warmup_iters=2000, lr_decay_style="cosine",
-                     lr_decay_iters=382_500, adam_beta1=0.9, adam_beta2=0.95, adam_eps=1e-8, weight_decay=0.01,
-                     clip_grad=1.0, precision="fp32-autocast-bf16", recompute_granularity=None, transformer_impl="transformer_engine",
-                     micro_batch_size=8,
-                     global_batch_size=128, train_tokens=100_000_000_000, dataset_type="document_windows",
-                     samples_per_shard_visit=1024 * 8 * 2, tokenizer_type="HuggingFaceTokenizer", vocab_size=49152)
+    expected2 = dict(
+        num_layers=24,
+        hidden_size=2048,
+        num_attention_heads=32,
+        ffn_hidden_size=8192,
+        seq_length=2048,
+        normalization="RMSNorm",
+        swiglu=True,
+        add_bias_linear=False,
+        position_embedding_type="rope",
+        untie_embeddings_and_output_weights=True,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        lr=1.5e-4,
+        min_lr=1e-5,
+        lr_warmup_iters=2000,
+        lr_decay_style="cosine",
+        lr_decay_iters=382_500,
+        adam_beta1=0.9,
+        adam_beta2=0.95,
+        adam_eps=1e-8,
+        weight_decay=0.01,
+        clip_grad=1.0,
+        precision="fp32-autocast-bf16",
+        recompute_granularity=None,
+        transformer_impl="transformer_engine",
+        micro_batch_size=8,
+        global_batch_size=128,
+        train_tokens=100_000_000_000,
+        dataset_type="document_windows",
+        samples_per_shard_visit=1024 * 8 * 2,
+        tokenizer_type="HuggingFaceTokenizer",
+        vocab_size=49152,
+    )
     assert {k: p2[k] for k in expected2} == expected2
     assert isinstance(p2["train_tokens"], int)
     p1 = recipe("paper1_0p4b_binary.yaml")
-    expected1 = dict(num_layers=32, hidden_size=1024, num_attention_heads=32, ffn_hidden_size=4096, seq_length=1024,
-                     normalization="LayerNorm", swiglu=False, add_bias_linear=False, hidden_dropout=0.0,
-                     attention_dropout=0.0, weight_decay=0.1, clip_grad=1.0, lr_decay_style="cosine", vocab_size=65536,
-                     transformer_impl="local", recompute_granularity="selective")
+    expected1 = dict(
+        num_layers=32,
+        hidden_size=1024,
+        num_attention_heads=32,
+        ffn_hidden_size=4096,
+        seq_length=1024,
+        normalization="LayerNorm",
+        swiglu=False,
+        add_bias_linear=False,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
+        weight_decay=0.1,
+        clip_grad=1.0,
+        lr_decay_style="cosine",
+        vocab_size=65536,
+        transformer_impl="local",
+        recompute_granularity="selective",
+    )
     assert {k: p1[k] for k in expected1} == expected1
     assert not p1.get("bf16", False) and p1["lr_warmup_iters"] > 0
     assert p1["train_tokens"] == 17_093_000_000  # paper 1's learned and fixed budget
@@ -205,9 +284,21 @@ def test_recipes_hold_the_spec_numbers():
     assert affine["train_tokens"] == 16_276_000_000
     assert p1["train_data_path"][0::2] == [0.8, 0.2]
     tiny = recipe("tiny_cpu.yaml")
-    expected_tiny = dict(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=64,
-                         micro_batch_size=4, global_batch_size=8, transformer_impl="local", lr=3e-3, train_iters=50,
-                         log_interval=5, eval_interval=25, eval_iters=2)
+    expected_tiny = dict(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=64,
+        micro_batch_size=4,
+        global_batch_size=8,
+        transformer_impl="local",
+        lr=3e-3,
+        train_iters=50,
+        log_interval=5,
+        eval_interval=25,
+        eval_iters=2,
+    )
     assert {k: tiny[k] for k in expected_tiny} == expected_tiny and not tiny.get("bf16", False)
 
 
@@ -261,11 +352,19 @@ def test_every_recipe_passes_the_trainer_dry_run(capsys, tmp_path):
 
 def test_list_variables_split_on_any_whitespace_and_are_counted(tmp_path):
     """DATA_PATH as the launchers' headers build it (`ls ... | sed`: one prefix per line) passes every prefix."""
-    env = launcher_env(tmp_path, DATA_PATH="/fwe/000_train_text_document\n/fwe/001_train_text_document\n"
-                                           "/fwe/002_train_text_document\n",
-                       VALID_DATA_PATH="0.5 /v/a_text_document\t0.5\n/v/b_text_document")
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    env = launcher_env(
+        tmp_path,
+        DATA_PATH="/fwe/000_train_text_document\n/fwe/001_train_text_document\n/fwe/002_train_text_document\n",
+        VALID_DATA_PATH="0.5 /v/a_text_document\t0.5\n/v/b_text_document",
+    )
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "# paths passed: DATA_PATH=3 VALID_DATA_PATH=2" in out.stdout.splitlines()
     config = json.loads(out.stdout.splitlines()[out.stdout.splitlines().index("# resolved config:") + 1])
@@ -275,29 +374,48 @@ def test_list_variables_split_on_any_whitespace_and_are_counted(tmp_path):
 
 @pytest.mark.parametrize("var", ["DATA_PATH", "VALID_DATA_PATH", "DATA_MANIFEST"])
 def test_a_list_variable_that_is_set_but_empty_is_refused(tmp_path, var):
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
-                         env=launcher_env(tmp_path, **{var: " \n"}), cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
+        env=launcher_env(tmp_path, **{var: " \n"}),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and out.stderr.splitlines() == [
-        f"error: {var} is set but holds no path (an empty glob?): unset it or give at least one"]
+        f"error: {var} is set but holds no path (an empty glob?): unset it or give at least one"
+    ]
 
 
 def test_a_path_holding_a_space_is_refused_at_the_dry_run(tmp_path):
     spaced = tmp_path / "my shards"
     spaced.mkdir()
     (spaced / "v_text_document.idx").write_bytes(b"")
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
-                         env=launcher_env(tmp_path, VALID_DATA_PATH=f"{spaced}/v_text_document"), cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
+        env=launcher_env(tmp_path, VALID_DATA_PATH=f"{spaced}/v_text_document"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 2 and out.stderr.splitlines() == [
         f"error: VALID_DATA_PATH: '{spaced}/v_text_document' holds a space, and list variables split on whitespace: "
-        "rename it or link it from a path without one"]
+        "rename it or link it from a path without one"
+    ]
 
 
 def test_login_node_dry_run_prints_the_scripts_cpus_per_task(tmp_path):
     env = launcher_env(tmp_path)
     env.pop("CPUS_PER_TASK", None)
-    out = subprocess.run(["bash", str(EXAMPLES / "pretrain_paper1.sh"), "binary", "--dry-run"], env=env, cwd=ROOT,
-                         capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_paper1.sh"), "binary", "--dry-run"],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr
     assert "cpus_per_task=64 " in out.stdout.splitlines()[0]  # #SBATCH --cpus-per-task=64, not this machine's cores
     assert "--cpus-per-task=64" in out.stdout
@@ -312,11 +430,26 @@ def test_sigterm_during_start_up_exits_at_once_with_nothing_checkpointed(tmp_pat
     from tests.helpers.pretrain import TINY, write_corpus
 
     train, valid = write_corpus(tmp_path)
-    proc = subprocess.Popen([sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY, "--data-path", train,
-                             "--train-iters", "1000", "--save", str(tmp_path / "ckpt"), "--exit-signal-handler"],
-                            cwd=ROOT,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.pretrain",
+            *TINY,
+            "--data-path",
+            train,
+            "--train-iters",
+            "1000",
+            "--save",
+            str(tmp_path / "ckpt"),
+            "--exit-signal-handler",
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     time.sleep(1.0)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)

@@ -1,6 +1,7 @@
 """The Slurm recipes' distributed-optimizer checkpoint format (docs/SCALING.md, "Checkpoint I/O at 16
 GPUs"): dp_reshardable, Megatron-LM's default, because fully_reshardable gathers the whole optimizer
 state onto every rank at each save (>= 20.5 GB of host memory per rank for the 1.7B model)."""
+
 import json
 
 import pytest

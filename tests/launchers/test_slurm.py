@@ -5,6 +5,7 @@ scancel, preemption, MAX_REQUEUES, two nodes, a bare sbatch, and the study's vie
 
 In CI (CI=true) or with MFC_SLURM=1 the fixture starts the cluster and a cluster that cannot start fails
 the tests; elsewhere they skip unless `bash scripts/slurm_local.sh start` has been run."""
+
 from __future__ import annotations
 
 import json
@@ -26,11 +27,42 @@ from tests.helpers.slurm import IN_FLIGHT, ROOT, job_info, sacct, wait_done, wai
 LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
 TOKENIZER = SMOLLM2
 # trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
-SHRINK = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
-          "--ffn-hidden-size", "128",
-          "--seq-length", "64", "--micro-batch-size", "2", "--global-batch-size", "4", "--transformer-impl", "local",
-          "--precision", "fp32", "--samples-per-shard-visit", "8", "--train-iters", "1000", "--lr-warmup-iters", "2",
-          "--lr-decay-iters", "1000", "--log-interval", "1", "--eval-interval", "1000", "--eval-iters", "1"]
+SHRINK = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--num-query-groups",
+    "4",
+    "--ffn-hidden-size",
+    "128",
+    "--seq-length",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--transformer-impl",
+    "local",
+    "--precision",
+    "fp32",
+    "--samples-per-shard-visit",
+    "8",
+    "--train-iters",
+    "1000",
+    "--lr-warmup-iters",
+    "2",
+    "--lr-decay-iters",
+    "1000",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "1000",
+    "--eval-iters",
+    "1",
+]
 # one node, one CPU "GPU" rank, few CPUs: the #SBATCH header's 2 x 8 GPUs, 64 CPUs, exclusive, overridden
 SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
 
@@ -45,28 +77,51 @@ def shards(tmp_path_factory) -> Path:
     for i in range(3):
         docs = [rng.integers(1, 49000, size=int(rng.integers(80, 200))) for _ in range(40)]
         write_indexed_dataset(root / f"{i:05d}_train_text_document", docs, dtype=np.uint16)
-    write_indexed_dataset(root / "00000_valid_text_document", [rng.integers(1, 49000, size=120) for _ in range(10)],
-                          dtype=np.uint16)
+    write_indexed_dataset(
+        root / "00000_valid_text_document", [rng.integers(1, 49000, size=120) for _ in range(10)], dtype=np.uint16
+    )
     return root
 
 
 def _env(shards: Path, run: Path, **extra) -> dict:
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
     # exactly as the launcher's header builds it: one prefix per line
-    data_path = subprocess.run(f"ls {shards}/*_train_text_document.idx | sed 's/.idx$//'", shell=True,
-                               capture_output=True, text=True, check=True).stdout
-    env.update(DATA_PATH=data_path, VALID_DATA_PATH=str(shards / "00000_valid_text_document"),
-               TOKENIZER=str(TOKENIZER), CKPT_DIR=str(run / "ckpt"), LOG_DIR=str(run / "logs"), TENSORBOARD_DIR="",
-               SAVE_INTERVAL="100000", MFC_REQUIRE_CUDA="0", OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore",
-               PYTHONPATH=str(ROOT), VIRTUAL_ENV=sys.prefix, PATH=f"{Path(sys.executable).parent}:{env['PATH']}")
+    data_path = subprocess.run(
+        f"ls {shards}/*_train_text_document.idx | sed 's/.idx$//'",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    env.update(
+        DATA_PATH=data_path,
+        VALID_DATA_PATH=str(shards / "00000_valid_text_document"),
+        TOKENIZER=str(TOKENIZER),
+        CKPT_DIR=str(run / "ckpt"),
+        LOG_DIR=str(run / "logs"),
+        TENSORBOARD_DIR="",
+        SAVE_INTERVAL="100000",
+        MFC_REQUIRE_CUDA="0",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=str(ROOT),
+        VIRTUAL_ENV=sys.prefix,
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+    )
     env.update(extra)
     return env
 
 
 def sbatch(run: Path, env: dict, *flags: str, sbatch_opts=SMALL, script=LAUNCHER) -> str:
     run.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["sbatch", "--parsable", *sbatch_opts, f"--output={run}/slurm-%j.out", str(script), *flags],
-                         env=env, cwd=ROOT, capture_output=True, text=True, timeout=60)
+    res = subprocess.run(
+        ["sbatch", "--parsable", *sbatch_opts, f"--output={run}/slurm-%j.out", str(script), *flags],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     return res.stdout.strip().split(";")[0]
 
@@ -80,6 +135,7 @@ def wait_for_step(run: Path, step: int, job: str):
     def reached():
         assert job_info(job).get("JobState") in IN_FLIGHT, (run / f"slurm-{job}.out").read_text()[-3000:]
         return len(steps(run)) >= step
+
     wait_until(reached, 400, f"step {step}", run)
 
 
@@ -90,7 +146,8 @@ def test_bare_sbatch_fails_in_its_first_second_with_one_line(slurm, tmp_path):
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0")
     assert (tmp_path / f"slurm-{job}.out").read_text().splitlines() == [
         "error: examples/recipes/paper2_1p7b_binary.yaml needs DATA_PATH VALID_DATA_PATH TOKENIZER exported before "
-        "sbatch (see the launcher's header and examples/slurm_common.sh)"]
+        "sbatch (see the launcher's header and examples/slurm_common.sh)"
+    ]
 
 
 def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(slurm, shards, tmp_path):
@@ -119,7 +176,9 @@ def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(s
     assert 3 <= saved < last and f"start at step {saved}" in node
     out = (interrupted / f"slurm-{job}.out").read_text()
     assert "requeueing job" in out and "training exited with code 0" in out
-    launcher_lines = [line for line in out.splitlines() if "requeue" in line or "training exited" in line or "USR1" in line]
+    launcher_lines = [
+        line for line in out.splitlines() if "requeue" in line or "training exited" in line or "USR1" in line
+    ]
     assert launcher_lines and all(re.match(r"\[\d{4}-\d\d-\d\d \d\d:\d\d:\d\d\] ", line) for line in launcher_lines)
 
 
@@ -132,7 +191,9 @@ def test_scancel_cancels_after_a_checkpoint(slurm, shards, tmp_path):
     info = job_info(job)
     assert info["JobState"] == "CANCELLED" and info["Restarts"] == "0", info
     assert "not requeueing" in (tmp_path / f"slurm-{job}.out").read_text()
-    assert re.search(r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint", (tmp_path / "logs" / "node0.log").read_text())
+    assert re.search(
+        r"received signal 15: .*\n(?:.*\n)*?.*saved checkpoint", (tmp_path / "logs" / "node0.log").read_text()
+    )
 
 
 def test_preemption_requeue_resumes_from_the_checkpoint_taken_on_sigterm(slurm, shards, tmp_path):
@@ -173,8 +234,12 @@ def test_slurms_own_requeue_does_not_count_against_max_requeues(slurm, shards, t
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scontrol", "requeue", job], check=True)
     node_log = tmp_path / "logs" / "node0.log"
-    wait_until(lambda: "iteration" in node_log.read_text().partition(f"job {job}, restart 1:")[2], 400,
-               "the second run's steps", tmp_path)
+    wait_until(
+        lambda: "iteration" in node_log.read_text().partition(f"job {job}, restart 1:")[2],
+        400,
+        "the second run's steps",
+        tmp_path,
+    )
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     wait_until(lambda: job_info(job).get("Restarts") == "2", 400, "the launcher's requeue", tmp_path)
     subprocess.run(["scancel", job], check=True)
@@ -206,8 +271,9 @@ def small_disk(tmp_path):
 
 
 def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeue(slurm, shards, tmp_path, small_disk):
-    job = sbatch(tmp_path, _env(shards, tmp_path, CKPT_DIR=str(small_disk / "ckpt")), *SHRINK, "--exit-interval",
-                 "100000")
+    job = sbatch(
+        tmp_path, _env(shards, tmp_path, CKPT_DIR=str(small_disk / "ckpt")), *SHRINK, "--exit-interval", "100000"
+    )
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     info = wait_done(job, tmp_path, 200)
@@ -216,8 +282,10 @@ def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeu
     assert (info["JobState"], info["ExitCode"], info["Restarts"]) == ("FAILED", "2:0", "0"), info
     out = (tmp_path / f"slurm-{job}.out").read_text().splitlines()
     assert not any("requeueing job" in line for line in out)
-    assert any("the time-limit checkpoint did not complete (training exited with code 2): not requeueing" in line
-               for line in out)
+    assert any(
+        "the time-limit checkpoint did not complete (training exited with code 2): not requeueing" in line
+        for line in out
+    )
     assert out[-1].startswith("error: cannot write checkpoint") and "no space left on device" in out[-1], out[-5:]
     assert not (small_disk / "ckpt" / "latest_checkpointed_iteration.txt").exists()
 
@@ -229,8 +297,9 @@ def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2
     info = wait_done(job, tmp_path, 200)
     out = (tmp_path / f"slurm-{job}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), out[-3000:]
-    assert out.splitlines()[-1].startswith("error: MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees "
-                                           "no CUDA GPU"), out[-3000:]
+    assert out.splitlines()[-1].startswith(
+        "error: MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees no CUDA GPU"
+    ), out[-3000:]
     assert json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())["code"] == 2
 
 
@@ -247,16 +316,38 @@ def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, 
     """A missing training prefix, a tokenizer whose vocabulary does not cover the data, a checkpoint
     directory of another model: FAILED 2:0 with one line and no rank started (no torchrun traceback)."""
     other = tmp_path / "other-model"
-    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(ROOT / "examples/recipes/paper2_1p7b_binary.yaml"),
-           "--train-data-path", str(shards / "00000_train_text_document"), "--valid-data-path",
-           str(shards / "00000_valid_text_document"), "--tokenizer-model", str(TOKENIZER), *SHRINK, "--hidden-size",
-           "128", "--train-iters", "1", "--save", str(other), "--eval-iters", "0"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        "--config",
+        str(ROOT / "examples/recipes/paper2_1p7b_binary.yaml"),
+        "--train-data-path",
+        str(shards / "00000_train_text_document"),
+        "--valid-data-path",
+        str(shards / "00000_valid_text_document"),
+        "--tokenizer-model",
+        str(TOKENIZER),
+        *SHRINK,
+        "--hidden-size",
+        "128",
+        "--train-iters",
+        "1",
+        "--save",
+        str(other),
+        "--eval-iters",
+        "0",
+    ]
     assert subprocess.run(cmd, env=_env(shards, tmp_path), cwd=ROOT, capture_output=True).returncode == 0
     cases = {
-        "missing": ({"DATA_PATH": f"{shards}/00000_train_text_document\n{shards}/00009_train_text_document"},
-                    f"error: data_path {shards}/00009_train_text_document: {shards}/00009_train_text_document.idx not found"),
-        "vocab": ({"TOKENIZER": str(_vocab512_tokenizer(tmp_path / "vocab512.json"))},
-                  "is outside the vocabulary [0, 512)"),
+        "missing": (
+            {"DATA_PATH": f"{shards}/00000_train_text_document\n{shards}/00009_train_text_document"},
+            f"error: data_path {shards}/00009_train_text_document: {shards}/00009_train_text_document.idx not found",
+        ),
+        "vocab": (
+            {"TOKENIZER": str(_vocab512_tokenizer(tmp_path / "vocab512.json"))},
+            "is outside the vocabulary [0, 512)",
+        ),
         "model": ({"CKPT_DIR": str(other)}, "checkpoint has hidden_size=128, this run hidden_size=64"),
     }
     jobs = {}
@@ -275,10 +366,13 @@ def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, 
 
 
 def test_two_nodes_train_with_a_log_each(slurm, shards, tmp_path):
-    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "3",
-                 sbatch_opts=["--nodes=2", *SMALL[1:]])
+    job = sbatch(
+        tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "3", sbatch_opts=["--nodes=2", *SMALL[1:]]
+    )
     info = wait_done(job, tmp_path)
-    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (tmp_path / f"slurm-{job}.out").read_text()[-3000:]
+    assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (tmp_path / f"slurm-{job}.out").read_text()[
+        -3000:
+    ]
     for node in (0, 1):
         log = (tmp_path / "logs" / f"node{node}.log").read_text()
         assert f"node {node} of 2" in log and "--rdzv_endpoint mfc-node1:" in log
@@ -292,17 +386,31 @@ def test_study_state_reads_every_array_task_and_falls_back_without_accounting(sl
 
     script = tmp_path / "task.sh"
     script.write_text("#!/bin/bash\n[[ $SLURM_ARRAY_TASK_ID == 0 ]] || sleep 60\n")
-    res = subprocess.run(["sbatch", "--parsable", "--array=0-1", "--mem=100M", f"--output={tmp_path}/a-%a.out",
-                          str(script)], capture_output=True, text=True, check=True)
+    res = subprocess.run(
+        ["sbatch", "--parsable", "--array=0-1", "--mem=100M", f"--output={tmp_path}/a-%a.out", str(script)],
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     job = res.stdout.strip()
     try:
-        wait_until(lambda: "COMPLETED" in subprocess.run(["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"],
-                                                         capture_output=True, text=True).stdout, 60, "task 0")
+        wait_until(
+            lambda: (
+                "COMPLETED"
+                in subprocess.run(
+                    ["sacct", "-n", "-X", "-P", "-j", job, "-o", "State"], capture_output=True, text=True
+                ).stdout
+            ),
+            60,
+            "task 0",
+        )
         assert slurm_state(job) == "RUNNING"  # 43_0 COMPLETED, 43_1 RUNNING: still in flight
         # without accounting storage sacct fails: squeue answers, and the study says so
         fake = tmp_path / "bin"
         fake.mkdir()
-        (fake / "sacct").write_text("#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n")
+        (fake / "sacct").write_text(
+            "#!/bin/sh\necho 'sacct: error: Slurm accounting storage is disabled' >&2\nexit 1\n"
+        )
         (fake / "sacct").chmod(0o755)
         said = []
         path = os.environ["PATH"]
@@ -317,11 +425,19 @@ def test_study_state_reads_every_array_task_and_falls_back_without_accounting(sl
 
 
 def _study(study: Path, *args: str, **env) -> str:
-    res = subprocess.run(["bash", str(ROOT / "examples" / "paper2_study.sh"), "--study-dir", str(study),
-                          "--stages", "report", *args], env={**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix,
-                                                       "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-                                                       **env},
-                         capture_output=True, text=True, timeout=120)
+    res = subprocess.run(
+        ["bash", str(ROOT / "examples" / "paper2_study.sh"), "--study-dir", str(study), "--stages", "report", *args],
+        env={
+            **os.environ,
+            "PYTHONPATH": str(ROOT),
+            "VIRTUAL_ENV": sys.prefix,
+            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+            **env,
+        },
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     return res.stdout
 
@@ -363,7 +479,9 @@ def _corpus_shards(directory: Path) -> list[Path]:
 
     texts = []
     for path in sorted((ASSETS / "corpus" / "gutenberg").glob("*.txt")):
-        texts += [p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")) if p.strip()]
+        texts += [
+            p.strip() for p in re.split(r"\n\s*\n", path.read_text(encoding="utf-8", errors="replace")) if p.strip()
+        ]
     directory.mkdir(parents=True)
     paths = []
     for s in range(6):
@@ -392,21 +510,49 @@ def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_proces
     inputs, out = tmp_path / "in", tmp_path / "idx"
     paths = _corpus_shards(inputs)
     flags = ["--id-key", "id", "--append-eod", "--valid-fraction", "0.05", "--min-doc-tokens", "65"]
-    env = {**os.environ, "PYTHONPATH": str(ROOT), "VIRTUAL_ENV": sys.prefix, "OMP_NUM_THREADS": "1",
-           "PYTHONWARNINGS": "ignore", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(ROOT),
+        "VIRTUAL_ENV": sys.prefix,
+        "OMP_NUM_THREADS": "1",
+        "PYTHONWARNINGS": "ignore",
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+    }
 
     def submit() -> tuple[str, str, str]:
-        res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", str(inputs),
-                              "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--array-size", "3",
-                              "--cpus-per-task", "1", "--time", "00:10:00", "--skip-failed", "--", *flags],
-                             env=env, capture_output=True, text=True, timeout=300)
+        res = subprocess.run(
+            [
+                "bash",
+                str(ROOT / "examples" / "preprocess_shards.sh"),
+                "--input",
+                str(inputs),
+                "--output-dir",
+                str(out),
+                "--tokenizer-model",
+                str(TOKENIZER),
+                "--array-size",
+                "3",
+                "--cpus-per-task",
+                "1",
+                "--time",
+                "00:10:00",
+                "--skip-failed",
+                "--",
+                *flags,
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert res.returncode == 0, res.stdout + res.stderr
         return re.search(r"submitted: array job (\d+) \(tasks (\S+) of 3.*manifest job (\d+)", res.stdout).groups()
 
     def tasks(array: str, want: dict[str, str]) -> dict[str, str]:
         for _ in range(100):  # slurmdbd may lag the controller by a moment
-            lines = subprocess.run(["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True,
-                                   text=True).stdout.splitlines()
+            lines = subprocess.run(
+                ["sacct", "-n", "-X", "-P", "-j", array, "-o", "JobID,State"], capture_output=True, text=True
+            ).stdout.splitlines()
             # a task's line is JOBID_TASK|STATE; slurmdbd may briefly list the array's own record (bare JOBID)
             got = dict(m.groups() for m in (re.match(r"\d+_(\d+)\|(\w+)", line) for line in lines) if m)
             if got == want:
@@ -444,13 +590,33 @@ def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_proces
     for p in good:
         name = p.name.split(".")[0]
         if name == "s01":
-            cli = [sys.executable, str(ROOT / "tools" / "preprocess_data.py"), "--input", str(p), "--output-prefix",
-                   str(ref / name), "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(TOKENIZER), *flags]
+            cli = [
+                sys.executable,
+                str(ROOT / "tools" / "preprocess_data.py"),
+                "--input",
+                str(p),
+                "--output-prefix",
+                str(ref / name),
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+                "--tokenizer-model",
+                str(TOKENIZER),
+                *flags,
+            ]
             assert subprocess.run(cli, env=env, capture_output=True, timeout=300).returncode == 0
         else:
-            preprocess(PreprocessConfig(input=[str(p)], output_prefix=str(ref / name), tokenizer_type="HuggingFaceTokenizer",
-                                        tokenizer_model=str(TOKENIZER), id_key="id", append_eod=True,
-                                        valid_fraction=0.05, min_doc_tokens=65))
+            preprocess(
+                PreprocessConfig(
+                    input=[str(p)],
+                    output_prefix=str(ref / name),
+                    tokenizer_type="HuggingFaceTokenizer",
+                    tokenizer_model=str(TOKENIZER),
+                    id_key="id",
+                    append_eod=True,
+                    valid_fraction=0.05,
+                    min_doc_tokens=65,
+                )
+            )
     produced = {p.name: p.read_bytes() for p in sorted(out.glob("*_document.*"))}
     assert len(produced) == 5 * 4 and produced == {p.name: p.read_bytes() for p in sorted(ref.glob("*_document.*"))}
     manifest = json.loads((out / "manifest.json").read_text())
@@ -458,8 +624,26 @@ def test_shard_indexing_array_cancelled_task_resubmitted_alone_equals_one_proces
     assert [e["name"] for e in manifest["excluded"]] == ["s04"]
 
     # without the bad shard nothing is left to index: the manifest step alone, no dependency
-    res = subprocess.run(["bash", str(ROOT / "examples" / "preprocess_shards.sh"), "--input", *map(str, good),
-                          "--output-dir", str(out), "--tokenizer-model", str(TOKENIZER), "--array-size", "3",
-                          "--dry-run", "--", *flags], env=env, capture_output=True, text=True, timeout=300)
+    res = subprocess.run(
+        [
+            "bash",
+            str(ROOT / "examples" / "preprocess_shards.sh"),
+            "--input",
+            *map(str, good),
+            "--output-dir",
+            str(out),
+            "--tokenizer-model",
+            str(TOKENIZER),
+            "--array-size",
+            "3",
+            "--dry-run",
+            "--",
+            *flags,
+        ],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert "# tasks to run: none (0 of 3;" in res.stdout, res.stdout + res.stderr
     assert "--array" not in res.stdout and "--dependency" not in res.stdout and "--manifest" in res.stdout

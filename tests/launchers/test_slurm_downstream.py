@@ -2,6 +2,7 @@
 training job submitted with sbatch submits one evaluation job per checkpoint due (an sbatch of its own, no
 dependency), training does not wait for them, and both checkpoints end with their scores in TensorBoard and the
 JSONL. Own module, so pytest-xdist (--dist loadfile) runs it beside the other Slurm tests."""
+
 from __future__ import annotations
 
 import json
@@ -27,20 +28,53 @@ def test_each_checkpoint_is_scored_by_an_sbatch_job_of_its_own(slurm, tmp_path):
     (tmp_path / "data").mkdir()
     corpus = write_corpus(tmp_path / "data")
     save, logs = tmp_path / "ckpt", tmp_path / "logs"
-    train = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY_TOKENIZER_VOCAB, "--train-iters", "4",
-             "--seq-length", "64",
-             "--save-interval", "2", "--save", str(save), "--tokenizer-model", str(SMOLLM2_TOKENIZER),
-             "--metrics-file", str(logs / "metrics.jsonl"), "--tensorboard-dir", str(logs / "tb"),
-             "--downstream-eval-tasks", "piqa_local", "--downstream-eval-interval", "2",
-             "--downstream-eval-limit", "2", f"--downstream-eval-sbatch={' '.join(SMALL[2:])}",
-             *data_args(corpus, "gpt")]
+    train = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        *TINY_TOKENIZER_VOCAB,
+        "--train-iters",
+        "4",
+        "--seq-length",
+        "64",
+        "--save-interval",
+        "2",
+        "--save",
+        str(save),
+        "--tokenizer-model",
+        str(SMOLLM2_TOKENIZER),
+        "--metrics-file",
+        str(logs / "metrics.jsonl"),
+        "--tensorboard-dir",
+        str(logs / "tb"),
+        "--downstream-eval-tasks",
+        "piqa_local",
+        "--downstream-eval-interval",
+        "2",
+        "--downstream-eval-limit",
+        "2",
+        f"--downstream-eval-sbatch={' '.join(SMALL[2:])}",
+        *data_args(corpus, "gpt"),
+    ]
     script = tmp_path / "train.sh"
     script.write_text("#!/bin/bash\nexec " + shlex.join(map(str, train)) + "\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_", "SBATCH_"))}
-    env.update(PATH=f"{Path(sys.executable).parent}:{env['PATH']}", PYTHONPATH=str(ROOT), OMP_NUM_THREADS="1",
-               PYTHONWARNINGS="ignore", TOKENIZERS_PARALLELISM="false", HF_DATASETS_CACHE=str(tmp_path / "hf"))
-    res = subprocess.run(["sbatch", "--parsable", *SMALL, f"--output={tmp_path}/slurm-%j.out", str(script)], env=env,
-                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    env.update(
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+        PYTHONPATH=str(ROOT),
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        TOKENIZERS_PARALLELISM="false",
+        HF_DATASETS_CACHE=str(tmp_path / "hf"),
+    )
+    res = subprocess.run(
+        ["sbatch", "--parsable", *SMALL, f"--output={tmp_path}/slurm-%j.out", str(script)],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert res.returncode == 0, res.stderr
     job = res.stdout.strip().split(";")[0]
     wait_done(job, tmp_path, 400)

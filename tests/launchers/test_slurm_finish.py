@@ -1,6 +1,7 @@
 """The launchers' last word after srun (examples/slurm_common.sh ``mfc_finish``), without a cluster: a fake
 ``scontrol`` records what it was asked. Exit 16 of Megatron's rerun state machine requeues (within
 MAX_REQUEUES); 17 ends the job with that code and the trainer's line."""
+
 from __future__ import annotations
 
 import json
@@ -17,8 +18,10 @@ def _finish(tmp_path, rc: int, record: dict, max_requeues: int = 2) -> tuple[sub
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
     (bin_dir / "scontrol").chmod(0o755)
     (log_dir / "exit-7.json").write_text(json.dumps(record))
-    script = (f"source {REPO}/examples/slurm_common.sh; MFC_CANCELLED=0 MFC_REQUEUE=0; "
-              f"mfc_finish {rc} 7 {tmp_path}/ckpt {log_dir}")
+    script = (
+        f"source {REPO}/examples/slurm_common.sh; MFC_CANCELLED=0 MFC_REQUEUE=0; "
+        f"mfc_finish {rc} 7 {tmp_path}/ckpt {log_dir}"
+    )
     env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAX_REQUEUES": str(max_requeues)}
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     log = tmp_path / "scontrol.log"
@@ -44,15 +47,17 @@ def test_rerun_exit_17_ends_the_job_with_its_code_and_line(tmp_path):
 
 
 def test_exit_duration_requeues_as_the_time_limit_does(tmp_path):
-    proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None,
-                                        "stopped_by": "--exit-duration-in-mins"})
+    proc, calls = _finish(
+        tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None, "stopped_by": "--exit-duration-in-mins"}
+    )
     assert proc.returncode == 0 and calls.splitlines() == ["requeue 7"], proc.stderr
     assert "stopped at step 5 of 20 by --exit-duration-in-mins: requeueing" in proc.stderr
 
 
 def test_exit_interval_ends_the_job_as_asked_and_says_so(tmp_path):
-    proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None,
-                                        "stopped_by": "--exit-interval"})
+    proc, calls = _finish(
+        tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None, "stopped_by": "--exit-interval"}
+    )
     assert proc.returncode == 0 and calls == "", proc.stderr
     assert "stopped at step 5 of 20 by --exit-interval, as asked: not requeued" in proc.stderr
 
@@ -62,11 +67,15 @@ def test_a_signal_to_the_step_alone_ends_the_job_unfinished(tmp_path):
     trainer checkpoints and exits 0, and the job must not end COMPLETED as if the run were done."""
     proc, calls = _finish(tmp_path, 0, {"code": 0, "step": 5, "max_steps": 20, "error": None, "stopped_by": "signal"})
     assert proc.returncode == 3 and calls == "", proc.stderr
-    assert proc.stderr.strip().splitlines()[-1].startswith("unfinished: the trainer stopped at step 5 of 20 on a signal")
+    assert (
+        proc.stderr.strip().splitlines()[-1].startswith("unfinished: the trainer stopped at step 5 of 20 on a signal")
+    )
 
 
 def test_a_finished_run_and_a_record_without_a_step_end_with_code_0(tmp_path):
-    for record in ({"code": 0, "step": 20, "max_steps": 20, "error": None, "stopped_by": None},
-                   {"code": 0, "step": None, "max_steps": 20, "error": None}):
+    for record in (
+        {"code": 0, "step": 20, "max_steps": 20, "error": None, "stopped_by": None},
+        {"code": 0, "step": None, "max_steps": 20, "error": None},
+    ):
         proc, calls = _finish(tmp_path, 0, record)
         assert proc.returncode == 0 and calls == "" and "unfinished" not in proc.stderr, proc.stderr

@@ -4,6 +4,7 @@ the batch shell at a chosen moment. A USR1 before the training started requeues 
 after sends the trainer's own --exit-signal and writes the stop file that ranks not yet started read; a
 cancel that comes between the exit record and the requeue wins; a rank that starts after the stop file
 exits at once."""
+
 from __future__ import annotations
 
 import json
@@ -31,14 +32,32 @@ def _launch(tmp_path, fakes: dict[str, str], *extra: str) -> tuple[subprocess.Co
         _fake(bin_dir, name, f'echo "{name} $*" >> {calls}\n' + fakes.get(name, ""))
     for name in set(fakes) - {"srun", "scancel", "scontrol"}:
         _fake(bin_dir, name, fakes[name])
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
-           "PYTHONPATH": str(REPO), "SLURM_JOB_ID": "7", "SLURM_NNODES": "1", "GPUS_PER_NODE": "1",
-           "CPUS_PER_TASK": "1", "CKPT_DIR": str(tmp_path / "ckpt"), "LOG_DIR": str(tmp_path / "logs"),
-           "TENSORBOARD_DIR": "", "MAX_REQUEUES": "3", "REAL_PYTHON": sys.executable}
-    script = (f'export MFC_TEST_SHELL=$$; MFC_ROOT={REPO} RECIPE=examples/recipes/tiny_cpu.yaml RUN_NAME=t; '
-              f'source {REPO}/examples/slurm_common.sh; mfc_launch "$@"')
-    proc = subprocess.run(["bash", "-c", script, "launcher", *TRAINER, *extra], env=env, capture_output=True,
-                          text=True, timeout=300, cwd=tmp_path)
+    env = {
+        **os.environ,
+        "PATH": f"{bin_dir}:{os.path.dirname(sys.executable)}:{os.environ['PATH']}",
+        "PYTHONPATH": str(REPO),
+        "SLURM_JOB_ID": "7",
+        "SLURM_NNODES": "1",
+        "GPUS_PER_NODE": "1",
+        "CPUS_PER_TASK": "1",
+        "CKPT_DIR": str(tmp_path / "ckpt"),
+        "LOG_DIR": str(tmp_path / "logs"),
+        "TENSORBOARD_DIR": "",
+        "MAX_REQUEUES": "3",
+        "REAL_PYTHON": sys.executable,
+    }
+    script = (
+        f"export MFC_TEST_SHELL=$$; MFC_ROOT={REPO} RECIPE=examples/recipes/tiny_cpu.yaml RUN_NAME=t; "
+        f'source {REPO}/examples/slurm_common.sh; mfc_launch "$@"'
+    )
+    proc = subprocess.run(
+        ["bash", "-c", script, "launcher", *TRAINER, *extra],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     lines = calls.read_text().splitlines() if calls.exists() else []
     return proc, "\n".join(line for line in lines if line != "scontrol show config")  # srun's --cpu-bind question
 
@@ -55,8 +74,10 @@ def test_usr1_during_the_checks_before_the_training_requeues_without_starting_it
 
 def test_usr1_during_the_training_sends_the_exit_signal_and_writes_the_stop_file(tmp_path):
     record = json.dumps({"code": 0, "step": 4, "max_steps": 10, "error": None})
-    srun = (f'kill -USR1 "$MFC_TEST_SHELL"; sleep 1; test -f "$MFC_STOP_FILE" && echo stop-file >> {tmp_path}/calls.log; '
-            f"echo '{record}' > \"$MFC_EXIT_RECORD\"")
+    srun = (
+        f'kill -USR1 "$MFC_TEST_SHELL"; sleep 1; test -f "$MFC_STOP_FILE" && echo stop-file >> {tmp_path}/calls.log; '
+        f"echo '{record}' > \"$MFC_EXIT_RECORD\""
+    )
     proc, calls = _launch(tmp_path, {"srun": srun}, "--exit-signal", "SIGUSR2")
     assert proc.returncode == 0, proc.stderr[-3000:]
     lines = calls.splitlines()
@@ -66,7 +87,7 @@ def test_usr1_during_the_training_sends_the_exit_signal_and_writes_the_stop_file
 
 def test_a_cancel_between_the_exit_record_and_the_requeue_wins(tmp_path):
     record = json.dumps({"code": 0, "step": 4, "max_steps": 10, "error": None})
-    srun = f"kill -USR1 \"$MFC_TEST_SHELL\"; sleep 1; echo '{record}' > \"$MFC_EXIT_RECORD\""
+    srun = f'kill -USR1 "$MFC_TEST_SHELL"; sleep 1; echo \'{record}\' > "$MFC_EXIT_RECORD"'
     mv = 'kill -TERM "$MFC_TEST_SHELL"; exec /bin/mv "$@"'  # the requeue counter is moved into place last
     proc, calls = _launch(tmp_path, {"srun": srun, "mv": mv})
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -78,8 +99,14 @@ def test_a_rank_that_starts_after_the_stop_file_exits_at_once(tmp_path):
     stop = tmp_path / "stop-7"
     stop.touch()
     env = {**os.environ, "PYTHONPATH": str(REPO), "MFC_STOP_FILE": str(stop)}
-    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--exit-signal-handler", *TRAINER],
-                          env=env, capture_output=True, text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_fixedcode.pretrain", "--exit-signal-handler", *TRAINER],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout == "", proc.stderr[-3000:]
-    assert proc.stderr.strip() == (f"the launcher asked the job to stop ({stop}) before this rank started: nothing "
-                                   "to checkpoint yet, exiting")
+    assert proc.stderr.strip() == (
+        f"the launcher asked the job to stop ({stop}) before this rank started: nothing to checkpoint yet, exiting"
+    )

@@ -1,5 +1,6 @@
 """The new input interfaces inside the model, on one rank: exactly the spec's inputs, no trainable
 parameter except lowdim's V×K coordinates, backbone init unchanged, checkpoint identity."""
+
 import numpy as np
 import pytest
 import torch
@@ -20,8 +21,9 @@ NEW = {  # name -> ModelConfig fields
 
 
 def tiny(**kw) -> ModelConfig:
-    fields = dict(num_layers=2, hidden_size=40, num_attention_heads=4, ffn_hidden_size=64, seq_length=16,
-                  vocab_size=VOCAB)
+    fields = dict(
+        num_layers=2, hidden_size=40, num_attention_heads=4, ffn_hidden_size=64, seq_length=16, vocab_size=VOCAB
+    )
     fields.update(kw)
     return ModelConfig(**fields)
 
@@ -66,8 +68,10 @@ def test_norm_match_gives_the_learned_tables_rms(single_rank):
 
 def test_centered_table_free_equals_lookup(single_rank):
     ids = torch.arange(VOCAB).reshape(1, -1)
-    outs = [build(single_rank, tiny(input_embedding="gf2", code_centered=True, code_impl=impl)).embedding(ids, None)
-            for impl in ("table_free", "lookup")]
+    outs = [
+        build(single_rank, tiny(input_embedding="gf2", code_centered=True, code_impl=impl)).embedding(ids, None)
+        for impl in ("table_free", "lookup")
+    ]
     assert torch.equal(*outs)
 
 
@@ -106,8 +110,11 @@ def test_state_dict_round_trip_and_another_code_refused(single_rank, name):
     cfg = tiny(**NEW[name])
     sd = build(single_rank, cfg).state_dict()
     build(single_rank, cfg).load_state_dict(sd)
-    other = dict(NEW[name], code_seed=99) if name != "binary_centered" else dict(input_embedding="binary",
-                                                                                   code_centered=True, code_scale=2.0)
+    other = (
+        dict(NEW[name], code_seed=99)
+        if name != "binary_centered"
+        else dict(input_embedding="binary", code_centered=True, code_scale=2.0)
+    )
     with pytest.raises(ValueError, match="refusing to load a different token"):
         build(single_rank, tiny(**other)).load_state_dict(sd)
 

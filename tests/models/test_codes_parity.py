@@ -1,6 +1,7 @@
 """The research input interfaces under TP=2 with sequence parallelism match one rank (same loss,
 same gradients, fp32 rtol 1e-5) — including lowdim's TP-replicated coordinates, whose gradient
 only adds up when finalize_model_grads sums the two sequence halves — and issue no collective."""
+
 import json
 
 import pytest

@@ -1,4 +1,5 @@
 """FixedCodeEmbedding and the model around it, on one rank."""
+
 import dataclasses
 
 import numpy as np
@@ -21,8 +22,15 @@ VOCAB = 49152
 
 
 def tiny(input_embedding="binary", **kw) -> ModelConfig:
-    fields = dict(num_layers=2, hidden_size=40, num_attention_heads=4, ffn_hidden_size=64,
-                  seq_length=16, vocab_size=VOCAB, input_embedding=input_embedding)
+    fields = dict(
+        num_layers=2,
+        hidden_size=40,
+        num_attention_heads=4,
+        ffn_hidden_size=64,
+        seq_length=16,
+        vocab_size=VOCAB,
+        input_embedding=input_embedding,
+    )
     fields.update(kw)
     return ModelConfig(**fields)
 
@@ -58,13 +66,21 @@ def test_table_free_equals_lookup_bit_for_bit(single_rank, kind):
 
 @pytest.mark.parametrize("kernel", ["torch", "fused"])
 @pytest.mark.parametrize("impl", ["table_free", "lookup"])
-@pytest.mark.parametrize("vocab,code_bits,word", [(200, None, torch.uint8), (1000, None, torch.int16),
-                                                  (VOCAB, None, torch.int16), (VOCAB, 20, torch.int32),
-                                                  (3000, 40, torch.int64)])
+@pytest.mark.parametrize(
+    "vocab,code_bits,word",
+    [
+        (200, None, torch.uint8),
+        (1000, None, torch.int16),
+        (VOCAB, None, torch.int16),
+        (VOCAB, 20, torch.int32),
+        (3000, 40, torch.int64),
+    ],
+)
 @pytest.mark.slow
 @pytest.mark.parametrize("centered,scale,bf16", [(False, 1.0, False), (True, 0.37, True), (False, 3.0, True)])
-def test_fast_forward_equals_the_per_bit_reference(single_rank, kernel, impl, vocab, code_bits, word, centered, scale,
-                                                    bf16):
+def test_fast_forward_equals_the_per_bit_reference(
+    single_rank, kernel, impl, vocab, code_bits, word, centered, scale, bf16
+):
     """The forward (torch: code words → byte-value gather → one tiled write; fused: the compiled CPU
     kernel) against code_bits → bit_values → lift, and against the numpy spec, for every id:
     K of 8/10/16/20/40 bits (hidden 72: a partial last tile), both implementations."""
@@ -73,13 +89,29 @@ def test_fast_forward_equals_the_per_bit_reference(single_rank, kernel, impl, vo
 
     skip_unless_kernel_builds(kernel)
     hidden = 72
-    cfg = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=16, seq_length=8,
-                      vocab_size=vocab, bf16=bf16)
-    spec = CodeSpec.create(kind="gf2", vocab_size=vocab, hidden_size=hidden, code_bits=code_bits, offset=0b101,
-                           scale=scale, implementation=impl, centered=centered)
+    cfg = ModelConfig(
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        ffn_hidden_size=16,
+        seq_length=8,
+        vocab_size=vocab,
+        bf16=bf16,
+    )
+    spec = CodeSpec.create(
+        kind="gf2",
+        vocab_size=vocab,
+        hidden_size=hidden,
+        code_bits=code_bits,
+        offset=0b101,
+        scale=scale,
+        implementation=impl,
+        centered=centered,
+    )
     assert _code_word_dtype(spec.num_bits) == word
-    module = embedding_class(spec)(build_transformer_config(cfg, ParallelLayout()), spec, tp_group=single_rank.tp,
-                                   kernel=kernel)
+    module = embedding_class(spec)(
+        build_transformer_config(cfg, ParallelLayout()), spec, tp_group=single_rank.tp, kernel=kernel
+    )
     ids_BS = torch.randperm(vocab).reshape(2, -1)  # [b, s] with ids in no particular order
     x_SBH = module(ids_BS)
     reference = module.lift(module.bit_values(module.code_bits(ids_BS.t())))
@@ -129,7 +161,9 @@ def test_no_trainable_input_parameters_and_report(single_rank):
 
 def test_backbone_init_does_not_depend_on_input_interface(single_rank):
     states = {k: build(single_rank, tiny(k)).state_dict() for k in ("learned", "binary", "gf2")}
-    backbone = [k for k, v in states["binary"].items() if k.startswith(("decoder.", "output_layer.")) and torch.is_tensor(v)]
+    backbone = [
+        k for k, v in states["binary"].items() if k.startswith(("decoder.", "output_layer.")) and torch.is_tensor(v)
+    ]
     assert len(backbone) > 10
     for key in backbone:
         assert torch.equal(states["learned"][key], states["binary"][key]), key
@@ -173,9 +207,14 @@ def test_untied_head_and_no_learned_positions_enforced(single_rank):
     from megatron_fixedcode.models.gpt import InputInterfaceGPTModel
 
     with pytest.raises(ValueError, match="share_embeddings_and_output_weights"):
-        InputInterfaceGPTModel(embedding_factory=build_embedding_factory(cfg), config=config,
-                               transformer_layer_spec=build_layer_spec(cfg, config), vocab_size=49152,
-                               max_sequence_length=16, share_embeddings_and_output_weights=True)
+        InputInterfaceGPTModel(
+            embedding_factory=build_embedding_factory(cfg),
+            config=config,
+            transformer_layer_spec=build_layer_spec(cfg, config),
+            vocab_size=49152,
+            max_sequence_length=16,
+            share_embeddings_and_output_weights=True,
+        )
 
 
 def test_state_dict_carries_code_and_refuses_a_different_code(single_rank):

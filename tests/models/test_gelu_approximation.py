@@ -1,5 +1,6 @@
 """GELU as computed: megatron's fused bias-GELU kernel (on by default on GPUs) computes the tanh approximation,
 its unfused MLP erf. A run records which (ModelConfig.gelu_approximation); a CPU rebuild computes the same."""
+
 import torch
 from megatron.core.fusions.fused_bias_gelu import bias_gelu
 
@@ -7,8 +8,17 @@ from megatron_fixedcode.models import ModelConfig
 from megatron_fixedcode.models.builder import gelu_tanh, mlp_activation
 from megatron_fixedcode.training.gpu_features import settle_gelu_approximation
 
-GPT2 = dict(num_layers=1, hidden_size=8, num_attention_heads=2, ffn_hidden_size=16, seq_length=8, vocab_size=32,
-            block="gpt_gelu", add_bias_linear=True, input_embedding="learned")
+GPT2 = dict(
+    num_layers=1,
+    hidden_size=8,
+    num_attention_heads=2,
+    ffn_hidden_size=16,
+    seq_length=8,
+    vocab_size=32,
+    block="gpt_gelu",
+    add_bias_linear=True,
+    input_embedding="learned",
+)
 
 
 def test_unfused_tanh_gelu_is_the_fused_kernels_function():

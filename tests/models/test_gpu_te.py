@@ -1,4 +1,5 @@
 """GPU-only checks of the input interface: CUDA codes equal the numpy reference, TE path trains."""
+
 import importlib.util
 
 import numpy as np
@@ -12,8 +13,16 @@ pytestmark = pytest.mark.gpu
 
 
 def tiny(variant, **kw):
-    return ModelConfig(num_layers=2, hidden_size=256, num_attention_heads=4, ffn_hidden_size=512,
-                       seq_length=128, vocab_size=49152, input_embedding=variant, **kw)
+    return ModelConfig(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        ffn_hidden_size=512,
+        seq_length=128,
+        vocab_size=49152,
+        input_embedding=variant,
+        **kw,
+    )
 
 
 @pytest.mark.parametrize("impl", ["table_free", "lookup"])

@@ -1,6 +1,7 @@
 """TP=2 with sequence parallelism and PP=2 match one rank: same loss, same gradients (fp32,
 rtol 1e-5), for learned, binary and gf2 inputs and Megatron-LM's GPT-2 block (tied table, learned
 positions, biases); the fixed-code input layer issues no collective."""
+
 import json
 
 import pytest

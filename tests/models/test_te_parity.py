@@ -9,6 +9,7 @@ Tolerance (BF16, 2 blocks, hidden 256): relative L2 error of the logits ||te - l
 <= 2e-2 (BF16 has an 8-bit mantissa, 2^-8 = 3.9e-3 per rounding; fused vs unfused kernels round at
 different places), mean NLL within 1e-2 nats, and >= 95% of argmax predictions equal.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -20,9 +21,12 @@ from megatron_fixedcode.compat import ParallelLayout
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
 from tests.helpers.te import copy_local_into_te
 
-pytestmark = [pytest.mark.gpu,
-              pytest.mark.skipif(importlib.util.find_spec("transformer_engine") is None,
-                                 reason="Transformer Engine is not installed")]
+pytestmark = [
+    pytest.mark.gpu,
+    pytest.mark.skipif(
+        importlib.util.find_spec("transformer_engine") is None, reason="Transformer Engine is not installed"
+    ),
+]
 
 REL_L2, NLL_ATOL, ARGMAX_AGREE = 2e-2, 1e-2, 0.95
 
@@ -33,8 +37,16 @@ def model(cfg: ModelConfig, pg):
 
 @pytest.mark.parametrize("variant", ["learned", "binary", "gf2"])
 def test_te_and_local_layers_give_the_same_logits_in_bf16(single_rank, variant):
-    kw = dict(num_layers=2, hidden_size=256, num_attention_heads=4, ffn_hidden_size=512, seq_length=128,
-              vocab_size=49152, input_embedding=variant, bf16=True)
+    kw = dict(
+        num_layers=2,
+        hidden_size=256,
+        num_attention_heads=4,
+        ffn_hidden_size=512,
+        seq_length=128,
+        vocab_size=49152,
+        input_embedding=variant,
+        bf16=True,
+    )
     torch.manual_seed(0)
     local = model(ModelConfig(transformer_impl="local", **kw), single_rank)
     te = model(ModelConfig(transformer_impl="transformer_engine", **kw), single_rank)

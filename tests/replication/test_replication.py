@@ -1,6 +1,7 @@
 """The small-scale study's runner: run identity (config hash), skip-what-is-done, the report's
 arithmetic, and the whole --quick path end to end, including a deleted record retrained to the same
 perplexity and --verify."""
+
 import json
 import shutil
 import subprocess
@@ -35,13 +36,23 @@ def test_full_plan_is_three_seeds_of_each_main_variant_and_the_controls():
 def test_config_hash_covers_what_decides_the_numbers(tmp_path):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("hidden_size: 64\n")
-    plan = StudyPlan(name="t", recipe=recipe, vocab_size=512, corpus_mb=1, train_iters=10, eval_tokens=100,
-                     runs=(Run("learned", 1), Run("binary", 1)))
+    plan = StudyPlan(
+        name="t",
+        recipe=recipe,
+        vocab_size=512,
+        corpus_mb=1,
+        train_iters=10,
+        eval_tokens=100,
+        runs=(Run("learned", 1), Run("binary", 1)),
+    )
     h = plan.config_hash(Run("binary", 1), "data1")
     assert h == plan.config_hash(Run("binary", 1), "data1")
-    different = {plan.config_hash(Run("binary", 2), "data1"), plan.config_hash(Run("learned", 1), "data1"),
-                 plan.config_hash(Run("binary", 1), "data2"),
-                 StudyPlan(**{**plan.__dict__, "train_iters": 11}).config_hash(Run("binary", 1), "data1")}
+    different = {
+        plan.config_hash(Run("binary", 2), "data1"),
+        plan.config_hash(Run("learned", 1), "data1"),
+        plan.config_hash(Run("binary", 1), "data2"),
+        StudyPlan(**{**plan.__dict__, "train_iters": 11}).config_hash(Run("binary", 1), "data1"),
+    }
     recipe.write_text("# a comment does not decide a number\nhidden_size:   64   # nor does layout\n")
     assert plan.config_hash(Run("binary", 1), "data1") == h
     recipe.write_text("hidden_size: 96\n")
@@ -57,14 +68,20 @@ def test_store_counts_a_record_only_for_its_config_hash(tmp_path):
     assert store.is_done(run, "abc") and not store.is_done(run, "abd")
     assert not list((tmp_path / "results").glob("*.tmp"))
     assert store.current((run, Run("learned", 1)), {run: "abc", Run("learned", 1): "x"}) == {
-        run: {"config_hash": "abc", "val_ppl": 12.5}}
+        run: {"config_hash": "abc", "val_ppl": 12.5}
+    }
     assert store.current((run,), {run: "other"}) == {}
 
 
 def test_table_gives_seed_ranges_and_the_gap_in_percent_not_in_learned_seed_ranges():
-    records = {Run("learned", 1): {"val_ppl": 100.0}, Run("learned", 2): {"val_ppl": 104.0},
-               Run("learned", 3): {"val_ppl": 102.0}, Run("binary", 1): {"val_ppl": 110.0},
-               Run("binary", 2): {"val_ppl": 112.0}, Run("random", 1): {"val_ppl": 101.0}}
+    records = {
+        Run("learned", 1): {"val_ppl": 100.0},
+        Run("learned", 2): {"val_ppl": 104.0},
+        Run("learned", 3): {"val_ppl": 102.0},
+        Run("binary", 1): {"val_ppl": 110.0},
+        Run("binary", 2): {"val_ppl": 112.0},
+        Run("random", 1): {"val_ppl": 101.0},
+    }
     table = variant_table(records)
     assert list(table) == ["learned", "binary", "random"]
     assert gap_percent(table, "binary") == pytest.approx(100 * (111.0 - 102.0) / 102.0)
@@ -79,15 +96,25 @@ def test_table_gives_seed_ranges_and_the_gap_in_percent_not_in_learned_seed_rang
 
 def test_read_curve_keeps_the_last_line_of_a_step_logged_twice_on_resume(tmp_path):
     path = tmp_path / "m.jsonl"
-    lines = [{"step": 1, "loss": 5.0}, {"step": 2, "loss": 4.0, "val_loss": 4.5}, {"step": 3, "loss": 3.9},
-             {"step": 3, "loss": 3.8}, {"step": 4, "loss": 3.5, "val_loss": 3.6}]
+    lines = [
+        {"step": 1, "loss": 5.0},
+        {"step": 2, "loss": 4.0, "val_loss": 4.5},
+        {"step": 3, "loss": 3.9},
+        {"step": 3, "loss": 3.8},
+        {"step": 4, "loss": 3.5, "val_loss": 3.6},
+    ]
     path.write_text("".join(json.dumps(x) + "\n" for x in lines))
     assert read_curve(path) == ([1, 2, 3, 4], [5.0, 4.0, 3.8, 3.5], [2, 4], [4.5, 3.6])
 
 
 def _study(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "megatron_fixedcode.replication", "--quick", *args],
-                          capture_output=True, text=True, cwd=REPO, timeout=900)
+    return subprocess.run(
+        [sys.executable, "-m", "megatron_fixedcode.replication", "--quick", *args],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+        timeout=900,
+    )
 
 
 @pytest.mark.slow
@@ -119,8 +146,10 @@ def test_quick_study_end_to_end_skips_what_is_done_and_reproduces_a_run(tmp_path
     third = _study("--work-dir", work)
     assert third.returncode == 0 and f"trained 1 now, skipped {len(plan.runs) - 1}" in third.stdout
     redone = json.loads((results / "learned_s2.json").read_text())
-    assert (redone["val_loss"], redone["val_ppl"]) == (records[Run("learned", 2)]["val_loss"],
-                                                       records[Run("learned", 2)]["val_ppl"])
+    assert (redone["val_loss"], redone["val_ppl"]) == (
+        records[Run("learned", 2)]["val_loss"],
+        records[Run("learned", 2)]["val_ppl"],
+    )
 
     check = _study("--work-dir", work, "--verify", "binary:1")
     assert check.returncode == 0 and "binary_s1: held-out PPL" in check.stdout and "reproduced" in check.stdout

@@ -10,6 +10,7 @@ among rooms (the subpackages and root modules of ``megatron_fixedcode``, e.g. ``
 
 The 400-line rule and the CLI rule have no exceptions either.
 """
+
 import ast
 from pathlib import Path
 
@@ -128,9 +129,11 @@ def test_no_file_over_400_lines():
 
 def test_library_does_not_import_its_cli():
     """cli/ holds the commands' entry points: only tools/ and the entry points import it (lazy imports count)."""
-    importers = {m for m, targets in _import_graph().items()
-                 if not m.startswith("megatron_fixedcode.cli") and any(t.startswith("megatron_fixedcode.cli")
-                                                                       for t in targets)}
+    importers = {
+        m
+        for m, targets in _import_graph().items()
+        if not m.startswith("megatron_fixedcode.cli") and any(t.startswith("megatron_fixedcode.cli") for t in targets)
+    }
     assert sorted(importers) == []
 
 
@@ -138,8 +141,11 @@ def test_library_does_not_import_its_cli():
 def test_rooms_below_training_do_not_import_it(room):
     """Reading a checkpoint in one process needs the checkpoint room, not the trainer."""
     graph = _import_graph()
-    offenders = {m: sorted(t for t in targets if t.startswith("megatron_fixedcode.training"))
-                 for m, targets in graph.items() if _room(m) == f"megatron_fixedcode.{room}"}
+    offenders = {
+        m: sorted(t for t in targets if t.startswith("megatron_fixedcode.training"))
+        for m, targets in graph.items()
+        if _room(m) == f"megatron_fixedcode.{room}"
+    }
     assert {m: t for m, t in offenders.items() if t} == {}
 
 

@@ -1,4 +1,5 @@
 """The benchmarks run (``--smoke``) and report what they promise. No timing assertions."""
+
 import json
 import os
 import subprocess
@@ -16,8 +17,14 @@ from tests.helpers import REPO
 
 def run_benchmark(script: str, *args: str, timeout: int = 300) -> dict:
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    proc = subprocess.run([sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--json", *args],
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=timeout)
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "benchmarks" / script), "--smoke", "--json", *args],
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
@@ -81,9 +88,11 @@ def test_dataloader_benchmark():
     result = run_benchmark("dataloader.py")
     assert result["consumption_samples_per_s"] == 8.0  # 128 samples / 8 s / 2 ranks
     assert result["samples_per_s"] > 0 and result["headroom"] == pytest.approx(
-        result["samples_per_s"] / result["consumption_samples_per_s"])
+        result["samples_per_s"] / result["consumption_samples_per_s"]
+    )
     assert result["gpt_samples_per_s"] > 0 and result["gpt_headroom"] == pytest.approx(
-        result["gpt_samples_per_s"] / result["consumption_samples_per_s"])
+        result["gpt_samples_per_s"] / result["consumption_samples_per_s"]
+    )
 
 
 def _old_lift(module: FixedCodeEmbedding, bits_SBK: torch.Tensor) -> torch.Tensor:
@@ -96,8 +105,15 @@ def _old_lift(module: FixedCodeEmbedding, bits_SBK: torch.Tensor) -> torch.Tenso
 @pytest.mark.parametrize("impl", ["table_free", "lookup"])
 @pytest.mark.parametrize("hidden,scale,bf16", [(64, 1.0, False), (40, 0.37, False), (72, 0.37, True), (16, 3.0, True)])
 def test_fixed_code_lift_is_bit_identical_to_repeat(single_rank, impl, hidden, scale, bf16):
-    cfg = ModelConfig(num_layers=1, hidden_size=hidden, num_attention_heads=4, ffn_hidden_size=16, seq_length=8,
-                      vocab_size=1000, bf16=bf16)
+    cfg = ModelConfig(
+        num_layers=1,
+        hidden_size=hidden,
+        num_attention_heads=4,
+        ffn_hidden_size=16,
+        seq_length=8,
+        vocab_size=1000,
+        bf16=bf16,
+    )
     config = build_transformer_config(cfg, ParallelLayout())
     spec = CodeSpec.create(kind="gf2", vocab_size=1000, hidden_size=hidden, scale=scale, implementation=impl, offset=5)
     module = FixedCodeEmbedding(config, spec, tp_group=single_rank.tp)
@@ -115,9 +131,14 @@ def test_ratio_plot_scores_targets_both_ways(tmp_path):
     from plot_ratios import collect_ratios, main
 
     emb = {"benchmark": "embedding", "fixed_fwd_fraction_of_bandwidth": 0.9, "fixed_over_learned_step_time": 0.02}
-    rec = {"recipe": "tiny", "megatron_binary_peak_saving_bytes": 48, "table_state_bytes": 48,
-           **{f"megatron_over_torch_{i}": 0.85 for i in ("learned", "binary", "gf2")},
-           "megatron_binary_over_learned_tokens_per_s": 1.04, "megatron_gf2_over_learned_tokens_per_s": 1.06}
+    rec = {
+        "recipe": "tiny",
+        "megatron_binary_peak_saving_bytes": 48,
+        "table_state_bytes": 48,
+        **{f"megatron_over_torch_{i}": 0.85 for i in ("learned", "binary", "gf2")},
+        "megatron_binary_over_learned_tokens_per_s": 1.04,
+        "megatron_gf2_over_learned_tokens_per_s": 1.06,
+    }
     data = {"benchmark": "dataloader", "headroom": 500.0, "gpt_headroom": 9.0}
     rows = {r.label: r for r in collect_ratios([emb, {"benchmark": "train_step", "recipes": [rec]}, data])}
     assert not rows["input layer: fixed forward / bandwidth bound"].met

@@ -11,6 +11,7 @@ A run block sees `/tmp/` as a fresh directory of this test; nothing else is rewr
 data from tests/assets, as a clone has it). Each block is one test with the id
 `FILE:Lnn`; `pytest -rA tests/repository/test_docs.py` lists what ran, and each skip says why.
 """
+
 from __future__ import annotations
 
 import ast
@@ -25,16 +26,18 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 SHELL = ("bash", "sh", "console")
-MARKER = re.compile(r"^<!--\s*(run after (?P<after>\S+)|run by (?P<by>.+?)|not run:\s*(?P<why>.+?)|(?P<run>run))\s*-->$")
+MARKER = re.compile(
+    r"^<!--\s*(run after (?P<after>\S+)|run by (?P<by>.+?)|not run:\s*(?P<why>.+?)|(?P<run>run))\s*-->$"
+)
 BLOCK_TIMEOUT_S = 300
 
 
 @dataclass
 class Block:
-    doc: str       # path relative to the repository root
-    line: int      # line of the opening fence
+    doc: str  # path relative to the repository root
+    line: int  # line of the opening fence
     code: str
-    marker: str    # the comment above, "" when there is none
+    marker: str  # the comment above, "" when there is none
 
     @property
     def id(self) -> str:
@@ -57,7 +60,7 @@ def shell_blocks(path: Path, root: Path = REPO) -> list[Block]:
         if m.group(1) in SHELL:
             above = lines[i - 1].strip() if i else ""
             marker = above if above.startswith("<!--") else ""
-            blocks.append(Block(str(path.relative_to(root)), i + 1, "\n".join(lines[i + 1:end]), marker))
+            blocks.append(Block(str(path.relative_to(root)), i + 1, "\n".join(lines[i + 1 : end]), marker))
         i = end + 1
     return blocks
 
@@ -66,9 +69,11 @@ def parse_marker(block: Block) -> tuple[str, str]:
     """("run" | "after" | "by" | "skip", detail); ValueError for a block without a valid marker."""
     m = MARKER.match(block.marker)
     if not m:
-        raise ValueError(f"{block.id}: a shell block needs <!-- run -->, <!-- run after DOC -->, "
-                         f"<!-- run by tests/FILE::TEST -->, or <!-- not run: why --> on the line above "
-                         f"(found {block.marker or 'nothing'!r})")
+        raise ValueError(
+            f"{block.id}: a shell block needs <!-- run -->, <!-- run after DOC -->, "
+            f"<!-- run by tests/FILE::TEST -->, or <!-- not run: why --> on the line above "
+            f"(found {block.marker or 'nothing'!r})"
+        )
     for kind in ("after", "by", "why"):
         if m.group(kind):
             return {"why": "skip"}.get(kind, kind), m.group(kind)
@@ -98,10 +103,15 @@ def run_block(block: Block, workdir: Path, root: Path = REPO) -> subprocess.Comp
     """Run one block with bash -e in `root`; /tmp/ rewritten as the module says."""
     workdir.mkdir(parents=True, exist_ok=True)
     code = block.code.replace("/tmp/", f"{workdir}/")
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}",
-           "TMPDIR": str(workdir)}
-    return subprocess.run(["bash", "-e", "-o", "pipefail", "-c", code], cwd=root, env=env,
-                          capture_output=True, text=True, timeout=BLOCK_TIMEOUT_S)
+    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}", "TMPDIR": str(workdir)}
+    return subprocess.run(
+        ["bash", "-e", "-o", "pipefail", "-c", code],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=BLOCK_TIMEOUT_S,
+    )
 
 
 ALL_BLOCKS = [b for f in doc_files() for b in shell_blocks(f)]
@@ -118,7 +128,9 @@ _done: set[str] = set()
 def _run(block: Block, workdir: Path) -> None:
     r = run_block(block, workdir)
     print(f"{block.id} ran:\n{block.code}\n--- stdout (tail)\n{r.stdout[-2000:]}")
-    assert r.returncode == 0, f"{block.id} failed (exit {r.returncode}):\n{block.code}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    assert r.returncode == 0, (
+        f"{block.id} failed (exit {r.returncode}):\n{block.code}\n{r.stdout[-3000:]}\n{r.stderr[-3000:]}"
+    )
     _done.add(block.id)
 
 
@@ -140,18 +152,24 @@ def test_doc_block(block, workdir):
 
 # The runner itself, on a fake repository.
 
+
 def _fake_repo(tmp_path: Path, readme: str) -> Path:
     (tmp_path / "docs").mkdir(parents=True)
     (tmp_path / "tests").mkdir()
-    (tmp_path / "tests" / "test_x.py").write_text("def test_y():\n    pass\n\nclass TestZ:\n    def test_w(self):\n        pass\n")
+    (tmp_path / "tests" / "test_x.py").write_text(
+        "def test_y():\n    pass\n\nclass TestZ:\n    def test_w(self):\n        pass\n"
+    )
     (tmp_path / "README.md").write_text(readme)
     return tmp_path
 
 
 def test_runner_fails_a_broken_command_and_passes_a_working_one(tmp_path):
-    root = _fake_repo(tmp_path / "repo", "# t\n\n<!-- run -->\n```bash\necho ok > /tmp/out\n"
-                      "python -c 'import sys; sys.exit(3)'   # broken on purpose\necho never\n```\n\n"
-                      "<!-- run -->\n```sh\npython -c 'print(1)'\ncat /tmp/out\n```\n")
+    root = _fake_repo(
+        tmp_path / "repo",
+        "# t\n\n<!-- run -->\n```bash\necho ok > /tmp/out\n"
+        "python -c 'import sys; sys.exit(3)'   # broken on purpose\necho never\n```\n\n"
+        "<!-- run -->\n```sh\npython -c 'print(1)'\ncat /tmp/out\n```\n",
+    )
     broken, good = shell_blocks(root / "README.md", root)
     assert (broken.id, good.id) == ("README.md:L4", "README.md:L11")
     assert parse_marker(broken) == ("run", "")
@@ -163,12 +181,18 @@ def test_runner_fails_a_broken_command_and_passes_a_working_one(tmp_path):
 
 
 def test_runner_refuses_unmarked_blocks_and_tests_that_do_not_exist(tmp_path):
-    root = _fake_repo(tmp_path, "<!-- run by tests/test_x.py::test_y, tests/test_x.py::TestZ::test_w -->\n```bash\nx\n```\n"
-                      "\n```bash\nunmarked\n```\n<!-- run by tests/test_x.py::test_gone -->\n```console\nx\n```\n"
-                      "<!-- not run: needs 16 GPUs and Slurm -->\n```bash\nsbatch x\n```\n```python\nnot a shell block\n```\n")
+    root = _fake_repo(
+        tmp_path,
+        "<!-- run by tests/test_x.py::test_y, tests/test_x.py::TestZ::test_w -->\n```bash\nx\n```\n"
+        "\n```bash\nunmarked\n```\n<!-- run by tests/test_x.py::test_gone -->\n```console\nx\n```\n"
+        "<!-- not run: needs 16 GPUs and Slurm -->\n```bash\nsbatch x\n```\n```python\nnot a shell block\n```\n",
+    )
     by, unmarked, gone, slurm = shell_blocks(root / "README.md", root)
     kind, spec = parse_marker(by)
-    assert kind == "by" and check_tests_exist(spec, root) == ["tests/test_x.py::test_y", "tests/test_x.py::TestZ::test_w"]
+    assert kind == "by" and check_tests_exist(spec, root) == [
+        "tests/test_x.py::test_y",
+        "tests/test_x.py::TestZ::test_w",
+    ]
     with pytest.raises(ValueError, match="README.md:L6: a shell block needs"):
         parse_marker(unmarked)
     with pytest.raises(ValueError, match="test_gone"):
@@ -228,8 +252,10 @@ def test_every_guarantee_names_a_test_that_exists():
 
 def test_guarantee_check_catches_a_renamed_test(tmp_path):
     root = _fake_repo(tmp_path, "")
-    text = ("## A\n\nTests are in `tests/test_x.py` unless named.\n\n| promise | test |\n|---|---|\n"
-            "| ok | `test_y`, `tests/test_x.py::TestZ`, `::test_w` |\n| gone | `test_renamed` |\n")
+    text = (
+        "## A\n\nTests are in `tests/test_x.py` unless named.\n\n| promise | test |\n|---|---|\n"
+        "| ok | `test_y`, `tests/test_x.py::TestZ`, `::test_w` |\n| gone | `test_renamed` |\n"
+    )
     assert guarantee_test_problems(text, root) == ["no test test_renamed (looked in tests/test_x.py)"]
 
 

@@ -3,6 +3,7 @@ budgets, wheels and their size, both limits checked) and checks its wiring, --cp
 every stage's command as the script builds it at toy size (so a typo cannot wait for a GPU); the
 helpers' numbers (FLOPs, MFU), report writers, wheel manifest, what the install picks and the
 wheel-requirement scan on fake inputs. No network."""
+
 from __future__ import annotations
 
 import json
@@ -30,12 +31,37 @@ def run(*args: str, timeout: int = 900) -> subprocess.CompletedProcess:
 def test_help_documents_the_inputs():
     out = run(str(SCRIPT), "--help")
     assert out.returncode == 0
-    for word in ("--out", "--wheels", "--site", "--work", "--dry-run", "--install-only", "--cpu-standin", "--budget-s",
-                 "--bench-layers", "download_gpu_wheels.sh", "gpu_check.json", "gpu_check.md", "pytest -m gpu",
-                 "tokens/s", "MFU", "989.4", "not_run", "64 MiB", "binary, gf2 and learned", "fp32-autocast-bf16",
-                 "--bf16", "distributed optimizer", "where TE imports", "Transformer Engine cannot travel",
-                 "--no-bias-swiglu-fusion --no-bias-dropout-fusion", "C compiler + Python.h", "TORCHINDUCTOR_CACHE_DIR",
-                 "bit-identical", "No venv"):
+    for word in (
+        "--out",
+        "--wheels",
+        "--site",
+        "--work",
+        "--dry-run",
+        "--install-only",
+        "--cpu-standin",
+        "--budget-s",
+        "--bench-layers",
+        "download_gpu_wheels.sh",
+        "gpu_check.json",
+        "gpu_check.md",
+        "pytest -m gpu",
+        "tokens/s",
+        "MFU",
+        "989.4",
+        "not_run",
+        "64 MiB",
+        "binary, gf2 and learned",
+        "fp32-autocast-bf16",
+        "--bf16",
+        "distributed optimizer",
+        "where TE imports",
+        "Transformer Engine cannot travel",
+        "--no-bias-swiglu-fusion --no-bias-dropout-fusion",
+        "C compiler + Python.h",
+        "TORCHINDUCTOR_CACHE_DIR",
+        "bit-identical",
+        "No venv",
+    ):
         assert word in out.stdout, word
     assert run(str(SCRIPT), "--bogus").returncode == 2
     out = run(str(REPO / "scripts" / "download_gpu_wheels.sh"), "--help")
@@ -57,13 +83,30 @@ def test_dry_run_prints_the_plan_and_checks_the_wiring(tmp_path):
     out = run(str(SCRIPT), "--dry-run", "--out", str(tmp_path), "--wheels", str(tmp_path / "no-wheels"))
     assert out.returncode == 0, out.stderr[-4000:]
     assert "FAILED" not in out.stderr and "dry run ok" in out.stderr
-    for f in ("tests/models/test_te_parity.py", "tests/training/test_te_flags.py", "tests/models/test_gpu_te.py",
-              "tests/training/test_device_contract.py"):
+    for f in (
+        "tests/models/test_te_parity.py",
+        "tests/training/test_te_flags.py",
+        "tests/models/test_gpu_te.py",
+        "tests/training/test_device_contract.py",
+    ):
         assert f in out.stderr
     budgets, total, mib = _plan_numbers(out.stdout)
-    assert list(budgets) == ["env", "install", "compile", "bench:binary", "bench:gf2", "bench:learned",
-                             "bench:binary_bf16", "ckpt", "ckpt:2ranks", "tests", "bench:te", "bench:te_autocast",
-                             "bench:te_fp8", "report"]
+    assert list(budgets) == [
+        "env",
+        "install",
+        "compile",
+        "bench:binary",
+        "bench:gf2",
+        "bench:learned",
+        "bench:binary_bf16",
+        "ckpt",
+        "ckpt:2ranks",
+        "tests",
+        "bench:te",
+        "bench:te_autocast",
+        "bench:te_fp8",
+        "report",
+    ]
     # under 8 minutes (install included) with a margin; the TE stages only run in time left, the 2-rank one on 2 GPUs
     assert sum(b for s, b in budgets.items() if s not in plan.CONDITIONAL) == total <= 480 - 15
     assert budgets["ckpt"] >= 100  # two trainer starts, each writing or reading and hashing ~2.7 GB
@@ -89,8 +132,10 @@ def test_manifest_pins_megatron_core_0_19_for_python_3_12_and_fits_the_carry():
     assert {"numpy", "packaging", "pyyaml", "psutil", "pytest", "tokenizers", "sentencepiece"} <= set(specs)
     assert not {n for n in specs if n in ("torch", "triton") or n.startswith("nvidia-")}
     rows = plan.read_manifest()
-    assert all(r["file"].endswith(".whl") and ("cp312" in r["file"] or "abi3" in r["file"] or "py3-none" in r["file"])
-               for r in rows)
+    assert all(
+        r["file"].endswith(".whl") and ("cp312" in r["file"] or "abi3" in r["file"] or "py3-none" in r["file"])
+        for r in rows
+    )
     assert sum(r["bytes"] for r in rows) <= plan.WHEELS_LIMIT_BYTES
 
 
@@ -103,7 +148,10 @@ def test_plan_limits_fail_the_dry_run_when_exceeded(tmp_path, monkeypatch, capsy
     monkeypatch.setattr(plan, "STAGES", [*plan.STAGES, ("extra", over, "always", "x")])
     assert plan.main(["show", "--wheels", str(tmp_path / "none")]) == 1
     line = next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("time budget total:"))
-    assert line.startswith("time budget total: 481 s of at most 480 s (8 min, install included") and "OVER THE LIMIT" in line
+    assert (
+        line.startswith("time budget total: 481 s of at most 480 s (8 min, install included")
+        and "OVER THE LIMIT" in line
+    )
 
 
 def test_manifest_round_trip_and_folder_mismatch(tmp_path, capsys):
@@ -113,8 +161,11 @@ def test_manifest_round_trip_and_folder_mismatch(tmp_path, capsys):
         (wheels / name).write_bytes(b"x" * 1000)
     manifest = tmp_path / "wheels.txt"
     rows = plan.write_manifest(wheels, manifest)
-    assert [r["spec"] for r in plan.read_manifest(manifest)] == [r["spec"] for r in rows] == [
-        "megatron-core==0.19.2", "numpy==2.0.0"]
+    assert (
+        [r["spec"] for r in plan.read_manifest(manifest)]
+        == [r["spec"] for r in rows]
+        == ["megatron-core==0.19.2", "numpy==2.0.0"]
+    )
     assert plan.main(["wheels", "--wheels", str(wheels), "--manifest", str(manifest), "--strict"]) == 0
     assert "the folder matches the manifest" in capsys.readouterr().out
     (wheels / "numpy-2.0.0-py3-none-any.whl").rename(wheels / "numpy-2.1.0-py3-none-any.whl")
@@ -122,9 +173,18 @@ def test_manifest_round_trip_and_folder_mismatch(tmp_path, capsys):
     assert "differ: numpy==2.0.0 numpy==2.1.0" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("name,tflops", [
-    ("NVIDIA H100 80GB HBM3", 989.4), ("NVIDIA H200", 989.4), ("NVIDIA GH200 480GB", 989.4),  # SXM / Grace Hopper
-    ("NVIDIA H100 PCIe", 756.5), ("NVIDIA H100 NVL", 835.5), ("NVIDIA H200 NVL", 835.5), ("Tesla V100", None)])
+@pytest.mark.parametrize(
+    "name,tflops",
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),
+        ("NVIDIA H200", 989.4),
+        ("NVIDIA GH200 480GB", 989.4),  # SXM / Grace Hopper
+        ("NVIDIA H100 PCIe", 756.5),
+        ("NVIDIA H100 NVL", 835.5),
+        ("NVIDIA H200 NVL", 835.5),
+        ("Tesla V100", None),
+    ],
+)
 def test_mfu_peak_is_the_exact_devices(name, tflops):
     from megatron_fixedcode.training.metrics import device_peak_flops
 
@@ -141,10 +201,16 @@ def test_plan_reads_packaging_from_the_wheels_when_python_has_none(tmp_path):
     with zipfile.ZipFile(tmp_path / "packaging-99.0-py3-none-any.whl", "w") as z:
         for f in src.rglob("*.py"):
             z.write(f, f"packaging/{f.relative_to(src)}")
-    code = ("import importlib.util, pathlib, sys; sys.path.insert(0, sys.argv[1]); import plan; "
-            "assert importlib.util.find_spec('packaging') is None; print(plan.scan(pathlib.Path(sys.argv[2]))[0]['spec'])")
-    proc = subprocess.run([sys.executable, "-S", "-c", code, str(REPO / "scripts" / "gpu_check"), str(tmp_path)],
-                          capture_output=True, text=True, timeout=60)
+    code = (
+        "import importlib.util, pathlib, sys; sys.path.insert(0, sys.argv[1]); import plan; "
+        "assert importlib.util.find_spec('packaging') is None; print(plan.scan(pathlib.Path(sys.argv[2]))[0]['spec'])"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-S", "-c", code, str(REPO / "scripts" / "gpu_check"), str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert proc.returncode == 0 and proc.stdout.strip() == "packaging==99.0", proc.stderr[-2000:]
 
 
@@ -156,12 +222,31 @@ def test_model_flops_leave_out_the_input_table_and_mfu_uses_the_gpu_peak():
     learned = {"input_embedding": "learned", "trainable_params": 1_000 + 300, "input_interface_params": 300}
     binary = {"input_embedding": "binary", "trainable_params": 1_000, "input_interface_params": 0}
     assert flops_per_token(learned, 2, 8, 16) == flops_per_token(binary, 2, 8, 16) == 6 * 1_000 + 12 * 2 * 8 * 16
-    r = summarize(variant="binary", gpu="NVIDIA H200", step_times=[2.0, 1.0, 3.0], tokens_per_step=1000,
-                  flops_tok=1e12, peak_alloc=2**30, peak_reserved=2**31, extra={})
+    r = summarize(
+        variant="binary",
+        gpu="NVIDIA H200",
+        step_times=[2.0, 1.0, 3.0],
+        tokens_per_step=1000,
+        flops_tok=1e12,
+        peak_alloc=2**30,
+        peak_reserved=2**31,
+        extra={},
+    )
     assert r["step_time_s"] == 2.0 and r["tokens_per_s"] == 500 and r["model_tflops_per_s"] == 500
     assert r["mfu"] == pytest.approx(500 / 989.4) and r["peak_memory_reserved_gib"] == 2
-    assert summarize(variant="x", gpu="Some GPU", step_times=[1.0], tokens_per_step=1, flops_tok=1,
-                     peak_alloc=0, peak_reserved=0, extra={})["mfu"] is None
+    assert (
+        summarize(
+            variant="x",
+            gpu="Some GPU",
+            step_times=[1.0],
+            tokens_per_step=1,
+            flops_tok=1,
+            peak_alloc=0,
+            peak_reserved=0,
+            extra={},
+        )["mfu"]
+        is None
+    )
 
 
 def test_report_lists_every_stage_and_missing_inputs(tmp_path):
@@ -179,8 +264,10 @@ def test_wheel_requirements_scan(tmp_path):
 
     def wheel(name: str, version: str, requires: list[str]) -> None:
         with zipfile.ZipFile(tmp_path / f"{name}-{version}-py3-none-any.whl", "w") as z:
-            z.writestr(f"{name}-{version}.dist-info/METADATA",
-                       "Metadata-Version: 2.1\nName: x\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+            z.writestr(
+                f"{name}-{version}.dist-info/METADATA",
+                "Metadata-Version: 2.1\nName: x\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+            )
 
     wheel("megatron_core", "0.16.1", ["torch>=2.6.0", "numpy", "packaging>=24.2", 'wandb; extra == "mlm"'])
     wheel("numpy", "2.0.0", [])
@@ -194,8 +281,10 @@ def test_install_picks_only_what_this_python_lacks(tmp_path):
 
     def wheel(name: str, version: str, requires: list[str]) -> None:
         with zipfile.ZipFile(tmp_path / f"{name}-{version}-py3-none-any.whl", "w") as z:
-            z.writestr(f"{name}-{version}.dist-info/METADATA",
-                       "Metadata-Version: 2.1\nName: x\n" + "".join(f"Requires-Dist: {r}\n" for r in requires))
+            z.writestr(
+                f"{name}-{version}.dist-info/METADATA",
+                "Metadata-Version: 2.1\nName: x\n" + "".join(f"Requires-Dist: {r}\n" for r in requires),
+            )
 
     assert md.version("packaging") and md.version("pytest")
     wheel("fakeroot", "1.0", ["packaging>=1", "torch>=2", "fakedep", 'fakeextra; extra == "dev"'])
@@ -204,8 +293,11 @@ def test_install_picks_only_what_this_python_lacks(tmp_path):
     wheel("packaging", "99.0", [])
     wheel("fakeunused", "1.0", [])
     paths, why = plan.missing(tmp_path, roots=["fakeroot", "packaging"])
-    assert [p.name for p in paths] == ["fakeroot-1.0-py3-none-any.whl", "fakedep-1.0-py3-none-any.whl",
-                                       "pytest-9999.0-py3-none-any.whl"]
+    assert [p.name for p in paths] == [
+        "fakeroot-1.0-py3-none-any.whl",
+        "fakedep-1.0-py3-none-any.whl",
+        "pytest-9999.0-py3-none-any.whl",
+    ]
     assert "not installed" in why[0] and f"installed {md.version('pytest')} does not satisfy pytest>=9999" in why[2]
     assert plan.missing(tmp_path, roots=["packaging", "pytest"]) == ([], [])  # the machine has them: nothing
     with pytest.raises(SystemExit, match="nowheel is needed .* has no wheel of it"):
@@ -218,8 +310,12 @@ def test_env_report_says_whether_torch_compile_can_build(monkeypatch, tmp_path):
     monkeypatch.setattr(env_report.shutil, "which", lambda name: None)
     monkeypatch.setattr(env_report.sysconfig, "get_paths", lambda: {"include": str(tmp_path)})
     r = env_report.compile_readiness()
-    assert r == {"c_compiler": None, "python_h": None, "ready": False,
-                 "reason": f"no C compiler (CC, cc, gcc, clang); no {tmp_path / 'Python.h'}"}
+    assert r == {
+        "c_compiler": None,
+        "python_h": None,
+        "ready": False,
+        "reason": f"no C compiler (CC, cc, gcc, clang); no {tmp_path / 'Python.h'}",
+    }
 
 
 @pytest.mark.slow
@@ -231,19 +327,45 @@ def test_cpu_standin_runs_every_stage_command(tmp_path):
     the report. Every stage ok, its output kept; the TE ones not run, saying why."""
     out = tmp_path / "out"
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "PYTHON": sys.executable}
-    proc = subprocess.run(["bash", str(SCRIPT), "--cpu-standin", "--out", str(out), "--site", str(tmp_path / "site"),
-                           "--work", str(tmp_path / "work"), "--wheels", str(tmp_path / "no-wheels"),
-                           "--budget-s", "840"],  # toy sizes on a shared CPU: the GPU's 480 s is not the point here
-                          cwd=REPO, env=env, capture_output=True, text=True, timeout=900)  # ckpt:2ranks: two torchruns
+    proc = subprocess.run(
+        [
+            "bash",
+            str(SCRIPT),
+            "--cpu-standin",
+            "--out",
+            str(out),
+            "--site",
+            str(tmp_path / "site"),
+            "--work",
+            str(tmp_path / "work"),
+            "--wheels",
+            str(tmp_path / "no-wheels"),
+            "--budget-s",
+            "840",
+        ],  # toy sizes on a shared CPU: the GPU's 480 s is not the point here
+        cwd=REPO,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )  # ckpt:2ranks: two torchruns
     stages = {s["stage"]: s for s in map(json.loads, (out / "stages.jsonl").read_text().splitlines())}
     assert proc.returncode == 0, (proc.stderr[-3000:], stages)
     assert list(stages) == [s for s, _, _, _ in plan.STAGES if s not in (*plan.TE_STAGES, "report")] + [
-        *plan.TE_STAGES, "report"]
+        *plan.TE_STAGES,
+        "report",
+    ]
     assert {s: v["status"] for s, v in stages.items()} == {
-        **{s: "ok" for s in stages}, **{s: "not_run" for s in plan.TE_STAGES}}
+        **{s: "ok" for s in stages},
+        **{s: "not_run" for s in plan.TE_STAGES},
+    }
     assert "Transformer Engine cannot travel" in stages["bench:te"]["detail"]
-    for variant, precision in (("binary", "fp32-autocast-bf16"), ("gf2", "fp32-autocast-bf16"),
-                               ("learned", "fp32-autocast-bf16"), ("binary_bf16", "bf16")):
+    for variant, precision in (
+        ("binary", "fp32-autocast-bf16"),
+        ("gf2", "fp32-autocast-bf16"),
+        ("learned", "fp32-autocast-bf16"),
+        ("binary_bf16", "bf16"),
+    ):
         b = json.loads((out / f"bench-{variant}.json").read_text())
         assert b["precision"] == precision and b["timed_steps"] >= 1 and b["compile_fusions"]
         assert "DistributedOptimizer" in b["optimizer"] and b["transformer_impl"] == "local"

@@ -1,5 +1,6 @@
 """The repository itself: no merge leftovers or editor backups tracked, and the trainer's layout
 keeps its layers (the run plan decides without a process group)."""
+
 import ast
 import fnmatch
 import subprocess

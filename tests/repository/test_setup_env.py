@@ -1,5 +1,6 @@
 """scripts/setup_env.sh's stages: one line each on success (pip's banners and warnings hidden), the
 command's whole output and its exit code on failure."""
+
 from __future__ import annotations
 
 import re
@@ -11,8 +12,9 @@ from tests.helpers import REPO
 def _stage(*command: str) -> subprocess.CompletedProcess:
     script = (REPO / "scripts" / "setup_env.sh").read_text()
     function = re.search(r"^stage\(\) \{.*?^\}$", script, re.S | re.M).group(0)
-    return subprocess.run(["bash", "-c", function + '\nstage "$@"', "bash", *command],
-                          capture_output=True, text=True, timeout=30)
+    return subprocess.run(
+        ["bash", "-c", function + '\nstage "$@"', "bash", *command], capture_output=True, text=True, timeout=30
+    )
 
 
 def test_a_stage_that_works_is_one_line():

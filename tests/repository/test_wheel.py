@@ -19,6 +19,7 @@ torch and megatron-core sit in a base venv cached per (Python, their pins) under
 PyPI's CUDA build, 5 GB with its CUDA libraries; it runs on CPU); the fresh venv sees it through a
 ``.pth`` file, so pip counts them as installed and installs the rest.
 """
+
 from __future__ import annotations
 
 import configparser
@@ -42,21 +43,28 @@ pytestmark = pytest.mark.slow
 EXTRAS = ("hf", "kernel", "data", "tb", "wandb", "plots", "eval")
 BASE = ("torch", "megatron-core", "numpy", "packaging")  # the base venv's pins: megatron-core requires the others
 PIP = ["-m", "pip", "--disable-pip-version-check", "-q"]
-TEXT = ("The binary code replaces the embedding table. Each token id becomes its bits, tiled across the "
-        "model width. A learned table is the control. ") * 40
+TEXT = (
+    "The binary code replaces the embedding table. Each token id becomes its bits, tiled across the "
+    "model width. A learned table is the control. "
+) * 40
 
 
 def _run(cmd: list[str], ctx: dict, timeout: int = 600, check: bool = True) -> subprocess.CompletedProcess:
     proc = subprocess.run(cmd, env=ctx["env"], cwd=ctx["cwd"], capture_output=True, text=True, timeout=timeout)
     if check and proc.returncode != 0:
-        raise AssertionError(f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n"
-                             f"{proc.stderr[-6000:]}")
+        raise AssertionError(
+            f"{' '.join(map(str, cmd))} failed ({proc.returncode}):\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+        )
     return proc
 
 
 def _site_packages(python: Path) -> str:
-    return subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
-                          capture_output=True, text=True, check=True).stdout.strip()
+    return subprocess.run(
+        [str(python), "-c", "import sysconfig; print(sysconfig.get_path('purelib'))"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.strip()
 
 
 def lower_bounds(extras=EXTRAS, pyproject: Path = REPO / "pyproject.toml") -> dict[str, str]:
@@ -88,7 +96,7 @@ def readme_pip_lines(test: str = "test_installed_tool_trains_exports_and_evaluat
 
     lines = (REPO / "README.md").read_text().splitlines()
     start = lines.index(f"<!-- run by tests/repository/test_wheel.py::{test} -->") + 2
-    block = lines[start:lines.index("```", start)]
+    block = lines[start : lines.index("```", start)]
     return [shlex.split(line, comments=True) for line in block if line.startswith("pip ")]
 
 
@@ -132,10 +140,19 @@ def installed(tmp_path_factory) -> tuple[Path, dict]:
     for name in ("pyproject.toml", "README.md"):
         shutil.copy(REPO / name, src / name)
     # symlinks=False: the recipe and task links are copied as the files they point to
-    shutil.copytree(REPO / "megatron_fixedcode", src / "megatron_fixedcode", symlinks=False,
-                    ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"))
-    subprocess.run([sys.executable, *PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"),
-                    str(src)], check=True, cwd=root, capture_output=True, timeout=300)
+    shutil.copytree(
+        REPO / "megatron_fixedcode",
+        src / "megatron_fixedcode",
+        symlinks=False,
+        ignore=shutil.ignore_patterns("__pycache__", "*.so", "*.pyc"),
+    )
+    subprocess.run(
+        [sys.executable, *PIP, "wheel", "--no-deps", "--no-build-isolation", "-w", str(root / "dist"), str(src)],
+        check=True,
+        cwd=root,
+        capture_output=True,
+        timeout=300,
+    )
     wheel = next((root / "dist").glob("megatron_fixedcode-*.whl"))
     constraints = _constraints(root)
     base = _base_venv()
@@ -167,16 +184,22 @@ def _scripts() -> list[str]:
 def test_wheel_carries_data_and_scripts(installed):
     venv, ctx = installed
     names = set(zipfile.ZipFile(ctx["wheel"]).namelist())
-    for needed in ("megatron_fixedcode/kernels/fixed_code_cpu.cpp", "megatron_fixedcode/recipes/tiny_cpu.yaml",
-                   "megatron_fixedcode/eval/tasks/fixedcode_local.yaml", "megatron_fixedcode/eval/tasks/local_data.py",
-                   "megatron_fixedcode/export/modeling_fixedcode.py"):
+    for needed in (
+        "megatron_fixedcode/kernels/fixed_code_cpu.cpp",
+        "megatron_fixedcode/recipes/tiny_cpu.yaml",
+        "megatron_fixedcode/eval/tasks/fixedcode_local.yaml",
+        "megatron_fixedcode/eval/tasks/local_data.py",
+        "megatron_fixedcode/export/modeling_fixedcode.py",
+    ):
         assert needed in names, needed
     entry = next(n for n in names if n.endswith("entry_points.txt"))
     parser = configparser.ConfigParser()
     parser.read_string(zipfile.ZipFile(ctx["wheel"]).read(entry).decode())
     assert sorted(parser["console_scripts"]) == _scripts() and len(_scripts()) >= 10
-    probe = ("import megatron_fixedcode, megatron_fixedcode.quickstart_pipeline as q, megatron_fixedcode.eval.harness as h;"
-             "print(megatron_fixedcode.__file__, q.TINY_RECIPE.is_file(), (h.LOCAL_TASKS_DIR / 'fixedcode_local.yaml').is_file())")
+    probe = (
+        "import megatron_fixedcode, megatron_fixedcode.quickstart_pipeline as q, megatron_fixedcode.eval.harness as h;"
+        "print(megatron_fixedcode.__file__, q.TINY_RECIPE.is_file(), (h.LOCAL_TASKS_DIR / 'fixedcode_local.yaml').is_file())"
+    )
     out = _run([str(ctx["python"]), "-c", probe], ctx).stdout.split()
     assert out[0].startswith(_site_packages(ctx["python"])) and out[1:] == ["True", "True"]
     for script in _scripts():  # each is one short process: -h parses before importing torch
@@ -186,7 +209,9 @@ def test_wheel_carries_data_and_scripts(installed):
 
 def test_installed_analyze_code_and_dry_run(installed):
     venv, ctx = installed
-    proc = _run([str(venv / "bin" / "mfc-analyze-code"), "--vocab-size", "49152", "--hidden-size", "2048", "--json"], ctx)
+    proc = _run(
+        [str(venv / "bin" / "mfc-analyze-code"), "--vocab-size", "49152", "--hidden-size", "2048", "--json"], ctx
+    )
     assert json.loads(proc.stdout)["K"] == 16 and json.loads(proc.stdout)["collisions"] == 0, proc.stderr
     recipe = Path(_site_packages(ctx["python"])) / "megatron_fixedcode" / "recipes" / "tiny_cpu.yaml"
     proc = _run([str(venv / "bin" / "mfc-pretrain"), "--config", str(recipe), "--dry-run"], ctx)
@@ -202,43 +227,125 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     corpus.write_text("".join(json.dumps({"text": f"Document {i}. {TEXT}"}) + "\n" for i in range(24)))
     (work / "text").mkdir()
     (work / "text" / "doc.txt").write_text(TEXT)
-    _run([str(bin_ / "mfc-train-tokenizer"), "--input", str(work / "text"), "--output", "tok", "--vocab-size", "300"], ctx)
-    _run([str(bin_ / "mfc-preprocess-data"), "--input", str(corpus), "--output-prefix", "data/corpus",
-          "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok", "--append-eod", "--workers", "1"], ctx)
+    _run(
+        [str(bin_ / "mfc-train-tokenizer"), "--input", str(work / "text"), "--output", "tok", "--vocab-size", "300"],
+        ctx,
+    )
+    _run(
+        [
+            str(bin_ / "mfc-preprocess-data"),
+            "--input",
+            str(corpus),
+            "--output-prefix",
+            "data/corpus",
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            "tok",
+            "--append-eod",
+            "--workers",
+            "1",
+        ],
+        ctx,
+    )
     prefix = str(work / "data" / "corpus_train_text_document")
     assert Path(prefix + ".bin").is_file() and Path(prefix + ".idx").is_file()
     recipe = Path(_site_packages(ctx["python"])) / "megatron_fixedcode" / "recipes" / "tiny_cpu.yaml"
-    _run([str(bin_ / "mfc-pretrain"), "--config", str(recipe), "--data-path", prefix, "--tokenizer-model", "tok",
-          "--split", "90,10,0", "--train-iters", "2", "--eval-iters", "1", "--seq-length", "32", "--micro-batch-size", "2",
-          "--global-batch-size", "2", "--save", "ckpt", "--save-interval", "2"], ctx)
+    _run(
+        [
+            str(bin_ / "mfc-pretrain"),
+            "--config",
+            str(recipe),
+            "--data-path",
+            prefix,
+            "--tokenizer-model",
+            "tok",
+            "--split",
+            "90,10,0",
+            "--train-iters",
+            "2",
+            "--eval-iters",
+            "1",
+            "--seq-length",
+            "32",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--save",
+            "ckpt",
+            "--save-interval",
+            "2",
+        ],
+        ctx,
+    )
     converted = _run([str(bin_ / "mfc-convert-checkpoint-to-hf"), "--load", "ckpt", "--output", "hf"], ctx)
     assert (work / "hf" / "config.json").is_file()
     # without transformers (the core install) the export is written and its parity check skipped, saying so
     assert "parity check skipped: transformers is not installed" in converted.stderr, converted.stderr
     assert not (work / "hf" / "parity.json").exists()
-    out = json.loads(_run([str(bin_ / "mfc-evaluate"), "--load", "ckpt", "--text-files", "text/doc.txt", "--json"],
-                          ctx).stdout)
+    out = json.loads(
+        _run([str(bin_ / "mfc-evaluate"), "--load", "ckpt", "--text-files", "text/doc.txt", "--json"], ctx).stdout
+    )
     assert out["tokens"] > 0 and out["loss"] > 0
     # --hf-model needs transformers: without the extra, one line naming it
-    proc = _run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--text-files", "text/doc.txt", "--json"], ctx,
-                check=False)
+    proc = _run(
+        [str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--text-files", "text/doc.txt", "--json"], ctx, check=False
+    )
     assert proc.returncode == 2 and "pip install 'megatron-fixedcode[hf]'" in proc.stderr, proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
     # the extras at their lower bounds (the same constraints), each used once: README's, then the others
     _run(_as_run_here(ctx["readme_extras"], ctx), ctx, timeout=1200)
     rest = [e for e in EXTRAS if e not in ctx["readme_extras"][2][2:-1].split(",")]
     _run(_as_run_here(["pip", "install", f".[{','.join(rest)}]"], ctx), ctx, timeout=1200)
-    hf = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--text-files", "text/doc.txt",
-                          "--seq-length", "32", "--json"], ctx).stdout)
+    hf = json.loads(
+        _run(
+            [
+                str(bin_ / "mfc-evaluate"),
+                "--hf-model",
+                "hf",
+                "--text-files",
+                "text/doc.txt",
+                "--seq-length",
+                "32",
+                "--json",
+            ],
+            ctx,
+        ).stdout
+    )
     assert hf["tokens"] > 0 and abs(hf["loss"] - out["loss"]) < 1e-3 * out["loss"], (hf, out)
     _run([str(bin_ / "mfc-check-hf-export"), "--load", "ckpt", "--hf-dir", "hf", "--report", "parity.json"], ctx)
     assert json.loads((work / "parity.json").read_text())["passed"] is True  # now with transformers
     # data: a parquet input (pyarrow), split into sentences (nltk)
-    _run([str(ctx["python"]), "-c", "import pyarrow as pa, pyarrow.parquet as pq, sys; "
-          "pq.write_table(pa.table({'text': sys.argv[2:]}), sys.argv[1])", "corpus.parquet", TEXT, TEXT[:200]], ctx)
-    _run([str(bin_ / "mfc-preprocess-data"), "--input", "corpus.parquet", "--output-prefix", "data/pq",
-          "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", "tok", "--split-sentences", "--workers", "1"],
-         ctx)
+    _run(
+        [
+            str(ctx["python"]),
+            "-c",
+            "import pyarrow as pa, pyarrow.parquet as pq, sys; "
+            "pq.write_table(pa.table({'text': sys.argv[2:]}), sys.argv[1])",
+            "corpus.parquet",
+            TEXT,
+            TEXT[:200],
+        ],
+        ctx,
+    )
+    _run(
+        [
+            str(bin_ / "mfc-preprocess-data"),
+            "--input",
+            "corpus.parquet",
+            "--output-prefix",
+            "data/pq",
+            "--tokenizer-type",
+            "HuggingFaceTokenizer",
+            "--tokenizer-model",
+            "tok",
+            "--split-sentences",
+            "--workers",
+            "1",
+        ],
+        ctx,
+    )
     assert json.loads((work / "data" / "pq_summary.json").read_text())["documents"] == {"train": 2, "valid": 0}
     # the .idx header (megatron-core's _IndexWriter): sequences, then documents + 1, after 18 bytes
     sequences, documents = struct.unpack_from("<QQ", (work / "data" / "pq_train_text_document.idx").read_bytes(), 18)
@@ -246,26 +353,84 @@ def test_installed_tool_trains_exports_and_evaluates(installed):
     # tb, wandb (offline) and kernel (ninja builds the fused CPU kernel; `fused` fails if it cannot):
     # two more steps from the checkpoint
     env = {**ctx["env"], "WANDB_MODE": "offline", "WANDB_DIR": str(work), "TORCH_EXTENSIONS_DIR": str(work / "ext")}
-    _run([str(bin_ / "mfc-pretrain"), "--config", str(recipe), "--data-path", prefix, "--tokenizer-model", "tok",
-          "--split", "90,10,0", "--train-iters", "4", "--eval-iters", "1", "--seq-length", "32", "--micro-batch-size", "2",
-          "--global-batch-size", "2", "--load", "ckpt", "--save", "ckpt", "--save-interval", "2",
-          "--tensorboard-dir", "tb", "--wandb-project", "mfc-wheel", "--code-kernel", "fused"], {**ctx, "env": env})
+    _run(
+        [
+            str(bin_ / "mfc-pretrain"),
+            "--config",
+            str(recipe),
+            "--data-path",
+            prefix,
+            "--tokenizer-model",
+            "tok",
+            "--split",
+            "90,10,0",
+            "--train-iters",
+            "4",
+            "--eval-iters",
+            "1",
+            "--seq-length",
+            "32",
+            "--micro-batch-size",
+            "2",
+            "--global-batch-size",
+            "2",
+            "--load",
+            "ckpt",
+            "--save",
+            "ckpt",
+            "--save-interval",
+            "2",
+            "--tensorboard-dir",
+            "tb",
+            "--wandb-project",
+            "mfc-wheel",
+            "--code-kernel",
+            "fused",
+        ],
+        {**ctx, "env": env},
+    )
     assert list((work / "tb").glob("events.out.tfevents.*")) and list((work / "wandb").glob("offline-run-*"))
     assert list((work / "ext").rglob("*.so"))
     # plots (matplotlib): analyze-model's plots of a small report
-    report = {"input_embedding": "binary", "step": 4, "sites": ["input", "block 0"],
-              "activations": {"sites": [{"mean_norm": 1.0, "token_variance_fraction": 0.5, "mean_cosine": 0.1}] * 2},
-              "ablation": {"blocks": [{"block": 0, "delta": 0.2}]},
-              "probes": {"token_identity": [{"accuracy": 0.9, "chance": 0.25}] * 2},
-              "patching": {"restored": [[0.5, -0.5]] * 2, "delta": None}}
+    report = {
+        "input_embedding": "binary",
+        "step": 4,
+        "sites": ["input", "block 0"],
+        "activations": {"sites": [{"mean_norm": 1.0, "token_variance_fraction": 0.5, "mean_cosine": 0.1}] * 2},
+        "ablation": {"blocks": [{"block": 0, "delta": 0.2}]},
+        "probes": {"token_identity": [{"accuracy": 0.9, "chance": 0.25}] * 2},
+        "patching": {"restored": [[0.5, -0.5]] * 2, "delta": None},
+    }
     (work / "report.json").write_text(json.dumps(report))
-    _run([str(ctx["python"]), "-c", "import json, pathlib; from megatron_fixedcode.analysis.plots import plot_report; "
-          "plot_report(json.loads(pathlib.Path('report.json').read_text()), pathlib.Path('.'))"], ctx)
+    _run(
+        [
+            str(ctx["python"]),
+            "-c",
+            "import json, pathlib; from megatron_fixedcode.analysis.plots import plot_report; "
+            "plot_report(json.loads(pathlib.Path('report.json').read_text()), pathlib.Path('.'))",
+        ],
+        ctx,
+    )
     assert all((work / f"{name}.png").stat().st_size > 0 for name in ("activations", "ablation", "probes", "patching"))
     # eval (lm-eval, accelerate): the harness on the export, a local task from tests/assets (LAMBADA:
     # one-word continuations fit the model's 32 tokens)
     env = {**ctx["env"], "MFC_SHARED_DATA": str(ASSETS), "HF_DATASETS_CACHE": str(work / "hf_datasets")}
-    res = json.loads(_run([str(bin_ / "mfc-evaluate"), "--hf-model", "hf", "--tasks", "lambada_local", "--limit", "4",
-                           "--batch-size", "4", "--json"], {**ctx, "env": env}).stdout)
+    res = json.loads(
+        _run(
+            [
+                str(bin_ / "mfc-evaluate"),
+                "--hf-model",
+                "hf",
+                "--tasks",
+                "lambada_local",
+                "--limit",
+                "4",
+                "--batch-size",
+                "4",
+                "--json",
+            ],
+            {**ctx, "env": env},
+        ).stdout
+    )
     row = res["results"]["lambada_local@0shot"]
     assert row["perplexity"] > 1 and 0 <= row["acc"] <= 1 and res["requests"]["lambada_local@0shot"]["requests"] == 4

@@ -1,6 +1,7 @@
 """The paper-2 study in one command: the Slurm job graph of examples/paper2_study.sh
 (--dry-run), the study record's refusals and the report. The whole graph under a real Slurm cluster:
 tests/launchers/test_slurm_study.py."""
+
 from __future__ import annotations
 
 import json
@@ -26,23 +27,39 @@ def _env() -> dict:
 
 
 def _study(*args, env=None) -> subprocess.CompletedProcess:
-    return subprocess.run(["bash", str(SCRIPT), *map(str, args)], env=env or _env(), capture_output=True, text=True,
-                          timeout=300)
+    return subprocess.run(
+        ["bash", str(SCRIPT), *map(str, args)], env=env or _env(), capture_output=True, text=True, timeout=300
+    )
 
 
 def test_dry_run_prints_the_job_graph_with_its_dependencies(tmp_path):
     study = tmp_path / "study"
-    res = _study("--study-dir", study, "--input", "/data/fwe/*.parquet", "--tokenizer-model", tmp_path / "tok",
-                 "--train-nodes", "4", "--partition", "gpu", "--train-time", "12:00:00", "--dry-run")
+    res = _study(
+        "--study-dir",
+        study,
+        "--input",
+        "/data/fwe/*.parquet",
+        "--tokenizer-model",
+        tmp_path / "tok",
+        "--train-nodes",
+        "4",
+        "--partition",
+        "gpu",
+        "--train-time",
+        "12:00:00",
+        "--dry-run",
+    )
     assert res.returncode == 0, res.stderr
     out = res.stdout
     graph = dict(re.findall(r"^#   (\S+)\s+after (.*?)\s+to submit$", out, re.M))
     assert graph == {
-        "index": "-", "manifest": "afterany:index",
+        "index": "-",
+        "manifest": "afterany:index",
         **{f"train-{v}": "afterok:manifest" for v in ("learned", "binary", "gf2")},
         **{f"export-{v}": f"afterok:train-{v}" for v in ("learned", "binary", "gf2")},
         **{f"eval-{v}": f"afterok:export-{v}" for v in ("learned", "binary", "gf2")},
-        "report": "afterok:eval-learned afterok:eval-binary afterok:eval-gf2"}
+        "report": "afterok:eval-learned afterok:eval-binary afterok:eval-gf2",
+    }
     # resolved commands: the array indexing, the self-requeueing launcher per variant on the paper-2 recipe
     assert "examples/preprocess_shards.sh --input '/data/fwe/*.parquet'" in out
     for v in ("learned", "binary", "gf2"):
@@ -61,8 +78,9 @@ def test_dry_run_subsets_and_finished_stages(tmp_path):
     study = tmp_path / "study"
     (study / "exports" / "binary").mkdir(parents=True)
     (study / "exports" / "binary" / "config.json").write_text("{}")
-    res = _study("--study-dir", study, "--variants", "learned", "binary", "--stages", "export", "eval", "report",
-                 "--dry-run")
+    res = _study(
+        "--study-dir", study, "--variants", "learned", "binary", "--stages", "export", "eval", "report", "--dry-run"
+    )
     assert res.returncode == 0, res.stderr
     jobs = {name for name, _, _ in re.findall(r"^#   (\S+)\s+after (.*?)\s+(done|to submit)$", res.stdout, re.M)}
     assert jobs == {"export-learned", "eval-learned", "export-binary", "eval-binary", "report"}
@@ -73,7 +91,8 @@ def test_dry_run_subsets_and_finished_stages(tmp_path):
 def test_bad_options_are_one_line_exit_2(tmp_path):
     res = _study("--study-dir", tmp_path / "s", "--variants", "learned", "bitwise", "--stages", "train", "--dry-run")
     assert res.returncode == 2 and res.stderr.strip().splitlines() == [
-        "error: --variants learned bitwise: choose from learned binary gf2"]
+        "error: --variants learned bitwise: choose from learned binary gf2"
+    ]
     res = _study("--study-dir", tmp_path / "s", "--dry-run")
     assert res.returncode == 2 and "the index stage needs --input and --tokenizer-model" in res.stderr
 
@@ -110,8 +129,11 @@ def test_report_table_audit_and_references(tmp_path):
         write_json_atomic(layout.eval_result(v), _result(acc, sha, truncated=1))
         layout.train_logs(v).mkdir(parents=True)
         layout.train_logs(v).joinpath("metrics.jsonl").write_text(
-            "".join(json.dumps({"step": s, "loss": 10 - s, **({"val_loss": 9.5 - s} if s % 2 == 0 else {})}) + "\n"
-                    for s in range(1, 5)))
+            "".join(
+                json.dumps({"step": s, "loss": 10 - s, **({"val_loss": 9.5 - s} if s % 2 == 0 else {})}) + "\n"
+                for s in range(1, 5)
+            )
+        )
     ref = tmp_path / "smollm2.json"
     ref.write_text(json.dumps({**_result(0.7), "label": "SmolLM2-135M"}))
     md_path = report.write_report(layout, ["learned", "binary"], [str(ref)])

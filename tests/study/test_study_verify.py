@@ -2,6 +2,7 @@
 the hashes they claim; a corrupt one is named (its path) and redone, and the report job names the
 file it cannot parse. It used to count as done because ``records/<v>.json`` existed, and the report
 failed with ``Expecting value: line 1 column 54``, naming no file, on every re-run."""
+
 from pathlib import Path
 
 import pytest
@@ -14,21 +15,41 @@ from megatron_fixedcode.study.record import sha256_json, write_json_atomic
 from tests.helpers import REPO
 
 PROTOCOL = {"tasks": "local", "limit": 4, "lm_eval": None, "task_files": {}}
-RESULT = {"results": {"piqa_local@0shot": {"acc": 0.5, "acc_stderr": 0.1}}, "eval_protocol": PROTOCOL,
-          "requests": {"piqa_local@0shot": {"requests": 8, "sha256": "a" * 64, "truncated": 0}}}
+RESULT = {
+    "results": {"piqa_local@0shot": {"acc": 0.5, "acc_stderr": 0.1}},
+    "eval_protocol": PROTOCOL,
+    "requests": {"piqa_local@0shot": {"requests": 8, "sha256": "a" * 64, "truncated": 0}},
+}
 
 
 def _record(variant: str) -> dict:
     run_config = {"seq_length": 32, "train_iters": 4, "input_embedding": variant}
-    return {"variant": variant, "recipe": "r.yaml", "input_embedding": variant, "run_config": run_config,
-            "config_hash": sha256_json(run_config), "eval_protocol": PROTOCOL, "eval_protocol_hash": sha256_json(PROTOCOL),
-            "eval_request_sets": {"piqa_local@0shot": "a" * 64}, "step": 4, "planned_steps": 4, "tokens": 1024,
-            "data_manifest_fingerprint": "d" * 64, "tokenizer_fingerprint": "t" * 16}
+    return {
+        "variant": variant,
+        "recipe": "r.yaml",
+        "input_embedding": variant,
+        "run_config": run_config,
+        "config_hash": sha256_json(run_config),
+        "eval_protocol": PROTOCOL,
+        "eval_protocol_hash": sha256_json(PROTOCOL),
+        "eval_request_sets": {"piqa_local@0shot": "a" * 64},
+        "step": 4,
+        "planned_steps": 4,
+        "tokens": 1024,
+        "data_manifest_fingerprint": "d" * 64,
+        "tokenizer_fingerprint": "t" * 16,
+    }
 
 
 def _study(tmp_path: Path) -> tuple[StudyOptions, StudyLayout]:
-    opts = StudyOptions(study_dir=str(tmp_path), mfc_root=str(REPO), variants=["learned", "binary"],
-                        stages=["eval", "report"], eval_tasks="local", eval_limit=4)
+    opts = StudyOptions(
+        study_dir=str(tmp_path),
+        mfc_root=str(REPO),
+        variants=["learned", "binary"],
+        stages=["eval", "report"],
+        eval_tasks="local",
+        eval_limit=4,
+    )
     save_options(opts)
     layout = StudyLayout(tmp_path)
     for v in opts.variants:
@@ -41,12 +62,19 @@ def _eval_job(opts, variant):
     return next(j for j in build_graph(opts) if j.name == f"eval-{variant}")
 
 
-@pytest.mark.parametrize("damage, why", [
-    (lambda p: p.write_text('{"variant": "binary", "recipe": "r.yaml", "run_config": {"seq_length": 3'), "cannot parse it"),
-    (lambda p: p.write_text(p.read_text().replace('"train_iters": 4', '"train_iters": 5')), "config_hash"),
-    (lambda p: p.write_text(p.read_text().replace('"limit": 4', '"limit": 8')), "eval_protocol_hash"),
-    (lambda p: p.write_text(p.read_text().replace('"tokens": 1024,', '')), "no tokens"),
-], ids=["garbage", "config-hash", "protocol-hash", "missing-field"])
+@pytest.mark.parametrize(
+    "damage, why",
+    [
+        (
+            lambda p: p.write_text('{"variant": "binary", "recipe": "r.yaml", "run_config": {"seq_length": 3'),
+            "cannot parse it",
+        ),
+        (lambda p: p.write_text(p.read_text().replace('"train_iters": 4', '"train_iters": 5')), "config_hash"),
+        (lambda p: p.write_text(p.read_text().replace('"limit": 4', '"limit": 8')), "eval_protocol_hash"),
+        (lambda p: p.write_text(p.read_text().replace('"tokens": 1024,', "")), "no tokens"),
+    ],
+    ids=["garbage", "config-hash", "protocol-hash", "missing-field"],
+)
 def test_a_corrupt_record_is_named_and_the_stage_is_redone(tmp_path, monkeypatch, damage, why):
     opts, layout = _study(tmp_path)
     assert _eval_job(opts, "binary").done
@@ -74,7 +102,7 @@ def test_the_report_names_the_file_it_cannot_parse(tmp_path):
 def test_a_damaged_report_json_is_not_done(tmp_path):
     opts, layout = _study(tmp_path)
     layout.report_dir.mkdir()
-    (layout.report_dir / "report.json").write_text("{\"runs\": ")
+    (layout.report_dir / "report.json").write_text('{"runs": ')
     job = next(j for j in build_graph(opts) if j.name == "report")
     assert not job.done and str(layout.report_dir / "report.json") in job.problem
 

@@ -39,8 +39,13 @@ def sp_model(tmp_path_factory) -> Path:
     lines = [f"document {i}: {SAMPLE_TEXT} word{i % 37} and more words {i * 7}" for i in range(200)]
     (out / "train.txt").write_text("\n".join(lines), encoding="utf-8")
     sentencepiece.SentencePieceTrainer.train(
-        input=str(out / "train.txt"), model_prefix=str(out / "sp"), vocab_size=400,
-        model_type="bpe", character_coverage=1.0, byte_fallback=True, minloglevel=2,
+        input=str(out / "train.txt"),
+        model_prefix=str(out / "sp"),
+        vocab_size=400,
+        model_type="bpe",
+        character_coverage=1.0,
+        byte_fallback=True,
+        minloglevel=2,
     )
     return out / "sp.model"
 
@@ -87,8 +92,15 @@ def test_gpt_dataset_accepts_tokenizer(smollm2, tmp_path):
         builder.add_document(smollm2.tokenize(SAMPLE_TEXT) + [smollm2.eod], [len(smollm2.tokenize(SAMPLE_TEXT)) + 1])
     builder.finalize(str(tmp_path / "d.idx"))
     config = GPTDatasetConfig(
-        random_seed=1, sequence_length=16, split="100,0,0", tokenizer=smollm2, reset_position_ids=False,
-        reset_attention_mask=False, eod_mask_loss=False, path_to_cache=None, mmap_bin_files=True,
+        random_seed=1,
+        sequence_length=16,
+        split="100,0,0",
+        tokenizer=smollm2,
+        reset_position_ids=False,
+        reset_attention_mask=False,
+        eod_mask_loss=False,
+        path_to_cache=None,
+        mmap_bin_files=True,
     )
     dataset = IndexedDataset(str(tmp_path / "d"))
     gpt = GPTDataset(dataset, str(tmp_path / "d"), np.arange(4, dtype=np.int32), 4, Split.train, config)
@@ -145,16 +157,36 @@ def test_train_bpe_tokenizer(tmp_path):
 def test_train_tokenizer_cli(tmp_path):
     (tmp_path / "a.txt").write_text(SAMPLE_TEXT * 20, encoding="utf-8")
     run = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(tmp_path / "*.txt"),
-         "--vocab-size", "280", "--output", str(tmp_path / "tok")],
-        capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "tools" / "train_tokenizer.py"),
+            "--input",
+            str(tmp_path / "*.txt"),
+            "--vocab-size",
+            "280",
+            "--output",
+            str(tmp_path / "tok"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert run.returncode == 0, run.stderr
     assert build_tokenizer("HuggingFaceTokenizer", str(tmp_path / "tok")).vocab_size == 280
     bad = subprocess.run(
-        [sys.executable, str(REPO / "tools" / "train_tokenizer.py"), "--input", str(tmp_path / "none*"),
-         "--vocab-size", "280", "--output", str(tmp_path / "tok2")],
-        capture_output=True, text=True, cwd=REPO,
+        [
+            sys.executable,
+            str(REPO / "tools" / "train_tokenizer.py"),
+            "--input",
+            str(tmp_path / "none*"),
+            "--vocab-size",
+            "280",
+            "--output",
+            str(tmp_path / "tok2"),
+        ],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
     )
     assert bad.returncode == 2 and "--input" in bad.stderr and "Traceback" not in bad.stderr
 
@@ -178,8 +210,15 @@ def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files):
     assert (tok.vocab_size, tok.eod, tok.bos, tok.pad) == (1001, 1000, None, None)
     assert (len(ref.encoder), ref.encoder["<|endoftext|>"]) == (1001, 1000)
     book = (ASSETS / "corpus" / "gutenberg" / "pg84-0.txt").read_text(encoding="utf-8")  # BOM, CRLF, curly quotes
-    edge = ["", " ", "  two leading\n\n\ttab\r\n   trailing   ", "it's I'll we've they'd 'quoted' 3.14 12345",
-            "naïve café — “quotes” Ünïcödé 東京 日本語 🙂👍🏽 e\u0301 zero\u200bwidth \u00a0nbsp", "a\n \n  \n", "\ufeffBOM"]
+    edge = [
+        "",
+        " ",
+        "  two leading\n\n\ttab\r\n   trailing   ",
+        "it's I'll we've they'd 'quoted' 3.14 12345",
+        "naïve café — “quotes” Ünïcödé 東京 日本語 🙂👍🏽 e\u0301 zero\u200bwidth \u00a0nbsp",
+        "a\n \n  \n",
+        "\ufeffBOM",
+    ]
     texts = corpus_texts() + [book[:60000], book[-20000:]] + edge
     assert [tok.tokenize(t) for t in texts] == [ref.encode(t) for t in texts]
     assert sum(len(tok.tokenize(t)) for t in texts) > 20000
@@ -188,7 +227,10 @@ def test_gpt2_bpe_equals_megatron_pure_python_gpt2_tokenizer(gpt2_files):
     assert tok.tokenize("a<|endoftext|>b") == ref.encode("a<|endoftext|>b")  # no special tokens, as Megatron-LM
     clone = pickle.loads(pickle.dumps(tok))
     assert clone.tokenize(edge[4]) == tok.tokenize(edge[4]) and clone.fingerprint == tok.fingerprint
-    assert tok.describe()["merge_file"] == str(merges) and tok.unique_identifiers["tokenizer_path"] == [str(vocab), str(merges)]
+    assert tok.describe()["merge_file"] == str(merges) and tok.unique_identifiers["tokenizer_path"] == [
+        str(vocab),
+        str(merges),
+    ]
 
 
 def test_gpt2_bpe_reads_merges_as_megatron_and_names_bad_files(gpt2_files, tmp_path):

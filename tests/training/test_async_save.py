@@ -1,6 +1,7 @@
 """--async-save with --use-persistent-ckpt-worker: the write goes on in the background, the ``latest``
 marker moves only once every rank's files and checksums are complete, a ``kill -9`` during the write
 leaves the previous checkpoint as the one that loads, and a failed write ends the run in one line."""
+
 import os
 import signal
 import subprocess
@@ -46,10 +47,24 @@ if __name__ == "__main__":
 def _kill_job_while_writing(tmp_path, args: list[str]) -> None:
     script = tmp_path / "killed_while_writing.py"
     script.write_text(KILLED_WHILE_WRITING)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script),
-           *TINY, *args]
-    job = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                           env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        str(script),
+        *TINY,
+        *args,
+    ]
+    job = subprocess.Popen(
+        cmd,
+        cwd=REPO,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+    )
     marker, deadline = tmp_path / "ck" / "writing_step_4", time.time() + 240
     try:
         while not marker.exists():
@@ -71,13 +86,25 @@ def runs(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("async_save")
     train, _ = write_corpus(tmp)
     common = ["--data-path", train, "--eval-iters", "0", "--train-iters", "6", "--save-interval", "2", *ASYNC]
-    straight = pretrain(*common, "--save", str(tmp / "straight"), "--metrics-file", str(tmp / "straight.jsonl"),
-                        nproc=2, torchrun=True)
+    straight = pretrain(
+        *common, "--save", str(tmp / "straight"), "--metrics-file", str(tmp / "straight.jsonl"), nproc=2, torchrun=True
+    )
     _kill_job_while_writing(tmp, [*common, "--save", str(tmp / "ck")])
-    after_kill = {"latest": checkpoint.latest_step(tmp / "ck"),
-                  "files": sorted(p.name for p in (tmp / "ck" / "iter_0000004").iterdir())}
-    resumed = pretrain(*common, "--save", str(tmp / "ck"), "--load", str(tmp / "ck"),
-                       "--metrics-file", str(tmp / "resumed.jsonl"), nproc=2, torchrun=True)
+    after_kill = {
+        "latest": checkpoint.latest_step(tmp / "ck"),
+        "files": sorted(p.name for p in (tmp / "ck" / "iter_0000004").iterdir()),
+    }
+    resumed = pretrain(
+        *common,
+        "--save",
+        str(tmp / "ck"),
+        "--load",
+        str(tmp / "ck"),
+        "--metrics-file",
+        str(tmp / "resumed.jsonl"),
+        nproc=2,
+        torchrun=True,
+    )
     return types.SimpleNamespace(tmp=tmp, straight=straight, resumed=resumed, after_kill=after_kill)
 
 
@@ -118,8 +145,10 @@ class _FailingQueue:
 def test_a_failed_background_write_is_one_line_and_removes_the_partial_directory(tmp_path):
     target = tmp_path / "iter_0000004"
     target.mkdir()
-    trainer = types.SimpleNamespace(cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(
-        save=str(tmp_path), async_save=False)), ranks={"rank": 0})
+    trainer = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(checkpoint=types.SimpleNamespace(save=str(tmp_path), async_save=False)),
+        ranks={"rank": 0},
+    )
     saves = AsyncSaves(trainer)
     saves.queue = _FailingQueue(target)
     with pytest.raises(SaveFailed) as failed:

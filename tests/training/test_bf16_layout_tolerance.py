@@ -5,6 +5,7 @@ norms within 1e-4; the campaign measured 2.77e-4 (losses bit-identical), and an 
 state. Measured here: at most 9.6e-8 (relative grad norm, resumed steps 4-6). Asserted: 1e-6, ten
 times that; a resume that lost Adam's step or moments is off by 2e-3 to 9e-3
 (tests/training/test_distributed_optimizer.py), two thousand times the bound."""
+
 import shutil
 
 import pytest
@@ -26,8 +27,17 @@ def _rel(a: float, b: float) -> float:
 @pytest.mark.slow
 def test_bf16_distributed_optimizer_resume_on_another_layout_within_the_measured_tolerance(tmp_path):
     (tmp_path / "data").mkdir()
-    common = ["--train-iters", "6", "--lr-warmup-iters", "1", "--num-layers", "4", "--bf16",
-              "--use-distributed-optimizer", *data_args(write_corpus(tmp_path / "data"), "document_windows")]
+    common = [
+        "--train-iters",
+        "6",
+        "--lr-warmup-iters",
+        "1",
+        "--num-layers",
+        "4",
+        "--bf16",
+        "--use-distributed-optimizer",
+        *data_args(write_corpus(tmp_path / "data"), "document_windows"),
+    ]
 
     def run(name, layout, *extra):
         flags, nproc = LAYOUTS[layout]
@@ -38,8 +48,9 @@ def test_bf16_distributed_optimizer_resume_on_another_layout_within_the_measured
     one_rank = run("one_rank", "1")
     ckpt = tmp_path / "ckpt"
     run("first", "dp2", "--save", str(ckpt), "--exit-interval", "3")
-    measured = {"1 rank vs DP2 (uninterrupted)": max(_rel(one_rank[s]["grad_norm"], straight[s]["grad_norm"])
-                                                     for s in straight)}
+    measured = {
+        "1 rank vs DP2 (uninterrupted)": max(_rel(one_rank[s]["grad_norm"], straight[s]["grad_norm"]) for s in straight)
+    }
     for now in ("pp2", "1"):
         copy = tmp_path / f"ckpt_{now}"
         shutil.copytree(ckpt, copy)

@@ -1,6 +1,7 @@
 """Nothing lost, nothing silently wrong: checkpoint checksums verified on every load,
 a way forward from a corrupt latest checkpoint, resume identity (tokenizer, shapes, resolved data
 paths, LR schedule), fresh-start vs missing --load, parse-time validation, non-finite stop."""
+
 import json
 import os
 import shutil
@@ -40,8 +41,19 @@ def trained(tmp_path_factory, corpus):
     root = tmp_path_factory.mktemp("trained")
     tok = _tokenizer(root / "tok_a", 0)
     ckpt = str(root / "ckpt")
-    proc = pretrain("--train-iters", "2", "--save-interval", "1", "--load", ckpt, "--save", ckpt,
-                    "--tokenizer-model", tok, *data_args(corpus, "document_windows"))
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--save-interval",
+        "1",
+        "--load",
+        ckpt,
+        "--save",
+        ckpt,
+        "--tokenizer-model",
+        tok,
+        *data_args(corpus, "document_windows"),
+    )
     return {"ckpt": ckpt, "tok": tok, "root": root, "log": proc.stdout + proc.stderr}
 
 
@@ -51,19 +63,29 @@ def _common(corpus, *extra):
 
 # --- --load X --save X starts fresh with one log line; a --load holding nothing is an error
 
+
 def test_load_equal_to_save_with_nothing_there_starts_fresh_and_says_so(trained):
     assert trained["log"].count("starting fresh") == 1, trained["log"][-3000:]
     assert latest_step(trained["ckpt"]) == 2
 
 
 def test_load_that_holds_no_checkpoint_is_an_error(tmp_path, corpus):
-    proc = pretrain("--train-iters", "2", "--load", str(tmp_path / "nowhere"), "--save", str(tmp_path / "out"),
-                    *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--load",
+        str(tmp_path / "nowhere"),
+        "--save",
+        str(tmp_path / "out"),
+        *_common(corpus),
+        check=False,
+    )
     refused(proc, "--load", "nowhere", "does not exist")
     assert not (tmp_path / "out").exists()
 
 
 # --- checksums recorded at save, verified on every load; the way forward
+
 
 def test_checksums_cover_every_file_of_a_checkpoint(trained):
     target = checkpoint.checkpoint_dir(trained["ckpt"], 2)
@@ -131,12 +153,30 @@ def test_a_checkpoint_that_claims_checksums_and_lost_them_is_refused(trained, co
     (target / checkpoint.CHECKSUMS).unlink()
     with pytest.raises(checkpoint.CorruptCheckpoint, match="saved with checksums.*--no-verify-checkpoint"):
         load_megatron_checkpoint(ckpt)
-    proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--tokenizer-model", trained["tok"],
-                    *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--skip-train",
+        "--load",
+        str(ckpt),
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+        check=False,
+    )
     refused(proc, str(target / checkpoint.CHECKSUMS), "--ckpt-step 1")
     # the explicit way past it, with a warning
-    proc = pretrain("--train-iters", "2", "--skip-train", "--load", str(ckpt), "--no-verify-checkpoint",
-                    "--tokenizer-model", trained["tok"], *_common(corpus))
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--skip-train",
+        "--load",
+        str(ckpt),
+        "--no-verify-checkpoint",
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+    )
     assert "--no-verify-checkpoint: loading" in proc.stdout + proc.stderr
     assert load_megatron_checkpoint(ckpt, verify=False).step == 2
 
@@ -155,6 +195,7 @@ def test_a_file_missing_from_the_checksums_is_refused(trained, tmp_path):
 
 # --- resume refusals name the field; the tokenizer joins the resume identity
 
+
 def _resume_refusal(*args: str) -> str:
     """The refusal of a resume, decided before any process group (run_plan.check_resume_compatible is
     pure): in this process, without launching a trainer. One end-to-end case proves the one-line exit 2."""
@@ -168,31 +209,62 @@ def _resume_refusal(*args: str) -> str:
 
 
 def test_resume_refusal_is_one_line_and_exit_2(trained, corpus):
-    proc = pretrain("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
-                    "--hidden-size", "128", *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "3",
+        "--load",
+        trained["ckpt"],
+        "--tokenizer-model",
+        trained["tok"],
+        "--hidden-size",
+        "128",
+        *_common(corpus),
+        check=False,
+    )
     refused(proc, "hidden_size", "128")
 
 
-@pytest.mark.parametrize("flag,value,field", [("--hidden-size", "128", "hidden_size"),
-                                              ("--vocab-size", "2048", "vocab_size")])
+@pytest.mark.parametrize(
+    "flag,value,field", [("--hidden-size", "128", "hidden_size"), ("--vocab-size", "2048", "vocab_size")]
+)
 def test_resume_refusal_names_the_field_that_differs(trained, corpus, flag, value, field):
-    message = _resume_refusal("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", trained["tok"],
-                              flag, value, *_common(corpus))
+    message = _resume_refusal(
+        "--train-iters",
+        "3",
+        "--load",
+        trained["ckpt"],
+        "--tokenizer-model",
+        trained["tok"],
+        flag,
+        value,
+        *_common(corpus),
+    )
     assert field in message and value in message, message
 
 
 def test_resume_with_another_tokenizer_of_the_same_size_is_refused(trained, corpus, tmp_path):
     other = _tokenizer(tmp_path / "tok_b", 7)
-    message = _resume_refusal("--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other,
-                              *_common(corpus))
+    message = _resume_refusal(
+        "--train-iters", "3", "--load", trained["ckpt"], "--tokenizer-model", other, *_common(corpus)
+    )
     assert "tokenizer" in message and other in message and "--finetune" in message, message
 
 
 # --- LR schedule on resume; data paths compared resolved
 
+
 def test_changed_lr_on_resume_is_refused_naming_the_flag(trained, corpus):
-    message = _resume_refusal("--train-iters", "2", "--lr", "6e-3", "--load", trained["ckpt"], "--tokenizer-model",
-                              trained["tok"], *_common(corpus))
+    message = _resume_refusal(
+        "--train-iters",
+        "2",
+        "--lr",
+        "6e-3",
+        "--load",
+        trained["ckpt"],
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+    )
     for needle in ("--lr", "0.003", "0.006", "--override-opt-param-scheduler", "--use-checkpoint-opt-param-scheduler"):
         assert needle in message, message
 
@@ -204,10 +276,29 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
     shutil.copytree(trained["ckpt"], ckpt)
     train, valid = (os.path.relpath(p, REPO) for p in corpus)
     assert not os.path.isabs(train)
-    proc = pretrain("--train-iters", "3", "--lr", "6e-3", "--override-opt-param-scheduler", "--load", str(ckpt),
-                    "--save", str(ckpt), "--tokenizer-model", trained["tok"], "--train-data-path", train, "--dataset-type",
-                    "document_windows", "--valid-data-path", valid, "--samples-per-shard-visit", "16",
-                    "--metrics-file", str(tmp_path / "m.jsonl"))
+    proc = pretrain(
+        "--train-iters",
+        "3",
+        "--lr",
+        "6e-3",
+        "--override-opt-param-scheduler",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(ckpt),
+        "--tokenizer-model",
+        trained["tok"],
+        "--train-data-path",
+        train,
+        "--dataset-type",
+        "document_windows",
+        "--valid-data-path",
+        valid,
+        "--samples-per-shard-visit",
+        "16",
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+    )
     log = proc.stdout + proc.stderr
     assert "LR schedule in force (from command line (--override-opt-param-scheduler)): lr 0.006" in log, log[-3000:]
     assert "decay over 3 steps" in log
@@ -217,11 +308,29 @@ def test_override_schedule_and_relative_data_path_resume(trained, corpus, tmp_pa
 
 # --- a non-finite loss stops training before it is saved
 
+
 def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
-    proc = pretrain("--train-iters", "6", "--save", str(ckpt), "--save-interval", "1", "--lr", "1e30",  # validate_results:
-                    "--lr-warmup-iters", "0", "--clip-grad", "0", "--vocab-size", "1024",  # tests/training/test_rerun.py
-                    "--rerun-mode", "disabled", *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "6",
+        "--save",
+        str(ckpt),
+        "--save-interval",
+        "1",
+        "--lr",
+        "1e30",  # validate_results:
+        "--lr-warmup-iters",
+        "0",
+        "--clip-grad",
+        "0",
+        "--vocab-size",
+        "1024",  # tests/training/test_rerun.py
+        "--rerun-mode",
+        "disabled",
+        *_common(corpus),
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
     line = next(ln for ln in out.splitlines() if " ERROR " in ln)
@@ -232,6 +341,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
 
 # --- parse-time validation
 
+
 def test_parse_time_validation(capsys):
     from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from tests.helpers.pretrain import TINY
@@ -241,11 +351,14 @@ def test_parse_time_validation(capsys):
     assert e.value.code == 2
     assert "--global-batch-size must be >= 1" in capsys.readouterr().err
     # --eval-iters 0 turns evaluation off, whatever --eval-interval says (Megatron-LM's meaning)
-    cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--data-path", "x", "--eval-iters", "0", "--eval-interval", "2"])
+    cfg = parse_pretrain_args(
+        [*TINY, "--train-iters", "2", "--data-path", "x", "--eval-iters", "0", "--eval-interval", "2"]
+    )
     assert cfg.args.eval_iters == 0
 
 
 # --- one job at a time writes a --save directory
+
 
 def test_second_job_on_a_locked_save_directory_is_refused(tmp_path, corpus):
     from megatron_fixedcode.utils.locks import lock_save_dir
@@ -288,20 +401,45 @@ def test_resume_on_another_data_parallel_size_keeps_adam_and_rng(tmp_path, corpu
         # Steps 5 and 6 are the first whose weights Adam's restored moments moved (step 4's loss
         # is computed on the loaded weights).
         assert r["loss"] == pytest.approx(s["loss"], rel=DP_RESHARD_RTOL), (r["step"], r["loss"], s["loss"])
-        assert r["grad_norm"] == pytest.approx(s["grad_norm"], rel=DP_RESHARD_RTOL), (r["step"], r["grad_norm"], s["grad_norm"])
+        assert r["grad_norm"] == pytest.approx(s["grad_norm"], rel=DP_RESHARD_RTOL), (
+            r["step"],
+            r["grad_norm"],
+            s["grad_norm"],
+        )
 
 
 def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, tmp_path):
     """--finetune --load X --save X used to overwrite X's iter_2 and moved latest back."""
     ckpt, target = _copy(trained, tmp_path)
     before = {p.name: p.stat().st_mtime_ns for p in target.iterdir()}
-    proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(ckpt),
-                    "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "1",
+        "--finetune",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(ckpt),
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+        check=False,
+    )
     refused(proc, f"--save {ckpt} holds checkpoints up to step 2", f"--load {ckpt} --save {ckpt}")
     assert latest_step(ckpt) == 2 and {p.name: p.stat().st_mtime_ns for p in target.iterdir()} == before
     # into a new directory it runs
-    pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
-             "--tokenizer-model", trained["tok"], *_common(corpus))
+    pretrain(
+        "--train-iters",
+        "1",
+        "--finetune",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(tmp_path / "ft"),
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+    )
     assert latest_step(tmp_path / "ft") == 1
 
 
@@ -310,8 +448,18 @@ def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpu
     ckpt, _ = _copy(trained, tmp_path)
     marker = ckpt / checkpoint.LATEST_MARKER
     marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
-    proc = pretrain("--train-iters", "3", "--load", str(ckpt), "--save", str(ckpt), "--tokenizer-model", trained["tok"],
-                    *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "3",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(ckpt),
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+        check=False,
+    )
     refused(proc, str(marker), "binary data", "--ckpt-step 2")
 
 
@@ -330,8 +478,21 @@ def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_pat
     err = capsys.readouterr().err
     assert f"--tokenizer-model {other}" in err and "is not the tokenizer" in err and trained["tok"] in err
     out = tmp_path / "r.json"
-    assert evaluate.main(["--load", trained["ckpt"], "--text-files", str(text), "--tokenizer-model", trained["tok"],
-                          "--output", str(out)]) == 0
+    assert (
+        evaluate.main(
+            [
+                "--load",
+                trained["ckpt"],
+                "--text-files",
+                str(text),
+                "--tokenizer-model",
+                trained["tok"],
+                "--output",
+                str(out),
+            ]
+        )
+        == 0
+    )
     record = json.loads(out.read_text())["tokenizer"]
     assert record["model"] == trained["tok"] and record["vocab_size"] == 1024 and record["fingerprint"]
     assert evaluate.main(["--hf-model", str(tmp_path), "--text-files", str(text), "--tokenizer-model", other]) == 2
@@ -355,11 +516,22 @@ def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monk
         "        if str(src).endswith('.partial'):\n"
         "            os.kill(os.getpid(), signal.SIGKILL)\n"
         "        return rename(src, dst, *args, **kwargs)\n"
-        "    os.rename = killed_before_rename\n")
+        "    os.rename = killed_before_rename\n"
+    )
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(inject), os.environ.get("PYTHONPATH")])))
     ckpt = tmp_path / "ckpt"
-    proc = pretrain("--train-iters", "2", "--save", str(ckpt), "--save-interval", "1", "--hf-export-interval", "1",
-                    *_common(corpus), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "2",
+        "--save",
+        str(ckpt),
+        "--save-interval",
+        "1",
+        "--hf-export-interval",
+        "1",
+        *_common(corpus),
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out[-3000:]
     assert "Traceback" not in out, out[-3000:]

@@ -1,6 +1,7 @@
 """The start-up free-space estimate from the real bytes per parameter of each
 optimizer and precision (it assumed 12 for all: 25% low with the distributed optimizer, so it never
 warned), checked against real saves; and a resume in another precision says so in one line."""
+
 import math
 import shutil
 from pathlib import Path
@@ -17,8 +18,10 @@ MODES = {  # name: (flags, estimate_checkpoint_bytes keywords)
     "bf16_distopt": (["--bf16", "--use-distributed-optimizer"], dict(bf16=True, distributed_optimizer=True)),
     "fp32_plain": ([], {}),
     "bf16_plain": (["--bf16"], dict(bf16=True)),
-    "fp32_distopt_dp_reshardable": (["--use-distributed-optimizer", "--no-dist-ckpt-optim-fully-reshardable"],
-                                    dict(distributed_optimizer=True, fully_reshardable=False)),
+    "fp32_distopt_dp_reshardable": (
+        ["--use-distributed-optimizer", "--no-dist-ckpt-optim-fully-reshardable"],
+        dict(distributed_optimizer=True, fully_reshardable=False),
+    ),
 }
 
 
@@ -28,8 +31,9 @@ def saves(tmp_path_factory):
     corpus = write_corpus(root)
     out = {}
     for name, (flags, _) in MODES.items():
-        proc = pretrain(*SIZE, *flags, "--train-iters", "1", "--save", str(root / name),
-                        *data_args(corpus, "document_windows"))
+        proc = pretrain(
+            *SIZE, *flags, "--train-iters", "1", "--save", str(root / name), *data_args(corpus, "document_windows")
+        )
         out[name] = (root / name, proc.stdout + proc.stderr)
     return corpus, out
 
@@ -64,18 +68,37 @@ def test_free_space_warning_uses_the_distributed_optimizers_size(tmp_path, monke
     assert "less than 2 checkpoints" in save_checks.free_space_warning(tmp_path, size)
 
 
-@pytest.mark.parametrize("saved, now, line", [
-    ("fp32_distopt", ["--bf16", "--use-distributed-optimizer"],
-     "precision changed: the checkpoint was saved with FP32 weights (no --bf16), this run trains with BF16 weights (--bf16)"),
-    ("bf16_distopt", ["--use-distributed-optimizer"],
-     "precision changed: the checkpoint was saved with BF16 weights (--bf16), this run trains with FP32 weights (no --bf16)"),
-], ids=["fp32->bf16", "bf16->fp32"])
+@pytest.mark.parametrize(
+    "saved, now, line",
+    [
+        (
+            "fp32_distopt",
+            ["--bf16", "--use-distributed-optimizer"],
+            "precision changed: the checkpoint was saved with FP32 weights (no --bf16), this run trains with BF16 weights (--bf16)",
+        ),
+        (
+            "bf16_distopt",
+            ["--use-distributed-optimizer"],
+            "precision changed: the checkpoint was saved with BF16 weights (--bf16), this run trains with FP32 weights (no --bf16)",
+        ),
+    ],
+    ids=["fp32->bf16", "bf16->fp32"],
+)
 @pytest.mark.slow
 def test_a_resume_in_another_precision_says_so_in_one_line(saves, tmp_path, saved, now, line):
     corpus, runs = saves
     ckpt, log = runs[saved]
     assert "precision changed" not in log
-    proc = pretrain(*SIZE, *now, "--train-iters", "2", "--load", str(ckpt), "--save", str(tmp_path / "next"),
-                    *data_args(corpus, "document_windows"))
+    proc = pretrain(
+        *SIZE,
+        *now,
+        "--train-iters",
+        "2",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(tmp_path / "next"),
+        *data_args(corpus, "document_windows"),
+    )
     lines = [x for x in (proc.stdout + proc.stderr).splitlines() if "precision changed" in x]
     assert len(lines) == 1 and line in lines[0], lines

@@ -1,5 +1,6 @@
 """Each research input interface through the real trainer: resume is bit-identical (loss, grad
 norm, lr, tokens, validation loss), and lowdim's trained coordinates are in the checkpoint."""
+
 import pytest
 
 from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
@@ -21,8 +22,7 @@ def corpus(tmp_path_factory):
 
 @pytest.mark.parametrize("name", sorted(INTERFACES))
 def test_resume_is_bit_identical(tmp_path, corpus, name):
-    common = [*INTERFACES[name], "--train-iters", "6", "--eval-interval", "3",
-              *data_args(corpus, "document_windows")]
+    common = [*INTERFACES[name], "--train-iters", "6", "--eval-interval", "3", *data_args(corpus, "document_windows")]
     ckpt = str(tmp_path / "ckpt")
     pretrain(*common, "--save", ckpt, "--save-interval", "3", "--metrics-file", str(tmp_path / "straight.jsonl"))
     pretrain(*common, "--load", ckpt, "--ckpt-step", "3", "--metrics-file", str(tmp_path / "resumed.jsonl"))

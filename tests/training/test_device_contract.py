@@ -10,6 +10,7 @@
   exact messages.
 GPU-marked tests rerun the trainer checks on CUDA (scripts/gpu_check.sh).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -31,19 +32,22 @@ INIT_WORKER = REPO / "tests" / "distributed" / "init_worker.py"
 
 # --- layout-independent initialisation -----------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def initial_weights(tmp_path_factory):
     out = tmp_path_factory.mktemp("init")
     torchrun(INIT_WORKER, "--layout", "single", "--out", str(out), nproc=1)
     for layout in ("pp2", "vpp2", "tp2"):
         torchrun(INIT_WORKER, "--layout", layout, "--out", str(out), nproc=2)
-    return {layout: [torch.load(out / f"{layout}_rank{r}.pt") for r in range(1 if layout == "single" else 2)]
-            for layout in ("single", "pp2", "vpp2", "tp2")}
+    return {
+        layout: [torch.load(out / f"{layout}_rank{r}.pt") for r in range(1 if layout == "single" else 2)]
+        for layout in ("single", "pp2", "vpp2", "tp2")
+    }
 
 
 def _layer_weights(rank_state: dict, number: int) -> dict[str, torch.Tensor]:
     prefix = f"layer{number}."
-    return {k[len(prefix):]: v for k, v in rank_state["weights"].items() if k.startswith(prefix)}
+    return {k[len(prefix) :]: v for k, v in rank_state["weights"].items() if k.startswith(prefix)}
 
 
 @pytest.mark.slow
@@ -85,9 +89,18 @@ def test_tensor_parallel_shards_are_slices_of_the_one_rank_weights(initial_weigh
 
 # --- the device contract ---------------------------------------------------------------------------
 
+
 def _tiny(variant: str) -> ModelConfig:
-    return ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=16,
-                       vocab_size=1000, make_vocab_size_divisible_by=64, input_embedding=variant)
+    return ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=16,
+        vocab_size=1000,
+        make_vocab_size_divisible_by=64,
+        input_embedding=variant,
+    )
 
 
 @pytest.mark.parametrize("variant", ["learned", "binary", "gf2", "random"])
@@ -95,8 +108,14 @@ def test_model_parameters_and_buffers_go_to_the_requested_device(single_rank, va
     """``meta`` stands in for a GPU: nothing may be left behind on the CPU (the fixed code's tables
     are buffers, the float code's table too)."""
     cfg = _tiny(variant)
-    (chunk,) = build_model_chunks(cfg, build_transformer_config(cfg, ParallelLayout()), ParallelLayout(), single_rank,
-                                  wrap_ddp=False, device="meta")
+    (chunk,) = build_model_chunks(
+        cfg,
+        build_transformer_config(cfg, ParallelLayout()),
+        ParallelLayout(),
+        single_rank,
+        wrap_ddp=False,
+        device="meta",
+    )
     tensors = dict(chunk.named_parameters()) | dict(chunk.named_buffers())
     assert tensors and {name: t.device.type for name, t in tensors.items() if t.device.type != "meta"} == {}
     if variant != "learned":
@@ -110,8 +129,11 @@ def test_forward_step_moves_the_batch_to_the_device():
         seen.update(tokens=tokens.device, position_ids=position_ids.device, labels=labels.device)
         return torch.zeros(tokens.shape, device=tokens.device)
 
-    batch = {"tokens": torch.zeros(2, 8, dtype=torch.long), "labels": torch.zeros(2, 8, dtype=torch.long),
-             "loss_mask": torch.ones(2, 8)}
+    batch = {
+        "tokens": torch.zeros(2, 8, dtype=torch.long),
+        "labels": torch.zeros(2, 8, dtype=torch.long),
+        "loss_mask": torch.ones(2, 8),
+    }
     _, loss_func = gpt_forward_step(iter([batch]), model, device=torch.device("meta"))
     assert set(seen.values()) == {torch.device("meta")}
     assert loss_func.args[0].device == torch.device("meta")  # the loss mask too
@@ -152,6 +174,7 @@ def test_trainer_collectives_use_the_trainer_device(monkeypatch):
 
 # --- context parallelism: the batch split ----------------------------------------------------------
 
+
 def test_context_parallel_positions_by_hand():
     assert batch_lib.context_parallel_positions(8, 2, 0).tolist() == [0, 1, 6, 7]
     assert batch_lib.context_parallel_positions(8, 2, 1).tolist() == [2, 3, 4, 5]
@@ -172,8 +195,12 @@ def test_context_parallel_split_matches_megatron_core(single_rank, cp_size, monk
     monkeypatch.setattr(dist, "get_rank", lambda group=None: group.rank() if fake(group) else rank(group))
 
     g = torch.Generator().manual_seed(0)
-    batch = {"tokens": torch.randint(0, 1000, (3, 32), generator=g), "labels": torch.randint(0, 1000, (3, 32), generator=g),
-             "loss_mask": torch.rand(3, 32, generator=g), "position_ids": torch.arange(32).expand(3, 32)}
+    batch = {
+        "tokens": torch.randint(0, 1000, (3, 32), generator=g),
+        "labels": torch.randint(0, 1000, (3, 32), generator=g),
+        "loss_mask": torch.rand(3, 32, generator=g),
+        "position_ids": torch.arange(32).expand(3, 32),
+    }
     covered = []
     for cp_rank in range(cp_size):
         group = types.SimpleNamespace(size=lambda: cp_size, rank=lambda r=cp_rank: r)
@@ -191,12 +218,15 @@ def test_context_parallel_split_matches_megatron_core(single_rank, cp_size, monk
 
 # --- launch refusals ---------------------------------------------------------------------------------
 
+
 def _run_pretraining(argv, caplog):
     from megatron_fixedcode.arguments.parse import parse_pretrain_args
     from megatron_fixedcode.training.loop import run_pretraining
     from tests.helpers.pretrain import TINY
 
-    code = run_pretraining(parse_pretrain_args([*TINY, "--data-path", "/nonexistent/prefix", "--train-iters", "1", *argv]))
+    code = run_pretraining(
+        parse_pretrain_args([*TINY, "--data-path", "/nonexistent/prefix", "--train-iters", "1", *argv])
+    )
     return code, [r.getMessage() for r in caplog.records if r.levelname == "ERROR"]
 
 
@@ -208,7 +238,8 @@ def test_no_gpu_under_the_slurm_launchers_is_refused(monkeypatch, caplog):
     assert _run_pretraining([], caplog) == (2, [NO_GPU_UNDER_LAUNCHER])
     assert NO_GPU_UNDER_LAUNCHER == (
         "MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees no CUDA GPU on this node (check the "
-        "allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); refusing to train on the CPU")
+        "allocation's --gpus and CUDA_VISIBLE_DEVICES, and that torch is a CUDA build); refusing to train on the CPU"
+    )
 
 
 def test_transformer_engine_missing_on_a_gpu_is_an_exact_message(monkeypatch):
@@ -219,11 +250,15 @@ def test_transformer_engine_missing_on_a_gpu_is_an_exact_message(monkeypatch):
 
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features.importlib.util, "find_spec", lambda name: None)
-    a = parse_pretrain_args([*TINY, "--data-path", "x", "--train-iters", "1",
-                             "--transformer-impl", "transformer_engine"]).performance
+    a = parse_pretrain_args(
+        [*TINY, "--data-path", "x", "--train-iters", "1", "--transformer-impl", "transformer_engine"]
+    ).performance
     with pytest.raises(ValueError) as e:
         gpu_features.check_gpu_features(a)
-    assert str(e.value) == f"--transformer-impl transformer_engine needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}"
+    assert (
+        str(e.value)
+        == f"--transformer-impl transformer_engine needs Transformer Engine, which is not importable: {TE_INSTALL_HINT}"
+    )
 
 
 def test_auto_without_te_on_a_gpu_warns(monkeypatch, caplog):
@@ -245,29 +280,70 @@ def test_gpu_fusions_follow_megatron_lm_defaults_and_flags(monkeypatch):
 
     def fusions(argv, te_layers, gated_linear_unit):
         cfg = parse_pretrain_args(argv)
-        return gpu_features.fusion_settings(cfg.performance, te_layers=te_layers, gated_linear_unit=gated_linear_unit,
-                                            squared_relu=cfg.args.squared_relu)
+        return gpu_features.fusion_settings(
+            cfg.performance,
+            te_layers=te_layers,
+            gated_linear_unit=gated_linear_unit,
+            squared_relu=cfg.args.squared_relu,
+        )
 
     if not torch.cuda.is_available():  # the CPU overrides turn every fusion off
         assert fusions(argv, te_layers=False, gated_linear_unit=True) == {}
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(gpu_features, "_importable", lambda name: True)
     on = fusions(argv, te_layers=True, gated_linear_unit=True)
-    assert on == dict.fromkeys(["gradient_accumulation_fusion", "bias_activation_fusion", "bias_dropout_fusion",
-                                "apply_rope_fusion", "masked_softmax_fusion"], True)
-    off = fusions([*argv, "--no-gradient-accumulation-fusion", "--no-rope-fusion"], te_layers=True,
-                  gated_linear_unit=False)
-    assert (off["gradient_accumulation_fusion"], off["apply_rope_fusion"], off["bias_activation_fusion"]) == (False, False, False)
+    assert on == dict.fromkeys(
+        [
+            "gradient_accumulation_fusion",
+            "bias_activation_fusion",
+            "bias_dropout_fusion",
+            "apply_rope_fusion",
+            "masked_softmax_fusion",
+        ],
+        True,
+    )
+    off = fusions(
+        [*argv, "--no-gradient-accumulation-fusion", "--no-rope-fusion"], te_layers=True, gated_linear_unit=False
+    )
+    assert (off["gradient_accumulation_fusion"], off["apply_rope_fusion"], off["bias_activation_fusion"]) == (
+        False,
+        False,
+        False,
+    )
     # Megatron-LM's GPT-2 block (GELU with linear biases) fuses bias-GELU; squared ReLU has no fused kernel
-    gpt2 = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32", "--lr", "1e-3",
-            "--vocab-size", "1024", "--data-path", "x", "--train-iters", "1"]
+    gpt2 = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--seq-length",
+        "32",
+        "--lr",
+        "1e-3",
+        "--vocab-size",
+        "1024",
+        "--data-path",
+        "x",
+        "--train-iters",
+        "1",
+    ]
     fused = lambda *f: fusions([*gpt2, *f], te_layers=True, gated_linear_unit=False)["bias_activation_fusion"]  # noqa: E731
     assert (fused(), fused("--no-bias-gelu-fusion"), fused("--disable-bias-linear"), fused("--squared-relu")) == (
-        True, False, False, False)
+        True,
+        False,
+        False,
+        False,
+    )
     monkeypatch.setattr(gpu_features, "_importable", lambda name: False)
     missing = fusions(argv, te_layers=False, gated_linear_unit=True)
-    assert (missing["gradient_accumulation_fusion"], missing["apply_rope_fusion"], missing["masked_softmax_fusion"],
-            missing["bias_activation_fusion"]) == (False, False, False, True)
+    assert (
+        missing["gradient_accumulation_fusion"],
+        missing["apply_rope_fusion"],
+        missing["masked_softmax_fusion"],
+        missing["bias_activation_fusion"],
+    ) == (False, False, False, True)
 
 
 # --- the real trainer, one step: CPU here, CUDA on a GPU machine (scripts/gpu_check.sh) -----------
@@ -284,10 +360,27 @@ def _one_step_placement(tmp_path, variant: str, *flags: str) -> dict:
     from tests.helpers.pretrain import TINY, data_args, write_corpus
 
     out = tmp_path / "placement.json"
-    cmd = [sys.executable, str(DEVICE_WORKER), str(out), "--", *TINY, *data_args(write_corpus(tmp_path), "gpt"),
-           "--train-iters", "2", "--input-embedding", variant, *flags]
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300,
-                          env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"})
+    cmd = [
+        sys.executable,
+        str(DEVICE_WORKER),
+        str(out),
+        "--",
+        *TINY,
+        *data_args(write_corpus(tmp_path), "gpt"),
+        "--train-iters",
+        "2",
+        "--input-embedding",
+        variant,
+        *flags,
+    ]
+    proc = subprocess.run(
+        cmd,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-4000:]
     return json.loads(out.read_text())
 

@@ -6,6 +6,7 @@ global batch of 8 on 2 ranks unless the layout says otherwise. The layouts track
 float rounding (tests/models/test_parallel_parity.py), so every resumed run is compared with the DP 2 run
 of its optimizer and precision, straight through.
 """
+
 import json
 import re
 from pathlib import Path
@@ -44,14 +45,22 @@ def corpus(tmp_path_factory):
 
 
 def _common(corpus):
-    return ["--train-iters", str(STEPS), "--lr-warmup-iters", "1", "--num-layers", "4",
-            *data_args(corpus, "document_windows")]
+    return [
+        "--train-iters",
+        str(STEPS),
+        "--lr-warmup-iters",
+        "1",
+        "--num-layers",
+        "4",
+        *data_args(corpus, "document_windows"),
+    ]
 
 
 def _train(corpus, out: Path, mode: str, layout: str = "dp2", *extra: str, check: bool = True):
     flags, nproc = LAYOUTS[layout]
-    return pretrain(*_common(corpus), *MODES[mode], *flags, *extra, "--metrics-file", str(out), nproc=nproc,
-                    check=check)
+    return pretrain(
+        *_common(corpus), *MODES[mode], *flags, *extra, "--metrics-file", str(out), nproc=nproc, check=check
+    )
 
 
 @pytest.fixture(scope="module")
@@ -83,6 +92,7 @@ SAME_UPDATE_RTOL = 1e-6
 
 
 # --- equivalences -----------------------------------------------------------------------------------
+
 
 def test_distributed_optimizer_matches_plain_adam(straight):
     """DP 2: reduce-scatter + sharded Adam + all-gather against all-reduce + whole Adam."""
@@ -142,7 +152,11 @@ def test_resume_on_another_layout_keeps_adam_schedule_and_stream(straight, resum
         assert (r["lr"], r["tokens"]) == (s["lr"], s["tokens"]), r["step"]  # the schedule and the sample stream
         # steps 5 and 6 are the first whose weights Adam's restored state moved
         assert r["loss"] == pytest.approx(s["loss"], rel=RTOL[mode]), (r["step"], r["loss"], s["loss"])
-        assert r["grad_norm"] == pytest.approx(s["grad_norm"], rel=RTOL[mode]), (r["step"], r["grad_norm"], s["grad_norm"])
+        assert r["grad_norm"] == pytest.approx(s["grad_norm"], rel=RTOL[mode]), (
+            r["step"],
+            r["grad_norm"],
+            s["grad_norm"],
+        )
 
 
 def test_checkpoint_writes_spread_over_data_parallel_ranks(resumed):
@@ -164,8 +178,23 @@ def test_bf16_finetune_keeps_the_checkpoint_weights(corpus, resumed, tmp_path):
     them (reload_model_params) or the first step writes the initial weights back: at a tiny LR
     the second step's loss then jumps to the untrained ~ln(1024) = 6.93 (measured: 4.60 -> 6.94)."""
     ckpt = resumed["tp2_to_vpp2_bf16_distopt"][2]
-    _train(corpus, tmp_path / "ft.jsonl", "bf16_distopt", "dp2", "--finetune", "--load", str(ckpt),
-           "--lr", "1e-12", "--min-lr", "1e-12", "--lr-warmup-iters", "0", "--train-iters", "3")
+    _train(
+        corpus,
+        tmp_path / "ft.jsonl",
+        "bf16_distopt",
+        "dp2",
+        "--finetune",
+        "--load",
+        str(ckpt),
+        "--lr",
+        "1e-12",
+        "--min-lr",
+        "1e-12",
+        "--lr-warmup-iters",
+        "0",
+        "--train-iters",
+        "3",
+    )
     losses = [r["loss"] for r in read_metrics(tmp_path / "ft.jsonl")]
     assert losses[0] < 6.85  # the checkpoint is trained
     for later in losses[1:]:
@@ -174,13 +203,16 @@ def test_bf16_finetune_keeps_the_checkpoint_weights(corpus, resumed, tmp_path):
 
 # --- what megatron-core cannot reshard is refused, naming the flag ---------------------------------
 
+
 def _one_error_line(proc) -> str:
     """The one ERROR line of a refused run: a rank exited with code 2 and none with a traceback
     of its own (torchrun then stops the others, SIGTERM, exits 1 and prints its summary)."""
     out = proc.stdout + proc.stderr
     errors = [ln for ln in out.splitlines() if " ERROR " in ln]
     exit_codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
-    assert proc.returncode == 2 or (proc.returncode == 1 and "2" in exit_codes and set(exit_codes) <= {"2", "-15"}), out[-3000:]
+    assert proc.returncode == 2 or (proc.returncode == 1 and "2" in exit_codes and set(exit_codes) <= {"2", "-15"}), (
+        out[-3000:]
+    )
     assert len(errors) == 1 and "[rank" not in out, out[-3000:]
     return errors[0]
 
@@ -194,8 +226,17 @@ def test_optimizer_change_on_resume_is_refused(corpus, resumed, tmp_path):
 
 def test_dp_reshardable_state_resumes_across_dp_and_refuses_tp(corpus, straight, tmp_path):
     ckpt = str(tmp_path / "ckpt")
-    _train(corpus, tmp_path / "a.jsonl", "distopt", "dp2", "--no-dist-ckpt-optim-fully-reshardable",
-           "--save", ckpt, "--exit-interval", "3")
+    _train(
+        corpus,
+        tmp_path / "a.jsonl",
+        "distopt",
+        "dp2",
+        "--no-dist-ckpt-optim-fully-reshardable",
+        "--save",
+        ckpt,
+        "--exit-interval",
+        "3",
+    )
     proc = _train(corpus, tmp_path / "tp.jsonl", "distopt", "tp2", "--load", ckpt, check=False)
     line = _one_error_line(proc)
     assert "dp_reshardable" in line and "--no-dist-ckpt-optim-fully-reshardable" in line and "TP 2" in line
@@ -207,6 +248,7 @@ def test_dp_reshardable_state_resumes_across_dp_and_refuses_tp(corpus, straight,
 
 # --- the smaller items on the path users run ---------------------------------------------------------
 
+
 def test_pipeline_stages_free_their_sent_outputs_and_ddp_checks_each_ranks_gradients(corpus, tmp_path):
     """deallocate_pipeline_outputs for PP > 1 (as Megatron-LM); megatron DDP's check_for_nan_in_grad
     with --check-for-nan-in-loss-and-grad: under --rerun-mode disabled a non-finite loss or gradient stops the
@@ -214,12 +256,31 @@ def test_pipeline_stages_free_their_sent_outputs_and_ddp_checks_each_ranks_gradi
     from megatron_fixedcode.compat import ParallelLayout
     from megatron_fixedcode.models import ModelConfig, build_transformer_config
 
-    cfg = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
-                      vocab_size=1024, input_embedding="binary")
+    cfg = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=32,
+        vocab_size=1024,
+        input_embedding="binary",
+    )
     assert build_transformer_config(cfg, ParallelLayout(pipeline_model_parallel_size=2)).deallocate_pipeline_outputs
     assert not build_transformer_config(cfg, ParallelLayout()).deallocate_pipeline_outputs
-    proc = pretrain("--train-iters", "6", "--lr", "1e30", "--lr-warmup-iters", "0", "--clip-grad", "0",
-                    "--rerun-mode", "disabled", *data_args(corpus, "document_windows"), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "6",
+        "--lr",
+        "1e30",
+        "--lr-warmup-iters",
+        "0",
+        "--clip-grad",
+        "0",
+        "--rerun-mode",
+        "disabled",
+        *data_args(corpus, "document_windows"),
+        check=False,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
     line = next(ln for ln in out.splitlines() if " ERROR " in ln)

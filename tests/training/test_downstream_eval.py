@@ -1,6 +1,7 @@
 """--downstream-eval-tasks: each checkpoint due is scored by a job of its own while training goes on; the scores
 land in TensorBoard at the checkpoint's step and in downstream.jsonl; a killed job leaves training untouched and
 the next start fills the gap without duplicates (docs/training.md, "Downstream scores")."""
+
 import json
 import os
 import signal
@@ -21,8 +22,16 @@ from tests.helpers import REPO, SMOLLM2_TOKENIZER
 from tests.helpers.pretrain import TINY, TINY_TOKENIZER_VOCAB, data_args, write_corpus
 
 TASKS = "piqa_local,lambada_local"
-FLAGS = ["--downstream-eval-tasks", TASKS, "--downstream-eval-interval", "2", "--downstream-eval-limit", "2",
-         "--downstream-eval-batch-size", "4"]
+FLAGS = [
+    "--downstream-eval-tasks",
+    TASKS,
+    "--downstream-eval-interval",
+    "2",
+    "--downstream-eval-limit",
+    "2",
+    "--downstream-eval-batch-size",
+    "4",
+]
 
 
 def _refusal(capsys, *args) -> str:
@@ -39,8 +48,9 @@ def test_the_flags_are_refused_before_the_first_step(capsys, tmp_path, monkeypat
     save = ["--save", str(tmp_path / "ckpt"), "--save-interval", "2"]
     assert "it needs --save" in _refusal(capsys, *tok, *FLAGS)
     assert "go together" in _refusal(capsys, *tok, *save, "--downstream-eval-tasks", TASKS)
-    assert "not a multiple of --save-interval 2" in _refusal(capsys, *tok, *save, *FLAGS[:2],
-                                                             "--downstream-eval-interval", "3")
+    assert "not a multiple of --save-interval 2" in _refusal(
+        capsys, *tok, *save, *FLAGS[:2], "--downstream-eval-interval", "3"
+    )
     assert "needs its tokenizer" in _refusal(capsys, *save, *FLAGS)
     line = _refusal(capsys, *tok, *save, "--downstream-eval-tasks", "piqa_local:x", "--downstream-eval-interval", "2")
     assert "--downstream-eval-tasks 'piqa_local:x'" in line
@@ -48,8 +58,9 @@ def test_the_flags_are_refused_before_the_first_step(capsys, tmp_path, monkeypat
     import lm_eval.tasks
 
     monkeypatch.setattr(lm_eval.tasks, "TaskManager", lambda **kw: types.SimpleNamespace(all_tasks=["piqa"]))
-    assert "unknown lm-eval task 'no_such_task'" in _refusal(capsys, *tok, *save, "--downstream-eval-tasks",
-                                                             "piqa,no_such_task", "--downstream-eval-interval", "2")
+    assert "unknown lm-eval task 'no_such_task'" in _refusal(
+        capsys, *tok, *save, "--downstream-eval-tasks", "piqa,no_such_task", "--downstream-eval-interval", "2"
+    )
     monkeypatch.setenv("MFC_SHARED_DATA", str(tmp_path))
     (tmp_path / "eval").mkdir()
     line = _refusal(capsys, *tok, *save, *FLAGS)
@@ -63,8 +74,9 @@ def test_scores_file_records_and_tags(tmp_path):
     path = tmp_path / "downstream.jsonl"
     logs = tmp_path / "logs"
     assert cs.scores_file(str(tmp_path / "ckpt"), str(logs / "m.jsonl")) == logs / cs.JSONL_NAME
-    cs.append_scores(path, [{"step": 2, "task": "piqa_local", "metrics": {"acc": 0.5},
-                             "protocol": cs.protocol(TASKS, 2)}])
+    cs.append_scores(
+        path, [{"step": 2, "task": "piqa_local", "metrics": {"acc": 0.5}, "protocol": cs.protocol(TASKS, 2)}]
+    )
     with open(path, "a") as f:
         f.write('{"step": 4, "task": "pi')  # the torn line of a killed writer
     assert cs.scored_steps(path, TASKS, 2) == {2} and cs.scored_steps(path, TASKS, 3) == set()
@@ -73,8 +85,11 @@ def test_scores_file_records_and_tags(tmp_path):
 
 def test_wandb_gets_the_scores_in_the_training_run_on_an_axis_of_its_own(monkeypatch):
     calls = []
-    run = types.SimpleNamespace(define_metric=lambda *a, **k: calls.append(("define", a, k)),
-                                log=lambda values: calls.append(("log", values)), finish=lambda: calls.append("finish"))
+    run = types.SimpleNamespace(
+        define_metric=lambda *a, **k: calls.append(("define", a, k)),
+        log=lambda values: calls.append(("log", values)),
+        finish=lambda: calls.append("finish"),
+    )
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **k: calls.append(("init", k)) or run))
     cs.write_wandb("proj", "abc123", None, 4, {"downstream/piqa_local/acc": 0.5})
     assert calls[0] == ("init", {"project": "proj", "id": "abc123", "name": None, "resume": "allow"})
@@ -91,8 +106,10 @@ def _stand_in(tmp_path, steps, latest, **args):
     logging_flags = {k: args.pop(k, None) for k in ("tensorboard_dir", "wandb_project", "wandb_exp_name")}
     cfg = types.SimpleNamespace(
         downstream=DownstreamConfig(tasks=TASKS, interval=2, limit=2.0, **args),
-        schedule=types.SimpleNamespace(skip_train=False), checkpoint=types.SimpleNamespace(save=str(save)),
-        logging=LoggingConfig(log_interval=1, metrics_file=None, **logging_flags))
+        schedule=types.SimpleNamespace(skip_train=False),
+        checkpoint=types.SimpleNamespace(save=str(save)),
+        logging=LoggingConfig(log_interval=1, metrics_file=None, **logging_flags),
+    )
     trainer = types.SimpleNamespace(cfg=cfg, ranks={"rank": 0}, max_steps=5, wandb_run_id=None)
     evals = DownstreamEvals(trainer)
     evals.launched = []
@@ -102,8 +119,10 @@ def _stand_in(tmp_path, steps, latest, **args):
 
 def test_a_start_launches_only_what_lacks_scores_and_a_job(tmp_path):
     evals, save = _stand_in(tmp_path, [1, 2, 4, 5, 6], latest=5)
-    cs.append_scores(evals.scores, [{"step": s, "task": "piqa_local", "metrics": {},
-                                     "protocol": cs.protocol(TASKS, 2.0)} for s in (2, 6)])
+    cs.append_scores(
+        evals.scores,
+        [{"step": s, "task": "piqa_local", "metrics": {}, "protocol": cs.protocol(TASKS, 2.0)} for s in (2, 6)],
+    )
     lock = cs.acquire(save, 4, wait_s=0)  # a job of step 4 runs
     try:
         evals.start(5)
@@ -124,6 +143,7 @@ def test_a_start_launches_only_what_lacks_scores_and_a_job(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------------- end to end
+
 
 def _wait_jobs(save: Path, steps, timeout=400):
     """Until the background jobs of ``steps`` (recorded in SAVE/downstream/iter_N.job) have exited."""
@@ -164,12 +184,30 @@ def run(tmp_path_factory):
     (root / "data").mkdir()
     corpus = write_corpus(root / "data")
     save = root / "ckpt"
-    args = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY_TOKENIZER_VOCAB, "--train-iters", "4",
-            "--seq-length", "64",
-            "--save-interval", "2", "--save", str(save), "--load", str(save),
-            "--tokenizer-model", str(SMOLLM2_TOKENIZER),
-            "--metrics-file", str(root / "logs" / "metrics.jsonl"), "--tensorboard-dir", str(root / "tb"),
-            *FLAGS, *data_args(corpus, "gpt")]
+    args = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        *TINY_TOKENIZER_VOCAB,
+        "--train-iters",
+        "4",
+        "--seq-length",
+        "64",
+        "--save-interval",
+        "2",
+        "--save",
+        str(save),
+        "--load",
+        str(save),
+        "--tokenizer-model",
+        str(SMOLLM2_TOKENIZER),
+        "--metrics-file",
+        str(root / "logs" / "metrics.jsonl"),
+        "--tensorboard-dir",
+        str(root / "tb"),
+        *FLAGS,
+        *data_args(corpus, "gpt"),
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "HF_DATASETS_CACHE": str(root / "hfd")}
     trainer = subprocess.Popen(args, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     marker = cs.job_file(save, 2, ".job")
@@ -182,16 +220,25 @@ def run(tmp_path_factory):
     after_kill = cs.read_scores(root / "logs" / cs.JSONL_NAME)
     second = subprocess.run(args, cwd=REPO, env=env, capture_output=True, text=True, timeout=300)
     _wait_jobs(save, [2])
-    return {"root": root, "save": save, "first": (trainer.returncode, first), "after_kill": after_kill,
-            "second": (second.returncode, second.stdout + second.stderr)}
+    return {
+        "root": root,
+        "save": save,
+        "first": (trainer.returncode, first),
+        "after_kill": after_kill,
+        "second": (second.returncode, second.stdout + second.stderr),
+    }
 
 
 @pytest.mark.slow
 def test_killing_an_evaluation_leaves_training_untouched(run):
     code, out = run["first"]
     assert code == 0, out[-4000:]
-    assert [json.loads(line)["step"] for line in (run["root"] / "logs" / "metrics.jsonl").read_text().splitlines()] \
-        == [1, 2, 3, 4]
+    assert [json.loads(line)["step"] for line in (run["root"] / "logs" / "metrics.jsonl").read_text().splitlines()] == [
+        1,
+        2,
+        3,
+        4,
+    ]
     assert "downstream evaluation of checkpoint step 2: started process" in out
     assert {r["step"] for r in run["after_kill"]} == {4}  # the killed job wrote nothing
 
@@ -203,8 +250,12 @@ def test_every_checkpoint_ends_with_its_scores_once(run):
     assert "downstream evaluation of checkpoint step 2: started process" in out
     assert "checkpoint step 4:" not in out  # scored: not started again
     records = cs.read_scores(run["root"] / "logs" / cs.JSONL_NAME)
-    assert sorted((r["step"], r["task"]) for r in records) == [(2, "lambada_local"), (2, "piqa_local"),
-                                                               (4, "lambada_local"), (4, "piqa_local")]
+    assert sorted((r["step"], r["task"]) for r in records) == [
+        (2, "lambada_local"),
+        (2, "piqa_local"),
+        (4, "lambada_local"),
+        (4, "piqa_local"),
+    ]
     piqa = next(r for r in records if r["task"] == "piqa_local")
     assert 0 <= piqa["metrics"]["acc"] <= 1 and piqa["metrics"]["sample_len"] == 2
     scalars = _tb_scalars(run["root"] / "tb")
@@ -225,9 +276,18 @@ def test_the_study_report_plots_score_vs_step_for_each_run(tmp_path):
     paths = {}
     for run, acc in (("learned", 0.5), ("binary", 0.6)):
         paths[run] = tmp_path / run / cs.JSONL_NAME
-        cs.append_scores(paths[run], [{"step": s, "task": "piqa_local", "protocol": cs.protocol(TASKS, None),
-                                       "metrics": {"acc": acc + s / 100, "acc_stderr": 0.1, "sample_len": 4}}
-                                      for s in (2, 4)])
+        cs.append_scores(
+            paths[run],
+            [
+                {
+                    "step": s,
+                    "task": "piqa_local",
+                    "protocol": cs.protocol(TASKS, None),
+                    "metrics": {"acc": acc + s / 100, "acc_stderr": 0.1, "sample_len": 4},
+                }
+                for s in (2, 4)
+            ],
+        )
     curves = downstream_curves(paths)
     assert curves == {"piqa_local/acc": {"learned": [(2, 0.52), (4, 0.54)], "binary": [(2, 0.62), (4, 0.64)]}}
     assert plot_downstream(paths, tmp_path / "d.png").stat().st_size > 0

@@ -1,6 +1,7 @@
 """The save-directory lock on a filesystem without flock (Lustre mounted without ``-o flock``:
 ``flock`` fails with ENOSYS): chosen automatically, an exclusive-create lock file with flock's
 take-over rule as far as this host can check it."""
+
 import errno
 import json
 import logging
@@ -71,6 +72,7 @@ def test_with_flock_the_kernel_lock_is_used(tmp_path, caplog):
 
 # --- a take-over rule that cannot block a restart forever ------------------------
 
+
 def _lock_file(tmp_path, content: str, age_s: float = 0.0):
     import os
     import time
@@ -84,7 +86,7 @@ def _lock_file(tmp_path, content: str, age_s: float = 0.0):
     return lock_file
 
 
-@pytest.mark.parametrize("content", ["", "{\"host\": \"node-a\", \"pi"], ids=["empty", "unparsable"])
+@pytest.mark.parametrize("content", ["", '{"host": "node-a", "pi'], ids=["empty", "unparsable"])
 def test_without_flock_an_empty_or_unparsable_lock_is_taken_over_after_a_grace(tmp_path, no_flock, caplog, content):
     """The holder was killed between creating the file and recording itself: every restart was refused."""
     lock_file = _lock_file(tmp_path, content)
@@ -108,16 +110,25 @@ def _lock_file_age(lock_file, age_s: float) -> None:
 
 def test_without_flock_a_reused_pid_is_taken_over_and_a_live_holder_is_refused(tmp_path, no_flock, caplog):
     """pid 1 is alive, but it is not the process that recorded itself (another start time)."""
-    lock_file = _lock_file(tmp_path, json.dumps({"host": socket.gethostname(), "pid": 1,
-                                                 "pid_start": lock_holders.pid_start_time(1) + 12345}))
+    lock_file = _lock_file(
+        tmp_path,
+        json.dumps({"host": socket.gethostname(), "pid": 1, "pid_start": lock_holders.pid_start_time(1) + 12345}),
+    )
     caplog.set_level(logging.WARNING)
     lock = lock_save_dir(tmp_path / "ckpt")
     assert "pid 1 is now another process" in caplog.text
     lock.release()
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:  # a live holder with the start time it recorded: refused, naming it and the file to remove
-        lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
-                                         "pid_start": lock_holders.pid_start_time(sleeper.pid)}))
+        lock_file.write_text(
+            json.dumps(
+                {
+                    "host": socket.gethostname(),
+                    "pid": sleeper.pid,
+                    "pid_start": lock_holders.pid_start_time(sleeper.pid),
+                }
+            )
+        )
         with pytest.raises(LockHeld, match=rf"pid {sleeper.pid} on host .*if that run is gone, remove {lock_file}"):
             lock_save_dir(tmp_path / "ckpt")
         assert json.loads(lock_file.read_text())["pid"] == sleeper.pid
@@ -127,8 +138,9 @@ def test_without_flock_a_reused_pid_is_taken_over_and_a_live_holder_is_refused(t
 
 
 def test_without_flock_the_same_slurm_job_requeued_on_another_node_takes_over(tmp_path, no_flock, caplog, monkeypatch):
-    lock_file = _lock_file(tmp_path, json.dumps({"host": "node-elsewhere", "pid": 4242, "slurm_job_id": "777",
-                                                 "slurm_restart_count": "0"}))
+    lock_file = _lock_file(
+        tmp_path, json.dumps({"host": "node-elsewhere", "pid": 4242, "slurm_job_id": "777", "slurm_restart_count": "0"})
+    )
     monkeypatch.setenv("SLURM_JOB_ID", "778")  # another job: refused
     with pytest.raises(LockHeld, match=rf"node-elsewhere.*if that run is gone, remove {lock_file}"):
         lock_save_dir(tmp_path / "ckpt")
@@ -147,13 +159,16 @@ def test_without_flock_a_lock_recorded_without_a_start_time_is_judged_by_its_tim
     process started after the lock was taken."""
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
-        lock_file = _lock_file(tmp_path, json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
-                                                     "started": "2020-01-01T00:00:00+00:00"}))
+        lock_file = _lock_file(
+            tmp_path,
+            json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "started": "2020-01-01T00:00:00+00:00"}),
+        )
         caplog.set_level(logging.WARNING)
         lock_save_dir(tmp_path / "ckpt").release()
         assert f"pid {sleeper.pid} is now another process (it started after the lock was taken)" in caplog.text
-        lock_file.write_text(json.dumps({"host": socket.gethostname(), "pid": sleeper.pid,
-                                         "started": "2999-01-01T00:00:00+00:00"}))
+        lock_file.write_text(
+            json.dumps({"host": socket.gethostname(), "pid": sleeper.pid, "started": "2999-01-01T00:00:00+00:00"})
+        )
         with pytest.raises(LockHeld, match=rf"pid {sleeper.pid} .*if that run is gone, remove {lock_file}"):
             lock_save_dir(tmp_path / "ckpt")
     finally:
@@ -176,16 +191,21 @@ def test_a_lock_kept_by_the_child_of_a_dead_run_names_that_child(tmp_path):
         "copy = os.dup(lock._fd)\n"
         "if os.fork() == 0:\n"
         "    time.sleep(120)\n"
-        "os._exit(0)\n")
-    parent = subprocess.run([sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-                            timeout=60)
+        "os._exit(0)\n"
+    )
+    parent = subprocess.run(
+        [sys.executable, "-c", script], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, timeout=60
+    )
     assert parent.returncode == 0
     child = None
     try:
         deadline = time.monotonic() + 20
         while child is None and time.monotonic() < deadline:
-            out = subprocess.run(["pgrep", "-f", "from megatron_fixedcode.utils.locks import lock_save_dir"],
-                                 capture_output=True, text=True).stdout.split()
+            out = subprocess.run(
+                ["pgrep", "-f", "from megatron_fixedcode.utils.locks import lock_save_dir"],
+                capture_output=True,
+                text=True,
+            ).stdout.split()
             child = int(out[0]) if out else None
         assert child is not None
         with pytest.raises(LockHeld) as e:
@@ -212,7 +232,8 @@ def test_a_forked_child_of_a_dead_run_does_not_keep_its_lock(tmp_path):
         "    time.sleep(60)\n"
         "    os._exit(0)\n"
         "print(child, flush=True)\n"
-        "os._exit(0)\n")
+        "os._exit(0)\n"
+    )
     parent = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=60)
     child = int(parent.stdout.strip())
     try:

@@ -1,6 +1,7 @@
 """One record per step: a run that resumes from a checkpoint (or starts again after a crash before
 its first one) drops what the earlier attempt recorded after that step, from metrics.jsonl and from
 TensorBoard's event files, and says so in one line; the exit record a launcher reads."""
+
 from __future__ import annotations
 
 import json
@@ -41,13 +42,22 @@ def test_a_full_disk_leaves_whole_lines_one_warning_and_names_the_missing_steps(
         assert len(warnings) == 2, warnings
         assert warnings[0].startswith(f"cannot write {disk / 'metrics.jsonl'} (No space left on device; ")
         assert f"the steps from {len(full) + 1} on are not recorded" in warnings[0]
-        assert warnings[1] == f"{disk / 'metrics.jsonl'} written again from step 41: steps {len(full) + 1}-40 are missing there"
+        assert (
+            warnings[1]
+            == f"{disk / 'metrics.jsonl'} written again from step 41: steps {len(full) + 1}-40 are missing there"
+        )
         # a resume on that full disk cuts the dropped lines off in place (a rewrite would need room for a copy)
         with open(filler, "wb", buffering=0) as f, pytest.raises(OSError):
             while True:
                 f.write(b"x" * 512)
         assert drop_jsonl_after(disk / "metrics.jsonl", 5) == len(steps) - 5
-        assert [json.loads(line)["step"] for line in (disk / "metrics.jsonl").read_text().splitlines()] == [1, 2, 3, 4, 5]
+        assert [json.loads(line)["step"] for line in (disk / "metrics.jsonl").read_text().splitlines()] == [
+            1,
+            2,
+            3,
+            4,
+            5,
+        ]
 
 
 def test_the_metrics_sink_on_a_full_disk_says_so_once_and_goes_on(tmp_path, caplog):
@@ -56,16 +66,31 @@ def test_the_metrics_sink_on_a_full_disk_says_so_once_and_goes_on(tmp_path, capl
     from megatron_fixedcode.training.metrics import MetricsSink
 
     with small_tmpfs(tmp_path / "disk", "8k") as disk:
-        cfg = LoggingConfig(log_interval=1000, tensorboard_dir=str(disk / "tb"), metrics_file=str(tmp_path / "m.jsonl"),
-                            wandb_project=None)
+        cfg = LoggingConfig(
+            log_interval=1000,
+            tensorboard_dir=str(disk / "tb"),
+            metrics_file=str(tmp_path / "m.jsonl"),
+            wandb_project=None,
+        )
         sink = MetricsSink(cfg, enabled=True, max_steps=400, flops_per_token=1.0, num_gpus=1, run_config={})
         with caplog.at_level(logging.WARNING):
             for step in range(1, 401):  # ~50 bytes of events per step: the 8 KiB fill long before step 400
-                sink.record({"step": step, "loss": 1.0, "lr": 1e-3, "grad_norm": 1.0, "step_time_s": 0.1,
-                             "tokens": step, "step_tokens": 1})
+                sink.record(
+                    {
+                        "step": step,
+                        "loss": 1.0,
+                        "lr": 1e-3,
+                        "grad_norm": 1.0,
+                        "step_time_s": 0.1,
+                        "tokens": step,
+                        "step_tokens": 1,
+                    }
+                )
             sink.close()
     warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
-    assert len(warnings) == 1 and warnings[0].startswith(f"TensorBoard logging to {disk / 'tb'} stops at step "), warnings
+    assert len(warnings) == 1 and warnings[0].startswith(f"TensorBoard logging to {disk / 'tb'} stops at step "), (
+        warnings
+    )
     assert warnings[0].endswith("(No space left on device); training goes on, metrics.jsonl has every step")
     assert [json.loads(line)["step"] for line in (tmp_path / "m.jsonl").read_text().splitlines()] == list(range(1, 401))
 
@@ -88,7 +113,10 @@ def test_tensorboard_drops_steps_after_the_checkpoint_and_keeps_the_samples_axis
     acc = EventAccumulator(str(tmp_path))
     acc.Reload()
     assert [(e.step, e.value) for e in acc.Scalars("lm loss")] == [(s, float(s)) for s in range(1, 6)] + [
-        (6, 16.0), (7, 17.0), (8, 18.0)]
+        (6, 16.0),
+        (7, 17.0),
+        (8, 18.0),
+    ]
     assert [e.step for e in acc.Scalars("lm loss vs samples")] == [4 * s for s in range(1, 9)]
 
 
@@ -101,9 +129,29 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     corpus = write_corpus(tmp_path)
-    ckpt, metrics, tb, exit_record = tmp_path / "ckpt", tmp_path / "metrics.jsonl", tmp_path / "tb", tmp_path / "exit.json"
-    common = [*data_args(corpus, "gpt"), "--train-iters", "6", "--save", str(ckpt), "--save-interval", "3",
-              "--metrics-file", str(metrics), "--tensorboard-dir", str(tb), "--eval-interval", "1000", "--seed", "3"]
+    ckpt, metrics, tb, exit_record = (
+        tmp_path / "ckpt",
+        tmp_path / "metrics.jsonl",
+        tmp_path / "tb",
+        tmp_path / "exit.json",
+    )
+    common = [
+        *data_args(corpus, "gpt"),
+        "--train-iters",
+        "6",
+        "--save",
+        str(ckpt),
+        "--save-interval",
+        "3",
+        "--metrics-file",
+        str(metrics),
+        "--tensorboard-dir",
+        str(tb),
+        "--eval-interval",
+        "1000",
+        "--seed",
+        "3",
+    ]
     pretrain(*common)
     first = read_metrics(metrics)
     assert [r["step"] for r in first] == [1, 2, 3, 4, 5, 6]
@@ -117,12 +165,35 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
     acc.Reload()
     assert [e.step for e in acc.Scalars("lm loss")] == [1, 2, 3, 4, 5, 6]
     assert [e.value for e in acc.Scalars("lm loss")][3:] == pytest.approx([r["loss"] for r in second[3:]])
-    assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 6, "max_steps": 6,
-                                                   "stopped_by": None}
-    pretrain(*common, "--load", str(ckpt), "--ckpt-step", "3", "--save", str(tmp_path / "ckpt3"), "--exit-interval", "4",
-             "--metrics-file", str(tmp_path / "m3.jsonl"), "--tensorboard-dir", str(tmp_path / "tb3"))
-    assert json.loads(exit_record.read_text()) == {"code": 0, "error": None, "step": 4, "max_steps": 6,
-                                                   "stopped_by": "--exit-interval"}
+    assert json.loads(exit_record.read_text()) == {
+        "code": 0,
+        "error": None,
+        "step": 6,
+        "max_steps": 6,
+        "stopped_by": None,
+    }
+    pretrain(
+        *common,
+        "--load",
+        str(ckpt),
+        "--ckpt-step",
+        "3",
+        "--save",
+        str(tmp_path / "ckpt3"),
+        "--exit-interval",
+        "4",
+        "--metrics-file",
+        str(tmp_path / "m3.jsonl"),
+        "--tensorboard-dir",
+        str(tmp_path / "tb3"),
+    )
+    assert json.loads(exit_record.read_text()) == {
+        "code": 0,
+        "error": None,
+        "step": 4,
+        "max_steps": 6,
+        "stopped_by": "--exit-interval",
+    }
 
 
 @pytest.mark.slow

@@ -1,6 +1,7 @@
 """A non-finite tensor is refused where it enters — the HF import, a checkpoint
 load (``--finetune``, ``tools/evaluate.py --load``, the HF converter) and an export — naming the
 tensor in one line, exit code 2; an evaluation never reports a NaN loss with exit code 0."""
+
 from pathlib import Path
 
 import numpy as np
@@ -76,8 +77,17 @@ def test_finetune_from_a_checkpoint_with_nan_weights_is_refused_naming_the_tenso
     ckpt = _checkpoint_with(tmp_path / "nan", float("nan"), vocab_size=1024)
     (tmp_path / "data").mkdir()
     corpus = write_corpus(tmp_path / "data")
-    proc = pretrain("--train-iters", "1", "--finetune", "--load", str(ckpt), "--save", str(tmp_path / "ft"),
-                    *data_args(corpus, "document_windows"), check=False)
+    proc = pretrain(
+        "--train-iters",
+        "1",
+        "--finetune",
+        "--load",
+        str(ckpt),
+        "--save",
+        str(tmp_path / "ft"),
+        *data_args(corpus, "document_windows"),
+        check=False,
+    )
     refused(proc, POISONED, "not finite")
     assert not list((tmp_path / "ft").glob("iter_*"))
 

@@ -1,6 +1,7 @@
 """Data indexed by this project's tools records its tokenizer (``OUT_summary.json``): the batch shell's
 pre-flight and the trainer refuse a run whose tokenizer is another one in one line naming both, also when
 every id of the data fits the other vocabulary (a larger tokenizer: the ids would mean other tokens)."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,22 @@ def indexed(tmp_path_factory):
     corpus = root / "books.jsonl"
     books = sorted((ASSETS / "corpus" / "gutenberg").glob("*.txt"))[:1]
     corpus.write_text("".join(json.dumps({"text": b.read_text(errors="replace")[:20000]}) + "\n" for b in books))
-    assert preprocess_main(["--input", str(corpus), "--output-prefix", str(root / "books"), "--tokenizer-type",
-                            "HuggingFaceTokenizer", "--tokenizer-model", str(SMOLLM2_TOKENIZER), "--append-eod"]) == 0
+    assert (
+        preprocess_main(
+            [
+                "--input",
+                str(corpus),
+                "--output-prefix",
+                str(root / "books"),
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+                "--tokenizer-model",
+                str(SMOLLM2_TOKENIZER),
+                "--append-eod",
+            ]
+        )
+        == 0
+    )
     # a word-level tokenizer with more ids than SmolLM2's 49,152: every id of the data fits it
     from tokenizers import Tokenizer, models, pre_tokenizers
 
@@ -33,9 +48,18 @@ def indexed(tmp_path_factory):
 
 
 def _preflight(indexed, tokenizer, capsys) -> tuple[int, str]:
-    code = preflight_main(["--config", str(REPO / "examples/recipes/tiny_cpu.yaml"), "--data-path",
-                           str(indexed / "books_train_text_document"), "--tokenizer-model", str(tokenizer),
-                           "--train-iters", "2"])
+    code = preflight_main(
+        [
+            "--config",
+            str(REPO / "examples/recipes/tiny_cpu.yaml"),
+            "--data-path",
+            str(indexed / "books_train_text_document"),
+            "--tokenizer-model",
+            str(tokenizer),
+            "--train-iters",
+            "2",
+        ]
+    )
     return code, capsys.readouterr().err.strip()
 
 
@@ -47,10 +71,13 @@ def test_another_tokenizer_is_refused_before_torchrun_and_by_the_trainer(indexed
     code, err = _preflight(indexed, indexed / "other.json", capsys)
     assert code == 2 and len(err.splitlines()) == 1, err
     prefix = indexed / "books_train_text_document"
-    assert err.startswith(f"error: data_path {prefix}: indexed with tokenizer {SMOLLM2_TOKENIZER} (49152 ids, "
-                          "fingerprint "), err
+    assert err.startswith(
+        f"error: data_path {prefix}: indexed with tokenizer {SMOLLM2_TOKENIZER} (49152 ids, fingerprint "
+    ), err
     assert f"{indexed / 'books_summary.json'}), but this run's tokenizer {indexed / 'other.json'} has 60000 ids" in err
     with pytest.raises(ValueError) as e:  # the trainer, for a run started without the launcher
-        check_data_shards(DataConfig(data_path=[str(prefix)], seq_length=64),
-                          build_tokenizer("HuggingFaceTokenizer", str(indexed / "other.json")))
+        check_data_shards(
+            DataConfig(data_path=[str(prefix)], seq_length=64),
+            build_tokenizer("HuggingFaceTokenizer", str(indexed / "other.json")),
+        )
     assert str(e.value) == err.removeprefix("error: ")

@@ -1,4 +1,5 @@
 """The trainer end to end on CPU: learning, layouts, exact resume, budget, preemption, refusals."""
+
 import json
 import os
 import signal
@@ -33,8 +34,15 @@ def _is_complete_checkpoint(path) -> bool:
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_resume_is_bit_identical_and_loss_falls(tmp_path, corpus, variant, dataset_type):
     """8 steps straight (saving at step 4) vs. resuming from the step-4 checkpoint."""
-    common = ["--input-embedding", variant, "--train-iters", "8", "--eval-interval", "4",
-              *data_args(corpus, dataset_type)]
+    common = [
+        "--input-embedding",
+        variant,
+        "--train-iters",
+        "8",
+        "--eval-interval",
+        "4",
+        *data_args(corpus, dataset_type),
+    ]
     ckpt = str(tmp_path / "ckpt")
     pretrain(*common, "--save", ckpt, "--save-interval", "4", "--metrics-file", str(tmp_path / "straight.jsonl"))
     pretrain(*common, "--load", ckpt, "--ckpt-step", "4", "--metrics-file", str(tmp_path / "resumed.jsonl"))
@@ -46,8 +54,19 @@ def test_resume_is_bit_identical_and_loss_falls(tmp_path, corpus, variant, datas
 @pytest.mark.parametrize("variant", VARIANTS)
 def test_each_input_interface_learns(tmp_path, corpus, variant):
     """Below the unigram entropy ln(128) = 4.85 only by using the input: the bigram is in the ids."""
-    pretrain("--input-embedding", variant, "--train-iters", "40", "--lr", "1e-2", "--eval-interval", "40",
-             "--metrics-file", str(tmp_path / "m.jsonl"), *data_args(corpus, "document_windows"))
+    pretrain(
+        "--input-embedding",
+        variant,
+        "--train-iters",
+        "40",
+        "--lr",
+        "1e-2",
+        "--eval-interval",
+        "40",
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+        *data_args(corpus, "document_windows"),
+    )
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert metrics[-1]["val_loss"] < 4.5, [round(m["loss"], 3) for m in metrics]
 
@@ -57,7 +76,9 @@ def test_interrupted_run_continues_exactly_on_two_ranks(tmp_path, corpus):
     common = ["--input-embedding", "gf2", "--train-iters", "6", *data_args(corpus, "document_windows")]
     pretrain(*common, "--metrics-file", str(tmp_path / "straight.jsonl"), nproc=2)
     ckpt = str(tmp_path / "ckpt")
-    pretrain(*common, "--save", ckpt, "--exit-interval", "3", "--metrics-file", str(tmp_path / "resumed.jsonl"), nproc=2)
+    pretrain(
+        *common, "--save", ckpt, "--exit-interval", "3", "--metrics-file", str(tmp_path / "resumed.jsonl"), nproc=2
+    )
     assert latest_step(ckpt) == 3
     pretrain(*common, "--save", ckpt, "--load", ckpt, "--metrics-file", str(tmp_path / "resumed.jsonl"), nproc=2)
     resumed = read_metrics(tmp_path / "resumed.jsonl")
@@ -65,15 +86,29 @@ def test_interrupted_run_continues_exactly_on_two_ranks(tmp_path, corpus):
     assert_same_steps(read_metrics(tmp_path / "straight.jsonl"), resumed)
 
 
-@pytest.mark.parametrize("layout", [["--tensor-model-parallel-size", "2", "--sequence-parallel"],
-                                    ["--pipeline-model-parallel-size", "2"],
-                                    # Megatron-LM's spelling: 4 layers / 2 stages / 1 layer per chunk = 2 chunks
-                                    ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
-                                    []], ids=["tp2sp", "pp2", "pp2-interleaved", "dp2"])
+@pytest.mark.parametrize(
+    "layout",
+    [
+        ["--tensor-model-parallel-size", "2", "--sequence-parallel"],
+        ["--pipeline-model-parallel-size", "2"],
+        # Megatron-LM's spelling: 4 layers / 2 stages / 1 layer per chunk = 2 chunks
+        ["--pipeline-model-parallel-size", "2", "--num-layers-per-virtual-pipeline-stage", "1"],
+        [],
+    ],
+    ids=["tp2sp", "pp2", "pp2-interleaved", "dp2"],
+)
 def test_first_step_loss_matches_one_rank(tmp_path, corpus, layout):
     """From the same weights (saved by one rank, loaded with --finetune at any layout)."""
     ckpt = str(tmp_path / "init")
-    model = ["--input-embedding", "gf2", "--num-layers", "4", "--train-iters", "1", *data_args(corpus, "document_windows")]
+    model = [
+        "--input-embedding",
+        "gf2",
+        "--num-layers",
+        "4",
+        "--train-iters",
+        "1",
+        *data_args(corpus, "document_windows"),
+    ]
     pretrain(*model, "--save", ckpt)
     args = [*model, "--load", ckpt, "--finetune"]
     pretrain(*args, "--metrics-file", str(tmp_path / "one.jsonl"))
@@ -86,8 +121,17 @@ def test_first_step_loss_matches_one_rank(tmp_path, corpus, layout):
 
 def test_token_budget_stops_at_first_step_boundary_past_it(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
-    pretrain("--train-tokens", "1000", "--save", str(ckpt), "--metrics-file", str(tmp_path / "m.jsonl"),
-             "--tensorboard-dir", str(tmp_path / "tb"), *data_args(corpus, "document_windows"))
+    pretrain(
+        "--train-tokens",
+        "1000",
+        "--save",
+        str(ckpt),
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+        "--tensorboard-dir",
+        str(tmp_path / "tb"),
+        *data_args(corpus, "document_windows"),
+    )
     assert list((tmp_path / "tb").glob("events.out.tfevents.*")), "no TensorBoard event file"
     metrics = read_metrics(tmp_path / "m.jsonl")
     assert [m["tokens"] for m in metrics] == [256, 512, 768, 1024]  # 3 steps < 1000 <= 4 steps
@@ -100,9 +144,25 @@ def test_token_budget_stops_at_first_step_boundary_past_it(tmp_path, corpus):
 
 def test_sigterm_saves_a_complete_checkpoint_that_resumes(tmp_path, corpus):
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "megatron_fixedcode.pretrain", *TINY, "--train-iters", "100000", "--save", str(ckpt),
-           "--exit-signal-handler", "--metrics-file", str(metrics), *data_args(corpus, "document_windows")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "megatron_fixedcode.pretrain",
+        *TINY,
+        "--train-iters",
+        "100000",
+        "--save",
+        str(ckpt),
+        "--exit-signal-handler",
+        "--metrics-file",
+        str(metrics),
+        *data_args(corpus, "document_windows"),
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -115,9 +175,17 @@ def test_sigterm_saves_a_complete_checkpoint_that_resumes(tmp_path, corpus):
     assert _is_complete_checkpoint(ckpt / f"iter_{step:07d}")
     assert len(read_metrics(metrics)) == step  # saved exactly where it stopped
     # A shorter run than the checkpoint's schedule (100000 steps): keep that schedule, explicitly.
-    pretrain("--train-iters", str(step + 1), "--use-checkpoint-opt-param-scheduler", "--load", str(ckpt),
-             "--metrics-file", str(tmp_path / "after.jsonl"),
-             *data_args(corpus, "document_windows"), nproc=2)
+    pretrain(
+        "--train-iters",
+        str(step + 1),
+        "--use-checkpoint-opt-param-scheduler",
+        "--load",
+        str(ckpt),
+        "--metrics-file",
+        str(tmp_path / "after.jsonl"),
+        *data_args(corpus, "document_windows"),
+        nproc=2,
+    )
     assert [m["step"] for m in read_metrics(tmp_path / "after.jsonl")] == [step + 1]
 
 
@@ -125,9 +193,24 @@ def test_a_signal_during_evaluation_checkpoints_without_waiting_for_it(tmp_path,
     """SIGTERM while step 3's (long) evaluation runs: the evaluation stops at its next batch, nothing is
     recorded for it, the checkpoint is taken at step 3 and the run exits 0 with the signal as its reason."""
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY, "--train-iters", "100", "--save", str(ckpt),
-           "--exit-signal-handler", "--metrics-file", str(metrics), *data_args(corpus, "document_windows"),
-           "--eval-interval", "3", "--eval-iters", "100000"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        *TINY,
+        "--train-iters",
+        "100",
+        "--save",
+        str(ckpt),
+        "--exit-signal-handler",
+        "--metrics-file",
+        str(metrics),
+        *data_args(corpus, "document_windows"),
+        "--eval-interval",
+        "3",
+        "--eval-iters",
+        "100000",
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     deadline = time.time() + 120
@@ -144,9 +227,19 @@ def test_a_signal_during_evaluation_checkpoints_without_waiting_for_it(tmp_path,
 
 def test_resume_with_another_input_interface_is_refused(tmp_path, corpus):
     ckpt = str(tmp_path / "ckpt")
-    pretrain("--input-embedding", "binary", "--train-iters", "1", "--save", ckpt, *data_args(corpus, "document_windows"))
-    proc = pretrain("--input-embedding", "gf2", "--train-iters", "2", "--load", ckpt,
-                    *data_args(corpus, "document_windows"), check=False)
+    pretrain(
+        "--input-embedding", "binary", "--train-iters", "1", "--save", ckpt, *data_args(corpus, "document_windows")
+    )
+    proc = pretrain(
+        "--input-embedding",
+        "gf2",
+        "--train-iters",
+        "2",
+        "--load",
+        ckpt,
+        *data_args(corpus, "document_windows"),
+        check=False,
+    )
     assert proc.returncode != 0
     assert "refusing to resume with a different input interface" in proc.stderr + proc.stdout
     assert "binary" in proc.stderr + proc.stdout and "gf2" in proc.stderr + proc.stdout
@@ -157,34 +250,81 @@ def test_checkpoint_saved_at_tp2_evaluates_identically_at_tp1(tmp_path, corpus):
     data = data_args(corpus, "document_windows")
     pretrain("--train-iters", "2", "--save", ckpt, "--tensor-model-parallel-size", "2", *data, nproc=2)
     for tp, nproc in (("2", 2), ("1", 1)):
-        pretrain("--train-iters", "2", "--load", ckpt, "--skip-train", "--tensor-model-parallel-size", tp,
-                 "--metrics-file", str(tmp_path / f"eval_tp{tp}.jsonl"), *data, nproc=nproc)
+        pretrain(
+            "--train-iters",
+            "2",
+            "--load",
+            ckpt,
+            "--skip-train",
+            "--tensor-model-parallel-size",
+            tp,
+            "--metrics-file",
+            str(tmp_path / f"eval_tp{tp}.jsonl"),
+            *data,
+            nproc=nproc,
+        )
     tp2, tp1 = read_metrics(tmp_path / "eval_tp2.jsonl")[0], read_metrics(tmp_path / "eval_tp1.jsonl")[0]
     assert tp1["step"] == tp2["step"] == 2
     assert tp1["val_loss"] == pytest.approx(tp2["val_loss"], rel=1e-5)
 
 
 def test_bad_flags_are_refused_before_any_work(tmp_path):
-    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", *TINY, "--train-iters", "1",
-                           "--data-path", "x", "--pipeline-model-parallel-size", "3"],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "megatron_fixedcode.pretrain",
+            *TINY,
+            "--train-iters",
+            "1",
+            "--data-path",
+            "x",
+            "--pipeline-model-parallel-size",
+            "3",
+        ],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "--num-layers 2 is not divisible by --pipeline-model-parallel-size 3" in proc.stderr
     recipe = tmp_path / "r.yaml"
     recipe.write_text("num_layers: 2\nhiden_size: 64\n")
-    proc = subprocess.run([sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(recipe)],
-                          cwd=REPO, capture_output=True, text=True)
+    proc = subprocess.run(
+        [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", str(recipe)],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     assert proc.returncode == 2 and "unknown key 'hiden_size'" in proc.stderr and str(recipe) in proc.stderr
 
 
 def test_hugging_face_export_at_intervals(tmp_path, corpus):
     ckpt = tmp_path / "ckpt"
-    pretrain("--input-embedding", "gf2", "--train-iters", "2", "--save", str(ckpt), "--save-interval", "1",
-             "--hf-export-interval", "2", *data_args(corpus, "document_windows"))
+    pretrain(
+        "--input-embedding",
+        "gf2",
+        "--train-iters",
+        "2",
+        "--save",
+        str(ckpt),
+        "--save-interval",
+        "1",
+        "--hf-export-interval",
+        "2",
+        *data_args(corpus, "document_windows"),
+    )
     exports = sorted(p.name for p in (ckpt / "hf").iterdir() if p.is_dir())
     assert exports == ["iter_0000002"], exports  # step 1 is not a multiple of 2
     config = json.loads((ckpt / "hf" / "iter_0000002" / "config.json").read_text())
     from megatron_fixedcode.models import ModelConfig  # the code of TINY's model
 
-    spec = ModelConfig(num_layers=2, hidden_size=64, num_attention_heads=4, ffn_hidden_size=128, seq_length=32,
-                       vocab_size=1024, input_embedding="gf2").code_spec()
+    spec = ModelConfig(
+        num_layers=2,
+        hidden_size=64,
+        num_attention_heads=4,
+        ffn_hidden_size=128,
+        seq_length=32,
+        vocab_size=1024,
+        input_embedding="gf2",
+    ).code_spec()
     assert spec.fingerprint in json.dumps(config)

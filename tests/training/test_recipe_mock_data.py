@@ -1,5 +1,6 @@
 """A recipe with --mock-data on the command line trains on megatron's mock data: the recipe's data keys
 give way (one line names them); the same keys given on the command line are still refused."""
+
 import json
 import os
 import subprocess
@@ -30,12 +31,49 @@ def test_recipe_data_keys_give_way_to_mock_data_in_one_line(capsys):
 
 @pytest.mark.slow
 def test_a_recipe_trains_on_mock_data(tmp_path):
-    tiny = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--num-query-groups", "4",
-            "--ffn-hidden-size", "128", "--seq-length", "32", "--micro-batch-size", "2", "--global-batch-size", "4",
-            "--train-iters", "2", "--lr-warmup-iters", "1", "--eval-iters", "1", "--transformer-impl", "local",
-            "--precision", "fp32", "--no-overlap-grad-reduce", "--no-overlap-param-gather"]
-    cmd = [sys.executable, "-m", "megatron_fixedcode.pretrain", "--config", RECIPE, "--mock-data", *tiny,
-           "--tokenizer-model", str(SMOLLM2), "--save", str(tmp_path / "ckpt")]
+    tiny = [
+        "--num-layers",
+        "2",
+        "--hidden-size",
+        "64",
+        "--num-attention-heads",
+        "4",
+        "--num-query-groups",
+        "4",
+        "--ffn-hidden-size",
+        "128",
+        "--seq-length",
+        "32",
+        "--micro-batch-size",
+        "2",
+        "--global-batch-size",
+        "4",
+        "--train-iters",
+        "2",
+        "--lr-warmup-iters",
+        "1",
+        "--eval-iters",
+        "1",
+        "--transformer-impl",
+        "local",
+        "--precision",
+        "fp32",
+        "--no-overlap-grad-reduce",
+        "--no-overlap-param-gather",
+    ]
+    cmd = [
+        sys.executable,
+        "-m",
+        "megatron_fixedcode.pretrain",
+        "--config",
+        RECIPE,
+        "--mock-data",
+        *tiny,
+        "--tokenizer-model",
+        str(SMOLLM2),
+        "--save",
+        str(tmp_path / "ckpt"),
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1"}
     proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     log = proc.stdout + proc.stderr

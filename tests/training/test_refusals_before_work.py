@@ -3,6 +3,7 @@ before any work — the dry run included — never an assertion or a traceback p
 
 Blend weights of 0 / NaN / inf, a damaged tokenizer file, a recipe whose YAML alias refers to
 itself or expands like a bomb, and a shard with no documents."""
+
 from __future__ import annotations
 
 import os
@@ -17,6 +18,7 @@ import pytest
 from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO, SMOLLM2
 from tests.helpers.pretrain import TINY, write_corpus
+
 
 @pytest.fixture(scope="module")
 def corpus(tmp_path_factory) -> tuple[str, str]:
@@ -39,9 +41,12 @@ def _pretrain_main(argv: list[str], capsys) -> str:
 
 # --- blend weights: megatron's BlendedDataset asserted every weight > 0 on each rank
 
+
 @pytest.mark.parametrize("weight", ["0", "nan", "inf", "-1"])
 @pytest.mark.parametrize("dry_run", [True, False])
-def test_a_blend_weight_that_is_not_a_positive_number_is_refused_naming_the_file(weight, dry_run, corpus, tmp_path, capsys):
+def test_a_blend_weight_that_is_not_a_positive_number_is_refused_naming_the_file(
+    weight, dry_run, corpus, tmp_path, capsys
+):
     train, valid = corpus
     args_file = tmp_path / "data_args.txt"
     args_file.write_text(f"{weight} {train} 1.0 {valid}\n")
@@ -59,10 +64,28 @@ def test_a_bad_manifest_weight_is_refused(tmp_path):
 def test_a_bad_weight_on_two_ranks_is_one_line_from_rank_0(corpus, tmp_path):
     train, _ = corpus
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-         "-m", "megatron_fixedcode.pretrain", *TINY, "--train-iters", "2", "--data-path", "inf", train],
-        cwd=REPO, env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
-        capture_output=True, text=True, timeout=300)
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc_per_node",
+            "2",
+            "-m",
+            "megatron_fixedcode.pretrain",
+            *TINY,
+            "--train-iters",
+            "2",
+            "--data-path",
+            "inf",
+            train,
+        ],
+        cwd=REPO,
+        env={**os.environ, "OMP_NUM_THREADS": "1", "PYTHONWARNINGS": "ignore"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0
     errors = [line for line in out.splitlines() if "pretrain: error:" in line]
@@ -71,6 +94,7 @@ def test_a_bad_weight_on_two_ranks_is_one_line_from_rank_0(corpus, tmp_path):
 
 
 # --- a damaged tokenizer file: the Rust parser's bare Exception, a traceback in every tool
+
 
 def _damaged_tokenizers(root: Path) -> list[Path]:
     text = (SMOLLM2 / "tokenizer.json").read_text(encoding="utf-8")
@@ -91,8 +115,18 @@ def test_a_damaged_tokenizer_json_is_one_line_in_trainer_dry_run_and_preprocessi
         for extra in (["--dry-run"], []):
             line = _pretrain_main(["--data-path", train, "--tokenizer-model", str(tok), *extra], capsys)
             assert f"{tok / 'tokenizer.json'} is not a valid tokenizer.json" in line, line
-        rc = preprocess(["--input", str(tmp_path / "in.jsonl"), "--output-prefix", str(tmp_path / f"out_{tok.name}"),
-                         "--tokenizer-type", "HuggingFaceTokenizer", "--tokenizer-model", str(tok)])
+        rc = preprocess(
+            [
+                "--input",
+                str(tmp_path / "in.jsonl"),
+                "--output-prefix",
+                str(tmp_path / f"out_{tok.name}"),
+                "--tokenizer-type",
+                "HuggingFaceTokenizer",
+                "--tokenizer-model",
+                str(tok),
+            ]
+        )
         err = [line for line in capsys.readouterr().err.splitlines() if "error" in line.lower()]
         assert rc == 2 and len(err) == 1 and "is not a valid tokenizer.json" in err[0], err
         assert not list(tmp_path.glob(f"out_{tok.name}*.idx"))
@@ -108,6 +142,7 @@ def test_a_damaged_sentencepiece_model_names_the_file(tmp_path):
 
 
 # --- recipes: a self-referencing alias recursed forever; an alias bomb took >600 MB and never ended
+
 
 def test_a_recipe_with_a_self_referencing_alias_is_refused(tmp_path, capsys):
     recipe = tmp_path / "self.yaml"
@@ -148,16 +183,28 @@ def test_recipes_with_shared_values_still_load(tmp_path):
 
 # --- a shard with no documents: an mmap traceback (document windows) or advice to give a flag already given
 
+
 @pytest.mark.parametrize("dataset_type", ["gpt", "document_windows"])
 @pytest.mark.parametrize("empty_split", ["train", "valid"])
-def test_a_zero_document_shard_is_named_without_advising_a_flag_already_given(dataset_type, empty_split, corpus,
-                                                                               tmp_path, capsys):
+def test_a_zero_document_shard_is_named_without_advising_a_flag_already_given(
+    dataset_type, empty_split, corpus, tmp_path, capsys
+):
     train, valid = corpus
     empty = write_indexed_dataset(tmp_path / "empty", [], dtype=np.uint16)
     paths = {"train": train, "valid": valid, empty_split: empty}
     for extra in (["--dry-run"], []):
-        line = _pretrain_main(["--train-data-path", paths["train"], "--valid-data-path", paths["valid"],
-                               "--dataset-type", dataset_type, *extra], capsys)
+        line = _pretrain_main(
+            [
+                "--train-data-path",
+                paths["train"],
+                "--valid-data-path",
+                paths["valid"],
+                "--dataset-type",
+                dataset_type,
+                *extra,
+            ],
+            capsys,
+        )
         flag = "--train-data-path" if empty_split == "train" else "--valid-data-path"
         assert f"{empty}: the shard holds no tokens" in line and f"leave it out of {flag}" in line, line
         assert "give --valid-data-path" not in line and "--split" not in line, line

@@ -2,6 +2,7 @@
 caught and handled in each --rerun-mode, a re-run replays the same microbatches, the spike detector's
 statistics survive a checkpoint, --iterations-to-skip reads its batch without an update; one 2-rank
 run checks the wiring (the loss function, megatron DDP's checks, the loop's exit codes and checkpoint)."""
+
 from __future__ import annotations
 
 import math
@@ -23,10 +24,20 @@ def corpus(tmp_path_factory):
 
 
 def _args(mode="validate_results", rate=0, kind="transient_error", spiky=False, tracker=None, skip=()):
-    return HealthConfig(rerun_mode=mode, error_injection_rate=rate, error_injection_type=kind,
-                        check_for_nan_in_loss_and_grad=True, check_for_spiky_loss=spiky, check_for_large_grads=False,
-                        result_rejected_tracker_filename=tracker, iterations_to_skip=tuple(skip), manual_gc=False,
-                        manual_gc_interval=0, empty_unused_memory_level=0, distributed_timeout_minutes=10)
+    return HealthConfig(
+        rerun_mode=mode,
+        error_injection_rate=rate,
+        error_injection_type=kind,
+        check_for_nan_in_loss_and_grad=True,
+        check_for_spiky_loss=spiky,
+        check_for_large_grads=False,
+        result_rejected_tracker_filename=tracker,
+        iterations_to_skip=tuple(skip),
+        manual_gc=False,
+        manual_gc_interval=0,
+        empty_unused_memory_level=0,
+        distributed_timeout_minutes=10,
+    )
 
 
 class _Trainer:
@@ -110,7 +121,9 @@ def test_a_spike_is_rerun_reproduced_and_trained_through(single_rank, tmp_path):
     assert _train(trainer, 70) == (None, False) and trainer.step == 70  # not fatal: training goes on
     assert trainer.seen.count(((59, 0), (59, 1))) == 2
     assert re.findall(r"iteration=(\d+) status=\S*?(\w+) ", tracker.read_text()) == [
-        ("60", "INITIAL_RUN"), ("60", "FIRST_RERUN_REPRODUCIBLE")]
+        ("60", "INITIAL_RUN"),
+        ("60", "FIRST_RERUN_REPRODUCIBLE"),
+    ]
     assert rerun.RerunStateMachine.get_skipped_iterations_from_tracker_file(str(tracker)) == []
 
 
@@ -161,10 +174,27 @@ def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the
     from megatron_fixedcode.checkpoint import latest_step, read_trainer_state
 
     ck, tracker = tmp_path / "ck", tmp_path / "rejected.txt"
-    common = ["--train-iters", "6", "--save", str(ck), "--save-interval", "100", "--rerun-mode", "validate_results",
-              "--error-injection-rate", "1", "--error-injection-type", "persistent_error", "--check-for-spiky-loss",
-              "--check-for-large-grads", "--result-rejected-tracker-filename", str(tracker),
-              "--metrics-file", str(tmp_path / "m.jsonl"), *data_args(corpus, "document_windows")]
+    common = [
+        "--train-iters",
+        "6",
+        "--save",
+        str(ck),
+        "--save-interval",
+        "100",
+        "--rerun-mode",
+        "validate_results",
+        "--error-injection-rate",
+        "1",
+        "--error-injection-type",
+        "persistent_error",
+        "--check-for-spiky-loss",
+        "--check-for-large-grads",
+        "--result-rejected-tracker-filename",
+        str(tracker),
+        "--metrics-file",
+        str(tmp_path / "m.jsonl"),
+        *data_args(corpus, "document_windows"),
+    ]
     first = pretrain(*common, "--iterations-to-skip", "2", nproc=2, check=False)
     out = first.stdout + first.stderr
     assert set(re.findall(r"exitcode\s*: (\d+)", out)) == {"16"}, out[-4000:]  # each rank; torchrun says 1

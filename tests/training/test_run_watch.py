@@ -1,6 +1,7 @@
 """Megatron-LM's watchers of a long run act (docs/training.md, "Run health"): the straggler detector names a
 slowed rank, the profiler traces the requested steps on the requested ranks, the weight-hash check catches
 replicas that differ, and --num-workers DataLoader workers keep the losses and an exact resume."""
+
 import glob
 import json
 import os
@@ -21,22 +22,42 @@ from megatron_fixedcode.training.profiling import NEEDS_CUDA, Profiler, cuda_ref
 from tests.helpers import REPO
 from tests.helpers.pretrain import TINY, data_args, read_metrics, write_corpus
 
-WATCH_DESTS = {"log_straggler", "straggler_minmax_count", "disable_straggler_on_startup", "straggler_ctrlr_port",
-               "profile", "use_pytorch_profiler", "profile_step_start", "profile_step_end", "profile_ranks",
-               "record_memory_history", "memory_snapshot_path", "check_weight_hash_across_dp_replicas_interval",
-               "num_workers"}
+WATCH_DESTS = {
+    "log_straggler",
+    "straggler_minmax_count",
+    "disable_straggler_on_startup",
+    "straggler_ctrlr_port",
+    "profile",
+    "use_pytorch_profiler",
+    "profile_step_start",
+    "profile_step_end",
+    "profile_ranks",
+    "record_memory_history",
+    "memory_snapshot_path",
+    "check_weight_hash_across_dp_replicas_interval",
+    "num_workers",
+}
 
 
 def test_the_flags_act_with_megatrons_defaults_and_refuse_in_one_line(capsys):
     assert not WATCH_DESTS & set(INERT)
     a = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run"]).args
-    assert (a.straggler_minmax_count, a.straggler_ctrlr_port, a.profile_step_start, a.profile_step_end,
-            a.profile_ranks, a.memory_snapshot_path, a.check_weight_hash_across_dp_replicas_interval,
-            a.num_workers) == (1, 65535, 10, 12, [0], "snapshot.pickle", None, 2)  # Megatron-LM's defaults
-    for bad, named in ((["--num-workers", "-1"], "--num-workers"),
-                       (["--check-weight-hash-across-dp-replicas-interval", "0"], "--check-weight-hash"),
-                       (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"], "--profile-step-end"),
-                       (["--profile", "--use-pytorch-profiler"], "--tensorboard-dir")):
+    assert (
+        a.straggler_minmax_count,
+        a.straggler_ctrlr_port,
+        a.profile_step_start,
+        a.profile_step_end,
+        a.profile_ranks,
+        a.memory_snapshot_path,
+        a.check_weight_hash_across_dp_replicas_interval,
+        a.num_workers,
+    ) == (1, 65535, 10, 12, [0], "snapshot.pickle", None, 2)  # Megatron-LM's defaults
+    for bad, named in (
+        (["--num-workers", "-1"], "--num-workers"),
+        (["--check-weight-hash-across-dp-replicas-interval", "0"], "--check-weight-hash"),
+        (["--profile", "--profile-step-start", "3", "--profile-step-end", "3"], "--profile-step-end"),
+        (["--profile", "--use-pytorch-profiler"], "--tensorboard-dir"),
+    ):
         with pytest.raises(SystemExit) as e:
             parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", *bad])
         assert e.value.code == 2 and named in capsys.readouterr().err.strip().splitlines()[-1]
@@ -82,8 +103,18 @@ def test_workers_read_the_same_microbatches_as_the_training_process_from_any_ste
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           "-m", "tests.helpers.slowed_rank", *TINY, *args]
+    cmd = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "tests.helpers.slowed_rank",
+        *TINY,
+        *args,
+    ]
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO)}
     return subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
 
@@ -98,19 +129,59 @@ def test_two_ranks_straggler_profiler_weight_hashes_and_workers(tmp_path):
     corpus = write_corpus(tmp_path / "corpus")
     common = [*data_args(corpus, "gpt"), "--train-iters", "4", "--log-interval", "2"]
     ck, tb = str(tmp_path / "ck"), tmp_path / "tb"
-    watch = ["--slow-rank", "1", "--log-straggler", "--check-weight-hash-across-dp-replicas-interval", "1",
-             "--num-workers", "1", "--save", ck, "--save-interval", "2", "--metrics-file", str(tmp_path / "r.jsonl")]
+    watch = [
+        "--slow-rank",
+        "1",
+        "--log-straggler",
+        "--check-weight-hash-across-dp-replicas-interval",
+        "1",
+        "--num-workers",
+        "1",
+        "--save",
+        ck,
+        "--save-interval",
+        "2",
+        "--metrics-file",
+        str(tmp_path / "r.jsonl"),
+    ]
     first = _run(*common, *watch, "--exit-interval", "2", "--straggler-ctrlr-port", str(free_port()))
     assert first.returncode == 0, first.stderr[-5000:]
-    second = _run(*common, *watch, "--load", ck, "--straggler-ctrlr-port", str(free_port()), "--profile",
-                  "--use-pytorch-profiler", "--profile-step-start", "3", "--profile-step-end", "4",
-                  "--profile-ranks", "1", "--tensorboard-dir", str(tb))
+    second = _run(
+        *common,
+        *watch,
+        "--load",
+        ck,
+        "--straggler-ctrlr-port",
+        str(free_port()),
+        "--profile",
+        "--use-pytorch-profiler",
+        "--profile-step-start",
+        "3",
+        "--profile-step-end",
+        "4",
+        "--profile-ranks",
+        "1",
+        "--tensorboard-dir",
+        str(tb),
+    )
     assert second.returncode == 0, second.stderr[-5000:]
-    straight = _run(*common, "--num-workers", "0", "--metrics-file", str(tmp_path / "s.jsonl"),
-                    "--check-weight-hash-across-dp-replicas-interval", "4", "--diverge-at", "4")
+    straight = _run(
+        *common,
+        "--num-workers",
+        "0",
+        "--metrics-file",
+        str(tmp_path / "s.jsonl"),
+        "--check-weight-hash-across-dp-replicas-interval",
+        "4",
+        "--diverge-at",
+        "4",
+    )
     log = first.stderr + second.stderr
-    reports = re.findall(r"MnRtt/Rnk: [\d.]+ms/(\d) \| MxRtt/Rnk: [\d.]+ms/(\d) .*"
-                         r"MnEtpt/Rnk: [\d.]+TF/(\d) \| MxEtpt/Rnk: [\d.]+TF/(\d)", log)
+    reports = re.findall(
+        r"MnRtt/Rnk: [\d.]+ms/(\d) \| MxRtt/Rnk: [\d.]+ms/(\d) .*"
+        r"MnEtpt/Rnk: [\d.]+TF/(\d) \| MxEtpt/Rnk: [\d.]+TF/(\d)",
+        log,
+    )
     assert reports == [("0", "1", "1", "0")] * 2, log[-5000:]  # steps 2 and 4: rank 1 slowest
     assert [int(n) for n in re.findall(r">>> Weight hashes match after (\d+) iterations", log)] == [0, 1, 2, 2, 3, 4]
     traces = glob.glob(str(tb / "*.pt.trace.json*"))

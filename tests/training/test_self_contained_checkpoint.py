@@ -3,6 +3,7 @@
 flags (``iter_N/run_config.json``, as ``--dry-run`` prints them). Export, evaluation, analysis and
 ``--finetune`` work from ``--load`` alone after the run was moved and its tokenizer deleted; an explicit
 tokenizer other than the carried one is refused naming both."""
+
 import json
 import shutil
 from pathlib import Path
@@ -29,15 +30,32 @@ def run(tmp_path_factory):
     shutil.copytree(SMOLLM2, tok)
     (root / "corpus").mkdir()
     corpus = write_corpus(root / "corpus")
-    flags = ["--train-iters", "3", "--save-interval", "1", "--ckpt-keep-last", "2", "--tokenizer-model", str(tok),
-             "--save", str(root / "ckpt"), *data_args(corpus, "gpt")]
+    flags = [
+        "--train-iters",
+        "3",
+        "--save-interval",
+        "1",
+        "--ckpt-keep-last",
+        "2",
+        "--tokenizer-model",
+        str(tok),
+        "--save",
+        str(root / "ckpt"),
+        *data_args(corpus, "gpt"),
+    ]
     pretrain(*flags, base=TINY_TOKENIZER_VOCAB)
     moved = root / "elsewhere" / "run"
     moved.parent.mkdir()
     shutil.move(root / "ckpt", moved)
     shutil.rmtree(tok)
-    return {"root": root, "ckpt": moved, "tok": str(tok), "flags": flags, "corpus": corpus,
-            "reference": build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2))}
+    return {
+        "root": root,
+        "ckpt": moved,
+        "tok": str(tok),
+        "flags": flags,
+        "corpus": corpus,
+        "reference": build_tokenizer("HuggingFaceTokenizer", str(SMOLLM2)),
+    }
 
 
 def _record(run, step=3):
@@ -94,8 +112,15 @@ def test_export_evaluate_and_analysis_from_load_alone(run, tmp_path, capsys):
     result = json.loads((tmp_path / "e.json").read_text())
     assert result["tokenizer"]["model"].startswith(str(run["ckpt"] / "tokenizer"))
     assert result["tokenizer"]["fingerprint"] == run["reference"].fingerprint
-    report = run_analysis(AnalysisConfig(load=str(run["ckpt"]), output_dir=str(tmp_path / "analysis"),
-                                         data_path=run["corpus"][1], num_windows=4, probe_classes=4))
+    report = run_analysis(
+        AnalysisConfig(
+            load=str(run["ckpt"]),
+            output_dir=str(tmp_path / "analysis"),
+            data_path=run["corpus"][1],
+            num_windows=4,
+            probe_classes=4,
+        )
+    )
     assert report["step"] == 3
     capsys.readouterr()
 
@@ -127,13 +152,26 @@ def test_another_explicit_tokenizer_is_refused_naming_both(run, tmp_path, capsys
     # the same tokenizer given explicitly is accepted (another copy of the same bytes)
     same = tmp_path / "same"
     shutil.copytree(SMOLLM2, same)
-    assert convert_checkpoint_to_hf.main(["--load", str(run["ckpt"]), "--tokenizer-model", str(same),
-                                          "--output", str(tmp_path / "hf2")]) == 0
+    assert (
+        convert_checkpoint_to_hf.main(
+            ["--load", str(run["ckpt"]), "--tokenizer-model", str(same), "--output", str(tmp_path / "hf2")]
+        )
+        == 0
+    )
 
 
 def test_finetune_from_load_alone_uses_and_carries_the_checkpoints_tokenizer(run, tmp_path):
-    proc = pretrain("--train-iters", "1", "--finetune", "--load", str(run["ckpt"]), "--save", str(tmp_path / "ft"),
-                    *data_args(run["corpus"], "gpt"), base=TINY_TOKENIZER_VOCAB)
+    proc = pretrain(
+        "--train-iters",
+        "1",
+        "--finetune",
+        "--load",
+        str(run["ckpt"]),
+        "--save",
+        str(tmp_path / "ft"),
+        *data_args(run["corpus"], "gpt"),
+        base=TINY_TOKENIZER_VOCAB,
+    )
     assert "tokenizer: the checkpoint's own" in proc.stdout + proc.stderr
     record = checkpoint.read_trainer_state(str(tmp_path / "ft"), 1)["tokenizer"]
     assert record["copy"]["dir"] == _record(run)["copy"]["dir"]
@@ -145,8 +183,18 @@ def test_finetune_with_load_naming_no_tokenizer_is_refused_in_one_line(tmp_path)
     (tmp_path / "corpus").mkdir()
     corpus = write_corpus(tmp_path / "corpus")
     pretrain("--train-iters", "1", "--save", str(tmp_path / "a"), *data_args(corpus, "gpt"))  # --vocab-size 1024
-    proc = pretrain("--train-iters", "1", "--finetune", "--load", str(tmp_path / "a"), "--save", str(tmp_path / "b"),
-                    *data_args(corpus, "gpt"), base=TINY_TOKENIZER_VOCAB, check=False)
+    proc = pretrain(
+        "--train-iters",
+        "1",
+        "--finetune",
+        "--load",
+        str(tmp_path / "a"),
+        "--save",
+        str(tmp_path / "b"),
+        *data_args(corpus, "gpt"),
+        base=TINY_TOKENIZER_VOCAB,
+        check=False,
+    )
     refused(proc, f"--load {tmp_path / 'a'}", "names no tokenizer", "--tokenizer-model")
 
 

@@ -1,5 +1,6 @@
 """SFT weights each loss token, not each microbatch: with response-only loss masks the gradient is
 the mean over all loss positions of the global batch, whatever the microbatch split (2 ranks, gloo)."""
+
 import json
 
 import pytest

@@ -1,6 +1,7 @@
 """A SIGTERM that arrives while a checkpoint is being saved ends the run at that
 checkpoint; it used to be read only before the save, so it cost one more step and one more save
 inside the grace window."""
+
 import os
 import signal
 import types
@@ -21,14 +22,26 @@ class _FakeTrainer:
 
     def __init__(self, save_dir: str, signal_at_save: int):
         schedule = types.SimpleNamespace(skip_train=False, eval_interval=None, seq_length=32, train_tokens=None)
-        checkpoint = types.SimpleNamespace(save=save_dir, save_interval=2, exit_duration_in_mins=None,
-                                           exit_interval=None, exit_signal_handler=True, exit_signal="SIGTERM",
-                                           async_save=False, hf_export_interval=None)
+        checkpoint = types.SimpleNamespace(
+            save=save_dir,
+            save_interval=2,
+            exit_duration_in_mins=None,
+            exit_interval=None,
+            exit_signal_handler=True,
+            exit_signal="SIGTERM",
+            async_save=False,
+            hf_export_interval=None,
+        )
         self.cfg = types.SimpleNamespace(
-            schedule=schedule, checkpoint=checkpoint, as_dict=lambda: {}, watch=WatchConfig(),
-            downstream=DownstreamConfig(), performance=types.SimpleNamespace(precision="fp32"),
+            schedule=schedule,
+            checkpoint=checkpoint,
+            as_dict=lambda: {},
+            watch=WatchConfig(),
+            downstream=DownstreamConfig(),
+            performance=types.SimpleNamespace(precision="fp32"),
             logging=LoggingConfig(log_interval=1, tensorboard_dir=None, metrics_file=None, wandb_project=None),
-            health=types.SimpleNamespace(manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0))
+            health=types.SimpleNamespace(manual_gc=False, manual_gc_interval=0, empty_unused_memory_level=0),
+        )
         self.model_cfg = types.SimpleNamespace(num_layers=2, hidden_size=64)
         self.iterations_to_skip = ()
         self.ranks = {"rank": 1, "world_size": 1}  # not rank 0: no start-up report
@@ -60,8 +73,11 @@ def world_of_one(tmp_path):
 
 
 def test_sigterm_during_a_save_ends_the_run_at_that_checkpoint(tmp_path, monkeypatch, world_of_one):
-    monkeypatch.setattr(loop, "MetricsSink", lambda *a, **k: types.SimpleNamespace(
-        record=lambda r: None, close=lambda: None, metrics_file=None))
+    monkeypatch.setattr(
+        loop,
+        "MetricsSink",
+        lambda *a, **k: types.SimpleNamespace(record=lambda r: None, close=lambda: None, metrics_file=None),
+    )
     monkeypatch.setattr(loop, "model_flops_per_token", lambda *a: 1.0)
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     trainer = _FakeTrainer(str(tmp_path / "ckpt"), signal_at_save=4)

@@ -38,7 +38,11 @@ class PreprocessConfig:
     def __post_init__(self):
         from megatron_fixedcode.tokenizers.base import tokenizer_files
 
-        if self.tokenizer_type == "GPT2BPETokenizer" and self.tokenizer_model and self.tokenizer_model == self.vocab_file:
+        if (
+            self.tokenizer_type == "GPT2BPETokenizer"
+            and self.tokenizer_model
+            and self.tokenizer_model == self.vocab_file
+        ):
             self.tokenizer_model = None  # a config rebuilt from its own fields
         self.tokenizer_model, self.merge_file = tokenizer_files(self)
         if not self.tokenizer_model:
@@ -67,5 +71,3 @@ class PreprocessConfig:
 def output_prefix_for(output_prefix: str, split: str, key: str) -> str:
     """Where one split of one json key goes (the prefix for ``--data-path``)."""
     return f"{output_prefix}_{split}_{key}_document"
-
-

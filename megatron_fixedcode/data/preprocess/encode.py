@@ -44,8 +44,12 @@ def sentence_splitter():
         return PunktSentenceTokenizer(), False
 
 
-def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Optional[Tokenizer] = None,
-                parent_pid: Optional[int] = None) -> None:
+def init_worker(
+    cfg: PreprocessConfig,
+    threads: Optional[int],
+    tokenizer: Optional[Tokenizer] = None,
+    parent_pid: Optional[int] = None,
+) -> None:
     """Per-process state; ``threads`` is set in pool processes, ``tokenizer`` when in-process.
 
     A pool process dies with the run (``parent_pid``): a SIGKILLed run leaves no workers
@@ -58,7 +62,9 @@ def init_worker(cfg: PreprocessConfig, threads: Optional[int], tokenizer: Option
         if threads == 1:  # never switch it on: after a fork the tokenizers library may have turned it off
             os.environ["TOKENIZERS_PARALLELISM"] = "false"
     _WORKER["cfg"] = cfg
-    _WORKER["tok"] = tokenizer or build_tokenizer(cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token, cfg.merge_file)
+    _WORKER["tok"] = tokenizer or build_tokenizer(
+        cfg.tokenizer_type, cfg.tokenizer_model, cfg.eod_token, cfg.merge_file
+    )
     _WORKER["dtype"] = optimal_dtype(_WORKER["tok"].vocab_size)
     _WORKER["splitter"] = sentence_splitter()[0] if cfg.split_sentences else None
 
@@ -116,8 +122,14 @@ def encode_chunk(chunk: Chunk) -> dict:
     """Parse and encode a chunk; bad records are reported, not raised, so order decides."""
     cfg, tok, dtype = _WORKER["cfg"], _WORKER["tok"], _WORKER["dtype"]
     where = lambda i: f"{chunk.path}:{'row ' if chunk.is_parquet else ''}{chunk.first_line + i}"  # noqa: E731 (a one-line closure)
-    result = {"errors": [], "empty": 0, "records": 0, "parts": {}, "bytes_done": chunk.bytes_done,
-              "split_keys": {"id": 0, "text": 0}}
+    result = {
+        "errors": [],
+        "empty": 0,
+        "records": 0,
+        "parts": {},
+        "bytes_done": chunk.bytes_done,
+        "split_keys": {"id": 0, "text": 0},
+    }
     if chunk.error:
         result["errors"].append((where(0) if chunk.first_line else chunk.path, chunk.error))
         return result

@@ -109,5 +109,3 @@ def iter_chunks(files: Sequence[Path], cfg: PreprocessConfig) -> Iterator[Chunk]
         reader = _parquet_chunks if path.name.endswith(".parquet") else _jsonl_chunks
         yield from reader(path, cfg, bytes_before)
         bytes_before += path.stat().st_size
-
-

@@ -60,10 +60,14 @@ class AtomicIndexedOutputs:
 
     def content_records(self) -> dict:
         """``{basename: {"bin_bytes", "bin_sha256", "idx_sha256"}}`` of the published outputs."""
-        return {os.path.basename(prefix): {"bin_bytes": os.path.getsize(prefix + ".bin"),
-                                           "bin_sha256": self.builders[name].bin_sha256.hexdigest(),
-                                           "idx_sha256": file_sha256(prefix + ".idx")}
-                for name, prefix in self.prefixes.items()}
+        return {
+            os.path.basename(prefix): {
+                "bin_bytes": os.path.getsize(prefix + ".bin"),
+                "bin_sha256": self.builders[name].bin_sha256.hexdigest(),
+                "idx_sha256": file_sha256(prefix + ".idx"),
+            }
+            for name, prefix in self.prefixes.items()
+        }
 
     def discard(self) -> None:
         for name, prefix in self.prefixes.items():
@@ -135,9 +139,15 @@ def _merge_datasets(inputs: Sequence[str], output_prefix: str, pattern: str) -> 
     except BaseException:
         outputs.discard()
         raise
-    summary = {"inputs": prefixes, "output_prefix": output_prefix, "dtype": np.dtype(dtype).name,
-               "documents": documents, "tokens": tokens, "outputs": {"merged": output_prefix},
-               "outputs_sha256": outputs.content_records()}
+    summary = {
+        "inputs": prefixes,
+        "output_prefix": output_prefix,
+        "dtype": np.dtype(dtype).name,
+        "documents": documents,
+        "tokens": tokens,
+        "outputs": {"merged": output_prefix},
+        "outputs_sha256": outputs.content_records(),
+    }
     tmp = Path(f"{output_prefix}_summary.json.tmp")
     tmp.write_text(json.dumps(summary, indent=2) + "\n")
     os.replace(tmp, f"{output_prefix}_summary.json")

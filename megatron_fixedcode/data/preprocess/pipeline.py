@@ -75,7 +75,7 @@ class _Progress:
             self.long_docs[split] += int((doc_lengths >= self.cfg.min_doc_tokens).sum())
         self.tokens[split] += int(doc_lengths.sum())
         buckets = np.floor(np.log2(np.maximum(doc_lengths, 1))).astype(np.int64)
-        self.hist[key].update({str(2**int(b)): int(n) for b, n in zip(*np.unique(buckets, return_counts=True))})
+        self.hist[key].update({str(2 ** int(b)): int(n) for b, n in zip(*np.unique(buckets, return_counts=True))})
 
     def log(self, force: bool = False) -> None:
         if not force and self.records < self.next_log:
@@ -87,9 +87,13 @@ class _Progress:
         eta_text = time.strftime("%H:%M:%S", time.gmtime(eta)) if math.isfinite(eta) else "?"
         logger.info(
             "%d docs, %d tokens | %.0f docs/s, %.0f tokens/s, %.2f MB/s | %.1f%% of input, ETA %s",
-            self.records, sum(self.tokens.values()), self.records / elapsed,
-            sum(self.tokens.values()) / elapsed, rate / 1e6,
-            100.0 * self.bytes_done / self.total_bytes, eta_text,
+            self.records,
+            sum(self.tokens.values()),
+            self.records / elapsed,
+            sum(self.tokens.values()) / elapsed,
+            rate / 1e6,
+            100.0 * self.bytes_done / self.total_bytes,
+            eta_text,
         )
 
 
@@ -128,7 +132,9 @@ def _preprocess(cfg: PreprocessConfig) -> dict:
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 3), progress, outputs)
         else:
             threads = max(1, (os.cpu_count() or 1) // cfg.workers)
-            with multiprocessing.get_context("fork").Pool(cfg.workers, init_worker, (cfg, threads, None, os.getpid())) as pool:
+            with multiprocessing.get_context("fork").Pool(
+                cfg.workers, init_worker, (cfg, threads, None, os.getpid())
+            ) as pool:
                 submit = lambda chunk: pool.apply_async(encode_chunk, (chunk,)).get  # noqa: E731 (a one-line closure)
                 _consume(_ordered_map(submit, iter_chunks(files, cfg), 2 * cfg.workers), progress, outputs)
         progress.log(force=True)
@@ -170,20 +176,32 @@ def _summary(cfg, files, tokenizer, dtype, progress: _Progress, outputs: AtomicI
         "records_read": progress.records,
         "split_keys": progress.split_keys,
         "empty_documents": progress.empty,
-        "skipped": {"count": progress.num_skipped, "by_reason": dict(progress.skip_reasons),
-                    "listed": progress.skipped},
+        "skipped": {
+            "count": progress.num_skipped,
+            "by_reason": dict(progress.skip_reasons),
+            "listed": progress.skipped,
+        },
         "min_doc_tokens": cfg.min_doc_tokens,
         "documents_with_min_doc_tokens": progress.long_docs,
-        "doc_length_histogram_log2": {k: dict(sorted(h.items(), key=lambda kv: int(kv[0])))
-                                      for k, h in progress.hist.items()},
+        "doc_length_histogram_log2": {
+            k: dict(sorted(h.items(), key=lambda kv: int(kv[0]))) for k, h in progress.hist.items()
+        },
         "input_files": [{"path": str(f), "bytes": f.stat().st_size} for f in files],
         "input_bytes": progress.total_bytes,
         "tokenizer": tokenizer.describe(),
-        "settings": {"json_keys": cfg.json_keys, "id_key": cfg.id_key, "append_eod": cfg.append_eod,
-                     "split_sentences": cfg.split_sentences, "valid_fraction": cfg.valid_fraction,
-                     "split_seed": cfg.split_seed, "workers": cfg.workers},
+        "settings": {
+            "json_keys": cfg.json_keys,
+            "id_key": cfg.id_key,
+            "append_eod": cfg.append_eod,
+            "split_sentences": cfg.split_sentences,
+            "valid_fraction": cfg.valid_fraction,
+            "split_seed": cfg.split_seed,
+            "workers": cfg.workers,
+        },
         "elapsed_seconds": round(elapsed, 3),
-        "throughput": {"docs_per_s": progress.records / max(elapsed, 1e-9),
-                       "tokens_per_s": total_tokens / max(elapsed, 1e-9),
-                       "mb_per_s": progress.total_bytes / 1e6 / max(elapsed, 1e-9)},
+        "throughput": {
+            "docs_per_s": progress.records / max(elapsed, 1e-9),
+            "tokens_per_s": total_tokens / max(elapsed, 1e-9),
+            "mb_per_s": progress.total_bytes / 1e6 / max(elapsed, 1e-9),
+        },
     }
