@@ -164,9 +164,9 @@ def test_the_background_write_saves_the_step_it_was_started_at(single_rank, tmp_
     """On the CPU megatron's staging copy is the live tensor: the request's tensors are copied before the
     next step changes them (here at once, while the worker is still starting)."""
     from megatron_fixedcode.checkpoint.async_save import AsyncSaveQueue
-    from tests.training.test_checkpoint_crash import make, weights
+    from tests.helpers.checkpoints import make_trained_parts, weights
 
-    chunks, opt, sched = make(single_rank)
+    chunks, opt, sched = make_trained_parts(single_rank)
     state = {"step": 2, "tokens": 8, "layout": {"world_size": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1}}
     queue = AsyncSaveQueue()
     try:
@@ -180,7 +180,7 @@ def test_the_background_write_saves_the_step_it_was_started_at(single_rank, tmp_
         queue.close()
     assert checkpoint.latest_step(tmp_path) == 2
     checkpoint.verify_checkpoint(tmp_path / "iter_0000002")
-    fresh, opt2, sched2 = make(single_rank)
+    fresh, opt2, sched2 = make_trained_parts(single_rank)
     checkpoint.load_checkpoint(str(tmp_path), fresh, opt2, sched2)
     for key, value in weights(fresh).items():
         assert torch.equal(value, saved[key]), key
