@@ -67,7 +67,7 @@ class DownstreamEvals:
         self.enabled = bool(cfg.downstream.tasks) and trainer.ranks["rank"] == 0 and not cfg.schedule.skip_train
         if not self.enabled:
             return
-        self.a, self.logging, self.max_steps = cfg.downstream, cfg.logging, trainer.max_steps
+        self.flags, self.logging, self.max_steps = cfg.downstream, cfg.logging, trainer.max_steps
         self.save = cfg.checkpoint.save
         self.scores = scores_file(self.save, self.logging.metrics_file)
         self.wandb_run_id = trainer.wandb_run_id
@@ -76,7 +76,7 @@ class DownstreamEvals:
         self.procs: list[subprocess.Popen] = []
 
     def due(self, step: int) -> bool:
-        return step % self.a.interval == 0 or step == self.max_steps
+        return step % self.flags.interval == 0 or step == self.max_steps
 
     def start(self, step: int) -> None:
         """A run's start at ``step``: drop the scores of later checkpoints (trained again), start the missing."""
@@ -96,7 +96,7 @@ class DownstreamEvals:
         latest = min(latest_step(self.save) or 0, step)
         root = Path(self.save)
         steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
-        done = scored_steps(self.scores, self.a.tasks, self.a.limit)
+        done = scored_steps(self.scores, self.flags.tasks, self.flags.limit)
         for s in steps:
             if s > latest or not self.due(s) or s in done or s in self.started:
                 continue
@@ -122,7 +122,7 @@ class DownstreamEvals:
         return alive or is_running(self.save, step)
 
     def _command(self, step: int) -> list[str]:
-        a, log = self.a, self.logging
+        flags, log = self.flags, self.logging
         cmd = [
             sys.executable,
             "-m",
@@ -132,14 +132,14 @@ class DownstreamEvals:
             "--step",
             str(step),
             "--tasks",
-            a.tasks,
+            flags.tasks,
             "--scores",
             str(self.scores.resolve()),
             "--batch-size",
-            str(a.batch_size),
+            str(flags.batch_size),
         ]
         optional = (
-            ("--limit", a.limit),
+            ("--limit", flags.limit),
             ("--tensorboard-dir", log.tensorboard_dir),
             ("--wandb-project", log.wandb_project),
             ("--wandb-run-id", self.wandb_run_id),
@@ -168,7 +168,7 @@ class DownstreamEvals:
                 f"--output={log}",
                 "--nodes=1",
                 "--ntasks=1",
-                *shlex.split(self.a.sbatch or ""),
+                *shlex.split(self.flags.sbatch or ""),
                 str(script),
             ]
             res = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
