@@ -471,7 +471,8 @@ def test_study_leaves_a_queued_job_alone_and_resubmits_a_failed_one_alone(slurm,
 
 def _corpus_shards(directory: Path) -> list[Path]:
     """Six shards of Gutenberg paragraphs: Parquet, JSONL.gz and JSONL; one without ids, one truncated (bad),
-    one six times bigger (the second shard of the task that is cancelled while writing it)."""
+    one eighty times bigger (the second shard of the task that is cancelled while writing it: seconds of
+    indexing, so that the cancel lands inside it; six times was ~0.3 s, and a loaded machine lost the race)."""
     import gzip
 
     import pyarrow
@@ -486,7 +487,7 @@ def _corpus_shards(directory: Path) -> list[Path]:
     paths = []
     for s in range(6):
         name = f"s{s:02d}"
-        chunk = texts[:3000][s::6] * (6 if name == "s03" else 1)
+        chunk = texts[:3000][s::6] * (80 if name == "s03" else 1)
         records = [{"text": t} if name == "s01" else {"id": f"{name}:{i}", "text": t} for i, t in enumerate(chunk)]
         path = directory / (f"{name}.parquet", f"{name}.jsonl.gz", f"{name}.jsonl")[s % 3]
         if s % 3 == 0:
