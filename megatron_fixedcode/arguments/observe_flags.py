@@ -9,6 +9,8 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from megatron_fixedcode.arguments.training_configs import from_dests
+
 
 def add_observe_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("watching the run (Megatron-LM's straggler detector, profiler, weight-hash check)")
@@ -111,7 +113,4 @@ class WatchConfig:
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "WatchConfig":
-        return cls(
-            **{f.name: getattr(a, f.name) for f in dataclasses.fields(cls) if f.name != "profile_ranks"},
-            profile_ranks=tuple(a.profile_ranks),
-        )
+        return dataclasses.replace(from_dests(cls, a), profile_ranks=tuple(a.profile_ranks))
