@@ -100,17 +100,18 @@ mfc_on_term() {
 }
 
 # $1: the trainer's exit record (JSON). Sets MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY
-# MFC_EXIT_ERROR, empty when the record is absent (a rank killed, a crash before the loop).
+# MFC_EXIT_RERUN_NODES MFC_EXIT_ERROR, empty when the record is absent (a rank killed, a crash before the loop).
 mfc_read_exit_record() {
-    MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_STOPPED_BY='' MFC_EXIT_ERROR=''
+    MFC_EXIT_CODE='' MFC_EXIT_STEP='' MFC_EXIT_LAST='' MFC_EXIT_STOPPED_BY='' MFC_EXIT_RERUN_NODES='' MFC_EXIT_ERROR=''
     [[ -s $1 ]] || return 0
     local fields
     # fields joined by the unit separator: unlike a tab, read keeps an empty field between two of them
     fields=$(python -c 'import json, sys
 r = json.load(open(sys.argv[1]))
-print(*("" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps", "stopped_by")), sep="\x1f")
+r["rerun_nodes"] = ", ".join(r.get("rerun_nodes") or ())
+print(*("" if r.get(k) is None else r[k] for k in ("code", "step", "max_steps", "stopped_by", "rerun_nodes")), sep="\x1f")
 print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
-    IFS=$'\x1f' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY <<<"${fields%%$'\n'*}"
+    IFS=$'\x1f' read -r MFC_EXIT_CODE MFC_EXIT_STEP MFC_EXIT_LAST MFC_EXIT_STOPPED_BY MFC_EXIT_RERUN_NODES <<<"${fields%%$'\n'*}"
     [[ $fields == *$'\n'* ]] && MFC_EXIT_ERROR=${fields#*$'\n'}
     return 0
 }
@@ -127,7 +128,7 @@ mfc_finish() {
         exit "$rc"
     fi
     if ((rc == 16)); then   # Megatron's rerun state machine saved a checkpoint and asks for a resume (a fault
-        mfc_log "training exited with code 16: the rerun state machine asks to resume from its checkpoint (a step to re-run, to tell a transient fault from a persistent one)"
+        mfc_log "training exited with code 16 at step ${MFC_EXIT_STEP:-?}: the rerun state machine asks to resume from its checkpoint on another GPU than ${MFC_EXIT_RERUN_NODES:-the one that saw the fault} (step $((${MFC_EXIT_STEP:-0} + 1)) to re-run, to tell a transient fault from a persistent one)"
         MFC_REQUEUE=1 rc=0  # to tell apart); 17 (the fault reproduced) and others end the job
     fi
     if ((rc == 0 && !MFC_REQUEUE)); then   # the trainer stopped itself before its last step
@@ -169,6 +170,11 @@ mfc_finish() {
             exit 0
         fi
         mfc_log "training exited with code 0"
+        if [[ $MFC_EXIT_STOPPED_BY == "rerun state machine" ]]; then
+            local host=${MFC_EXIT_RERUN_NODES%% *}
+            echo "unfinished: the rerun state machine stopped the job at step ${MFC_EXIT_STEP:-?} of ${MFC_EXIT_LAST:-?} (exit 16) to re-run step $((${MFC_EXIT_STEP:-0} + 1)) on another GPU than ${MFC_EXIT_RERUN_NODES:-the one that saw the fault}, and MAX_REQUEUES=$max requeues of its own are used up; the checkpoint in $ckpt_dir holds the re-run: submit the same command again on other nodes (sbatch --exclude=${host:-NODE}) so that it can tell a transient fault from a persistent one" >&2
+            exit 3
+        fi
         echo "unfinished: the job stopped at step ${MFC_EXIT_STEP:-?} of ${MFC_EXIT_LAST:-?} after MAX_REQUEUES=$max requeues of its own; the checkpoint in $ckpt_dir is complete: continue the run by submitting the same command again (it resumes there), with a larger MAX_REQUEUES to let it requeue more" >&2
         exit 3
     fi

@@ -3,7 +3,7 @@
 # allocation with the per-node command as arguments (torchrun ... -m megatron_fixedcode.pretrain ...,
 # built by mfc_launch in examples/slurm_common.sh). It appends this node's output to
 # $MFC_NODE_LOG_DIR/node<SLURM_NODEID>.log (still echoed to stdout, which Slurm collects into
-# slurm-<job name>-<job id>.out) and then replaces itself with the command.
+# slurm-<job name>-<job id>.out, less torchrun's own failure report) and then replaces itself with the command.
 # Signals: Slurm sends TERM (scancel, preemption; the launcher too, at a time limit) to every process of
 # the step. The tee and torchrun ignore both (and the trainer's --exit-signal), so the log keeps what the trainer prints after the signal
 # and torchrun exits with its workers' status (0 after a clean checkpoint) instead of 1 on its own
@@ -13,9 +13,31 @@ set -euo pipefail
 node=${SLURM_NODEID:-0}
 exit_signal=${MFC_EXIT_SIGNAL:-SIGTERM}   # the trainer's --exit-signal (the launcher's time-limit signal)
 trap '' TERM USR1 "${exit_signal#SIG}"
+# What reaches the Slurm output leaves out torchrun's own ~40-line ChildFailedError report (a traceback of
+# torchrun, then the failed ranks' exit codes, which the launcher's last lines say in one) and torch's C++
+# "[enforce fail at inline_container.cc...]" after a checkpoint write the trainer already reported (a full
+# disk); the node log keeps both. A rank's own traceback ("[rankN]: ...") passes untouched.
+slurm_output_filter() {
+    awk -v log_note="${1:-}" '
+    function flush() { printf "%s", buf; buf = ""; n = 0 }
+    state == 0 && /^Traceback \(most recent call last\):$/ { state = 1; buf = $0 "\n"; n = 1; next }
+    state == 1 && /^torch\.distributed\.elastic\.multiprocessing\.errors\.ChildFailedError/ {
+        state = 2; rules = 0; buf = ""; n = 0; next }
+    state == 1 && (/^[ \t]/ && n < 500) { buf = buf $0 "\n"; n++; next }
+    state == 1 { flush(); state = 0 }
+    state == 2 { if ($0 ~ /^=+$/ && ++rules == 2) { state = 0
+                     print "torchrun: a worker failed; its report is" log_note; fflush() }
+                 next }
+    /enforce fail at inline_container\.cc/ && !/Error: / { next }
+    { print; fflush() }
+    END { flush() }'
+}
 if [[ -n ${MFC_NODE_LOG_DIR:-} ]]; then
     mkdir -p "$MFC_NODE_LOG_DIR"
-    exec > >(trap '' TERM USR1 "${exit_signal#SIG}"; exec tee -a "$MFC_NODE_LOG_DIR/node$node.log") 2>&1
+    log=$MFC_NODE_LOG_DIR/node$node.log
+    exec > >(trap '' TERM USR1 "${exit_signal#SIG}"; tee -a "$log" | slurm_output_filter " in $log") 2>&1
+else
+    exec > >(trap '' TERM USR1 "${exit_signal#SIG}"; slurm_output_filter " left out here") 2>&1
 fi
 handled=SIGINT,SIGHUP,SIGQUIT   # torchrun's own list less the trainer's exit signal (the ranks handle that one)
 handled=$(tr , '\n' <<<"$handled" | grep -vx "$exit_signal" | paste -sd, -)

@@ -70,11 +70,12 @@ LONGEST_FIRST = (
     "repository/test_wheel.py",
     "training/test_pretrain.py",
     "training/test_megatron_cli.py",
-    "training/test_checkpoint_integrity.py",
+    "checkpoint/test_checkpoint_integrity.py",
     "training/test_distributed_optimizer.py",
     "repository/test_gpu_check.py",
     "launchers/test_slurm_study.py",
-    "training/test_async_save.py",
+    "checkpoint/test_async_save.py",
+    "launchers/test_slurm_saves_and_evals.py",
     "launchers/test_slurm_downstream.py",
 )
 

@@ -6,22 +6,8 @@ checkpoint extras; each with Megatron-LM's name, ``dest`` and default (core_v0.1
 from __future__ import annotations
 
 import argparse
-import signal
 
 from megatron_fixedcode.models.config import BLOCKS
-
-
-def _signal(text: str) -> signal.Signals:
-    """SIGTERM / TERM / 15 -> signal.SIGTERM (Megatron-LM's parser gives the enum too; JSON prints 15)."""
-    try:
-        sig = (
-            signal.Signals(int(text))
-            if text.isdigit()
-            else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
-        )
-    except (KeyError, ValueError):
-        raise argparse.ArgumentTypeError(f"not a signal: {text!r} (e.g. SIGTERM, SIGUSR1, 15)") from None
-    return sig
 
 
 def add_accepted_args(p: argparse.ArgumentParser) -> None:
@@ -87,43 +73,7 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
     g.add_argument("--rope-scaling-factor", type=float, default=8.0, help="factor of --use-rope-scaling")
     g.add_argument("--attention-dropout", type=float, default=0.1, help="dropout on the attention probabilities")
     g.add_argument("--hidden-dropout", type=float, default=0.1, help="dropout on the block outputs (residual adds)")
-    g = p.add_argument_group("schedule by samples (Megatron-LM)")
-    g.add_argument(
-        "--train-samples",
-        type=int,
-        default=None,
-        help="train for this many samples (steps = samples // global batch); excludes --train-iters",
-    )
-    g.add_argument("--lr-warmup-samples", type=int, default=0, help="LR warmup in samples (with --train-samples)")
-    g.add_argument(
-        "--lr-decay-samples",
-        type=int,
-        default=None,
-        help="LR decay in samples (with --train-samples; default: --train-samples)",
-    )
-    g.add_argument(
-        "--lr-warmup-fraction",
-        type=float,
-        default=None,
-        help="LR warmup as a fraction of the decay steps; excludes --lr-warmup-iters/-samples",
-    )
-    g.add_argument("--lr-warmup-init", type=float, default=0.0, help="LR at the start of warmup")
     g = p.add_argument_group("runtime, logging and checkpoint extras (Megatron-LM)")
-    g.add_argument(
-        "--manual-gc",
-        action="store_true",
-        help="disable Python's automatic GC; collect every --manual-gc-interval steps",
-    )
-    g.add_argument(
-        "--manual-gc-interval", type=int, default=0, help="steps between collections under --manual-gc (0: never)"
-    )
-    g.add_argument(
-        "--empty-unused-memory-level",
-        type=int,
-        choices=[0, 1, 2],
-        default=0,
-        help="CUDA: release cached memory after each step (1, 2); no effect on CPU",
-    )
     g.add_argument(
         "--no-mmap-bin-files",
         dest="mmap_bin_files",
@@ -142,27 +92,6 @@ def add_accepted_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="megatron-core's MockGPTDataset instead of data (token ramps; split 1,1,1): throughput and "
         "smoke runs; the only data source, with a tokenizer or --vocab-size",
-    )
-    g.add_argument("--tensorboard-log-interval", type=int, default=1, help="steps between TensorBoard scalars")
-    g.add_argument("--wandb-exp-name", default=None, help="W&B run name (the run id is kept with the checkpoint)")
-    g.add_argument(
-        "--save-retain-interval",
-        type=int,
-        default=None,
-        help="keep only checkpoints whose step is a multiple of N, and the newest (default: keep all)",
-    )
-    g.add_argument(
-        "--no-load-optim",
-        action="store_true",
-        default=None,
-        help="resume without the optimizer's state (Adam moments start fresh)",
-    )
-    g.add_argument("--no-load-rng", action="store_true", default=None, help="resume without the saved RNG states")
-    g.add_argument(
-        "--exit-signal",
-        type=_signal,
-        default=signal.SIGTERM,
-        help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)",
     )
 
 

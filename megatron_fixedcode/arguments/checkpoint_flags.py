@@ -1,17 +1,60 @@
-"""Megatron-LM's checkpoint and logging flags that act (core_v0.16.1's names, dests and defaults): saving,
-loading, keeping and exporting checkpoints, the exit conditions of a long run, metrics, TensorBoard, W&B,
-timers and the downstream evaluations of checkpoints. Read after parsing through ``CheckpointConfig``,
-``LoggingConfig`` and ``DownstreamConfig`` (``training_configs.py``, ``downstream_flags.py``)."""
+"""Megatron-LM's checkpoint flags that act (core_v0.16.1's names, dests and defaults): saving, loading, keeping
+and exporting checkpoints, what a resume restores, and the exit conditions of a long run. Read after parsing as
+:class:`CheckpointConfig`."""
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import signal
 
-from megatron_fixedcode.arguments.downstream_flags import add_downstream_args
+from megatron_fixedcode.arguments.config_fields import converted, from_dests, renamed
 
 
-def add_checkpoint_and_logging_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("checkpoints")
+def _signal(text: str) -> signal.Signals:
+    """SIGTERM / TERM / 15 -> signal.SIGTERM (Megatron-LM's parser gives the enum too; JSON prints 15)."""
+    try:
+        sig = (
+            signal.Signals(int(text))
+            if text.isdigit()
+            else signal.Signals[text if text.startswith("SIG") else "SIG" + text]
+        )
+    except (KeyError, ValueError):
+        raise argparse.ArgumentTypeError(f"not a signal: {text!r} (e.g. SIGTERM, SIGUSR1, 15)") from None
+    return sig
+
+
+def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
+    g = p.add_argument_group("checkpoints and exits")
+    g.add_argument(
+        "--override-opt_param-scheduler",
+        "--override-opt-param-scheduler",
+        dest="override_opt_param_scheduler",
+        action="store_true",
+        help="on resume, use this run's LR schedule flags instead of the checkpoint's",
+    )
+    g.add_argument(
+        "--use-checkpoint-opt_param-scheduler",
+        "--use-checkpoint-opt-param-scheduler",
+        dest="use_checkpoint_opt_param_scheduler",
+        action="store_true",
+        help="on resume, keep the checkpoint's LR schedule whatever this run's flags say",
+    )
+    g.add_argument(
+        "--no-dist-ckpt-optim-fully-reshardable",
+        dest="dist_ckpt_optim_fully_reshardable",
+        action="store_false",
+        default=True,
+        help="save the distributed optimizer's state in megatron's dp_reshardable format (no gather "
+        "at save time, but a resume keeps Adam's state only on the same TP and PP sizes); "
+        "default here: fully_reshardable, which resumes on any layout (docs/training.md)",
+    )
+    g.add_argument(
+        "--dist-ckpt-optim-fully-reshardable",
+        dest="dist_ckpt_optim_fully_reshardable",
+        action="store_true",
+        help="Megatron-LM's flag for this project's default",
+    )
     g.add_argument("--save", default=None, help="checkpoint directory to write")
     g.add_argument("--load", default=None, help="checkpoint directory to resume from")
     g.add_argument(
@@ -66,58 +109,55 @@ def add_checkpoint_and_logging_args(p: argparse.ArgumentParser) -> None:
         action="store_true",
         help="--async-save's writer: one persistent process per rank (megatron-core's), which dies with it",
     )
-    g = p.add_argument_group("logging")
-    g.add_argument("--log-interval", type=int, default=100, help="steps between log lines")
-    g.add_argument("--eval-interval", type=int, default=None, help="steps between evaluations (default: none)")
-    g.add_argument("--eval-iters", type=int, default=100, help="global batches per evaluation")
-    g.add_argument("--skip-train", action="store_true", help="load, evaluate once, exit")
-    g.add_argument("--tensorboard-dir", default=None, help="TensorBoard event directory (Megatron-LM's tags)")
-    g.add_argument("--metrics-file", default=None, help="JSON Lines file: one record per step")
-    g.add_argument("--wandb-project", default=None, help="W&B project (needs wandb)")
-    g = p.add_argument_group("run health (Megatron-LM's log lines and TensorBoard tags; docs/training.md)")
     g.add_argument(
-        "--log-params-norm",
-        action="store_true",
-        help="'params norm' in the iteration line, TensorBoard 'params-norm' (each weight counted once)",
-    )
-    g.add_argument(
-        "--log-num-zeros-in-grad",
-        action="store_true",
-        help="'num zeros' (gradient entries equal to zero) in the iteration line, TensorBoard 'num-zeros'",
-    )
-    g.add_argument(
-        "--log-memory-to-tensorboard",
-        action="store_true",
-        help="TensorBoard 'mem-reserved-bytes', 'mem-allocated-bytes', 'mem-max-allocated-bytes' (CUDA); "
-        "'mem-rss-bytes' on the CPU",
-    )
-    g.add_argument(
-        "--timing-log-level",
+        "--save-retain-interval",
         type=int,
-        choices=(0, 1, 2),
-        default=0,
-        help="megatron-core timers: 0 save/evaluate, 1 + the step's phases, 2 + compute and batches",
+        default=None,
+        help="keep only checkpoints whose step is a multiple of N, and the newest (default: keep all)",
     )
     g.add_argument(
-        "--timing-log-option",
-        choices=("max", "minmax", "all"),
-        default="minmax",
-        help="the timers' lines: max over ranks, (min, max), or every rank",
-    )
-    g.add_argument(
-        "--log-timers-to-tensorboard",
+        "--no-load-optim",
         action="store_true",
-        help="each timer as TensorBoard '<name>-time' (max over ranks) every --log-interval",
+        default=None,
+        help="resume without the optimizer's state (Adam moments start fresh)",
     )
+    g.add_argument("--no-load-rng", action="store_true", default=None, help="resume without the saved RNG states")
     g.add_argument(
-        "--log-progress",
-        action="store_true",
-        help="append Megatron-LM's job and checkpoint lines (throughput, FLOPs, tokens) to SAVE/progress.txt",
+        "--exit-signal",
+        type=_signal,
+        default=signal.SIGTERM,
+        help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)",
     )
-    g.add_argument(
-        "--distributed-timeout-minutes",
-        type=int,
-        default=10,
-        help="timeout of the process groups' collectives (torch's and megatron-core's groups)",
-    )
-    add_downstream_args(p)
+
+
+def _signal_name(value) -> str:
+    return signal.Signals(value).name
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class CheckpointConfig:
+    save: str | None
+    load: str | None
+    save_interval: int | None
+    keep_last: int | None = renamed("ckpt_keep_last")  # None: keep every checkpoint (Megatron-LM)
+    load_step: int | None = renamed("ckpt_step")
+    finetune: bool
+    exit_duration_in_mins: float | None
+    exit_signal_handler: bool
+    exit_interval: int | None
+    override_opt_param_scheduler: bool = False
+    use_checkpoint_opt_param_scheduler: bool = False
+    verify: bool = renamed("verify_checkpoint", default=True)  # --no-verify-checkpoint: load without the checksums
+    exit_signal: str = converted(_signal_name, default="SIGTERM")
+    retain_interval: int | None = renamed("save_retain_interval", default=None)
+    no_load_optim: bool = converted(bool, default=False)
+    no_load_rng: bool = converted(bool, default=False)
+    async_save: bool = False
+    use_persistent_ckpt_worker: bool = False  # --async-save's writer (without it --async-save is off)
+    fully_reshardable: bool = renamed("dist_ckpt_optim_fully_reshardable", default=True)
+    hf_export_interval: int | None = None  # a Hugging Face export of every N-th checkpoint, in the background
+    hf_export_dir: str | None = None
+
+    @classmethod
+    def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
+        return from_dests(cls, a)

@@ -1,7 +1,7 @@
-"""The flags that act in every run, grouped by concern: model and input interface, batch/optimizer/schedule,
-data here; parallelism and precision (``parallel_flags``), checkpoints and logging (``checkpoint_flags``);
-and :func:`build_parser`, which adds the architecture extras (``architecture_flags``) and the
-accepted-but-inert ones (``inert_flags``).
+"""The parser: model, input interface and data flags here; each other concern in a ``*_flags.py`` of its own
+that owns its flags, the typed config built from them and its refusals (parallelism, performance, schedule,
+optimizer, run health, checkpoints, logging, downstream evaluations, watching); :func:`build_parser` adds
+them all, then the architecture extras (``architecture_flags``) and the accepted-but-inert ones (``inert_flags``).
 
 Megatron-LM's flags, dests, defaults and meanings (core_v0.16.1; docs/training.md, "Megatron-LM's
 command line"). ``--config recipe.yaml`` sets defaults (keys are Megatron-LM's argument dests,
@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import argparse
 
-from megatron_fixedcode.arguments.checkpoint_flags import add_checkpoint_and_logging_args
+from megatron_fixedcode.arguments.checkpoint_flags import add_checkpoint_args
+from megatron_fixedcode.arguments.downstream_flags import add_downstream_args
+from megatron_fixedcode.arguments.health_flags import add_health_args
+from megatron_fixedcode.arguments.logging_flags import add_logging_args
+from megatron_fixedcode.arguments.optimizer_flags import add_optimizer_args
+from megatron_fixedcode.arguments.performance_flags import add_performance_args
+from megatron_fixedcode.arguments.schedule_flags import add_schedule_args
 from megatron_fixedcode.arguments.architecture_flags import BLOCK_FLAGS, BlockAction, add_accepted_args
 from megatron_fixedcode.arguments.derivations import Default
 from megatron_fixedcode.arguments.default_only_flags import add_default_only_args
 from megatron_fixedcode.arguments.inert_flags import add_inert_args
 from megatron_fixedcode.arguments.observe_flags import add_observe_args
-from megatron_fixedcode.arguments.parallel_flags import add_parallel_and_precision_args
+from megatron_fixedcode.arguments.parallel_flags import add_parallel_args
 from megatron_fixedcode.arguments.tokenizer_flags import add_tokenizer_args
 from megatron_fixedcode.arguments.user_errors import ArgumentParser
 from megatron_fixedcode.codes import CODE_IMPLEMENTATIONS, PAPER_CODE_SEED
@@ -51,7 +57,6 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         help="key/value groups; acts only with --group-query-attention (Megatron-LM's meaning)",
     )
     g.add_argument("--ffn-hidden-size", type=int, help="MLP width (required)")
-    g.add_argument("--seq-length", type=int, help="tokens per sample (required)")
     g.add_argument(
         "--block",
         choices=sorted(BLOCK_FLAGS),
@@ -112,132 +117,6 @@ def _add_model(p: argparse.ArgumentParser) -> None:
         help="scale the code so its input RMS equals the learned table's at init (--init-method-std)",
     )
     g.add_argument("--code-base", type=float, default=None, help="sinusoidal: frequency base (default 10000)")
-
-
-def _add_training(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("batch, optimizer, schedule, budget")
-    g.add_argument("--micro-batch-size", type=int, default=1, help="samples per microbatch per data-parallel rank")
-    g.add_argument(
-        "--global-batch-size",
-        type=int,
-        default=None,
-        help="samples per optimizer step (default: micro batch x data-parallel size)",
-    )
-    g.add_argument("--lr", type=float, default=None, help="peak learning rate (required)")
-    g.add_argument("--min-lr", type=float, default=0.0, help="learning rate at the end of the decay")
-    g.add_argument(
-        "--decoupled-lr",
-        type=float,
-        default=None,
-        help="peak learning rate of the input table and the output layer (megatron-core's "
-        "is_embedding_or_output_parameter; a fixed code has no table: the output layer)",
-    )
-    g.add_argument(
-        "--decoupled-min-lr",
-        type=float,
-        default=None,
-        help="their learning rate at the end of the decay (default --min-lr); only with --decoupled-lr",
-    )
-    g.add_argument("--lr-warmup-iters", type=int, default=0, help="linear warmup steps")
-    g.add_argument(
-        "--lr-decay-style",
-        choices=["constant", "linear", "cosine", "inverse-square-root", "WSD"],
-        default="linear",
-        help="decay from --lr to --min-lr (WSD is not supported)",
-    )
-    g.add_argument("--lr-decay-iters", type=int, default=None, help="decay steps (default: the run's length)")
-    g.add_argument(
-        "--weight-decay", type=float, default=0.01, help="AdamW weight decay (matrices; 0 on 1-D parameters)"
-    )
-    g.add_argument("--adam-beta1", type=float, default=0.9, help="Adam beta1")
-    g.add_argument("--adam-beta2", type=float, default=0.999, help="Adam beta2")
-    g.add_argument("--adam-eps", type=float, default=1e-8, help="Adam epsilon")
-    g.add_argument("--clip-grad", type=float, default=1.0, help="gradient-norm clip")
-    g.add_argument("--train-iters", type=int, default=None, help="optimizer steps to train")
-    g.add_argument(
-        "--train-tokens",
-        type=int,
-        default=None,
-        help="stop at the first step boundary past this many prediction targets",
-    )
-    g.add_argument("--seed", type=int, default=1234, help="seed of the init, the data order and dropout")
-    g.add_argument(
-        "--override-opt_param-scheduler",
-        "--override-opt-param-scheduler",
-        dest="override_opt_param_scheduler",
-        action="store_true",
-        help="on resume, use this run's LR schedule flags instead of the checkpoint's",
-    )
-    g.add_argument(
-        "--use-checkpoint-opt_param-scheduler",
-        "--use-checkpoint-opt-param-scheduler",
-        dest="use_checkpoint_opt_param_scheduler",
-        action="store_true",
-        help="on resume, keep the checkpoint's LR schedule whatever this run's flags say",
-    )
-    g.add_argument(
-        "--check-for-nan-in-loss-and-grad",
-        dest="check_for_nan_in_loss_and_grad",
-        action="store_true",
-        default=True,
-        help="validate each rank's loss and gradient buckets for NaN/Inf (--rerun-mode "
-        "disabled: stop, exit code 3) and the global loss and gradient norm (stop, exit 3)",
-    )
-    g.add_argument(
-        "--no-check-for-nan-in-loss-and-grad",
-        dest="check_for_nan_in_loss_and_grad",
-        action="store_false",
-        help="train on through a non-finite loss or gradient norm",
-    )
-    _add_rerun(p)
-
-
-def _add_rerun(p: argparse.ArgumentParser) -> None:
-    """Megatron-LM's rerun state machine (megatron-core's; training/rerun.py wires it)."""
-    g = p.add_argument_group("rerun state machine")
-    g.add_argument(
-        "--rerun-mode",
-        choices=["disabled", "validate_results", "report_stats"],
-        default="validate_results",
-        help="validate_results: a rejected result (NaN/Inf, spike) re-runs the step in place; not reproduced: "
-        "a transient fault, exit 17 with a checkpoint; reproduced: checkpoint and exit 16, resume "
-        "on another GPU to decide; report_stats: re-run every step and log the results' variability; "
-        "disabled: a rejected NaN/Inf stops the run",
-    )
-    g.add_argument(
-        "--check-for-spiky-loss",
-        action="store_true",
-        help="reject a local loss 10x the largest of the first 100 (kept in the checkpoint); not fatal",
-    )
-    g.add_argument(
-        "--check-for-large-grads",
-        action="store_true",
-        help="reject a local gradient bucket norm 10x the largest of the first 100 (megatron DDP); not fatal",
-    )
-    g.add_argument(
-        "--result-rejected-tracker-filename",
-        default=None,
-        help="append each rejected result to this file; its reproduced iterations are added to --iterations-to-skip",
-    )
-    g.add_argument(
-        "--error-injection-rate",
-        type=int,
-        default=0,
-        help="inject a rejected result about once in this many validations (0: never)",
-    )
-    g.add_argument(
-        "--error-injection-type",
-        choices=["correct_result", "transient_error", "persistent_error"],
-        default="transient_error",
-        help="what the injected fault looks like on re-run",
-    )
-    g.add_argument(
-        "--iterations-to-skip",
-        type=int,
-        nargs="+",
-        default=[],
-        help="these steps (1-based) read their batch but do not update the model or the LR schedule",
-    )
 
 
 def _add_data(p: argparse.ArgumentParser) -> None:
@@ -325,10 +204,15 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--dry-run", action="store_true", help="validate and print the resolved config as JSON, then exit")
     _add_model(p)
-    add_parallel_and_precision_args(p)
-    _add_training(p)
+    add_parallel_args(p)
+    add_performance_args(p)
+    add_schedule_args(p)
+    add_optimizer_args(p)
+    add_health_args(p)
     _add_data(p)
-    add_checkpoint_and_logging_args(p)
+    add_checkpoint_args(p)
+    add_logging_args(p)
+    add_downstream_args(p)
     add_observe_args(p)
     add_accepted_args(p)
     add_inert_args(p)

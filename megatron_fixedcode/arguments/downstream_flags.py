@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
+from megatron_fixedcode.arguments.config_fields import from_dests, renamed
 from megatron_fixedcode.arguments.user_errors import is_rank0
 
 
@@ -13,21 +14,15 @@ from megatron_fixedcode.arguments.user_errors import is_rank0
 class DownstreamConfig:
     """The flags below, as the trainer reads them (``tasks`` None: no downstream evaluation)."""
 
-    tasks: str | None = None
-    interval: int | None = None
-    limit: float | None = None
-    batch_size: int = 8
-    sbatch: str | None = None
+    tasks: str | None = renamed("downstream_eval_tasks", default=None)
+    interval: int | None = renamed("downstream_eval_interval", default=None)
+    limit: float | None = renamed("downstream_eval_limit", default=None)
+    batch_size: int = renamed("downstream_eval_batch_size", default=8)
+    sbatch: str | None = renamed("downstream_eval_sbatch", default=None)
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "DownstreamConfig":
-        return cls(
-            tasks=a.downstream_eval_tasks,
-            interval=a.downstream_eval_interval,
-            limit=a.downstream_eval_limit,
-            batch_size=a.downstream_eval_batch_size,
-            sbatch=a.downstream_eval_sbatch,
-        )
+        return from_dests(cls, a)
 
 
 def add_downstream_args(p: argparse.ArgumentParser) -> None:

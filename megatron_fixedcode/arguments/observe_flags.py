@@ -9,7 +9,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 
-from megatron_fixedcode.arguments.training_configs import from_dests
+from megatron_fixedcode.arguments.config_fields import borrowed, converted, from_dests
 
 
 def add_observe_args(p: argparse.ArgumentParser) -> None:
@@ -105,12 +105,12 @@ class WatchConfig:
     use_pytorch_profiler: bool = False
     profile_step_start: int = 10
     profile_step_end: int = 12
-    profile_ranks: tuple[int, ...] = (0,)
+    profile_ranks: tuple[int, ...] = converted(tuple, default=(0,))
     record_memory_history: bool = False
     memory_snapshot_path: str = "snapshot.pickle"
     check_weight_hash_across_dp_replicas_interval: int | None = None
-    log_interval: int = 1  # when the straggler report and the memory snapshot are written
+    log_interval: int = borrowed("logging_flags", default=1)  # when the straggler report and snapshot are written
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "WatchConfig":
-        return dataclasses.replace(from_dests(cls, a), profile_ranks=tuple(a.profile_ranks))
+        return from_dests(cls, a)

@@ -24,14 +24,12 @@ from megatron_fixedcode.arguments.observe_flags import WatchConfig
 from megatron_fixedcode.arguments.out_of_scope import SCOPE_NOTE, out_of_scope
 from megatron_fixedcode.arguments.recipe import load_recipe
 from megatron_fixedcode.arguments.tokenizer_flags import OTHER_TOKENIZERS, TokenizerConfig
-from megatron_fixedcode.arguments.training_configs import (
-    CheckpointConfig,
-    HealthConfig,
-    LoggingConfig,
-    OptimConfig,
-    PerformanceConfig,
-    ScheduleConfig,
-)
+from megatron_fixedcode.arguments.checkpoint_flags import CheckpointConfig
+from megatron_fixedcode.arguments.health_flags import HealthConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
+from megatron_fixedcode.arguments.optimizer_flags import OptimConfig
+from megatron_fixedcode.arguments.performance_flags import PerformanceConfig
+from megatron_fixedcode.arguments.schedule_flags import ScheduleConfig
 from megatron_fixedcode.arguments.user_errors import is_rank0
 from megatron_fixedcode.compat.layout import ParallelLayout
 from megatron_fixedcode.data.config import DataConfig, SFTFields

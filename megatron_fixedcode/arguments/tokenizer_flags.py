@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from megatron_fixedcode.arguments.config_fields import borrowed, from_dests
+
 
 # Megatron-LM's --tokenizer-type values read here: tokenizers.registry.TOKENIZER_TYPES (a test checks they agree;
 # not imported: the dry run needs no tokenizer library)
@@ -62,17 +64,11 @@ class TokenizerConfig:
     tokenizer_model: str | None = None
     vocab_file: str | None = None
     merge_file: str | None = None
-    vocab_size: int | None = None  # pre-tokenized data with no tokenizer file
+    vocab_size: int | None = borrowed("core_flags", default=None)  # pre-tokenized data with no tokenizer file
 
     @classmethod
     def from_args(cls, a) -> "TokenizerConfig":
-        return cls(
-            tokenizer_type=a.tokenizer_type,
-            tokenizer_model=a.tokenizer_model,
-            vocab_file=a.vocab_file,
-            merge_file=a.merge_file,
-            vocab_size=a.vocab_size,
-        )
+        return from_dests(cls, a)
 
     def names_file(self) -> bool:
         return bool(self.tokenizer_model or self.vocab_file)

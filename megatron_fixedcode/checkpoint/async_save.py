@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from pathlib import Path
 from queue import Empty
@@ -33,7 +34,10 @@ def _worker_main(parent: int, rank: int, queue, preload_q, comp_q, log_level: in
     """The persistent worker: megatron-core's loop, in a process that dies with its rank (and whose
     writer processes die with it)."""
     from megatron_fixedcode.compat.process import die_with_parent, install_die_with_parent_for_forks
+    from megatron_fixedcode.utils.exit_signals import ignore_launcher_signals, launcher_signals
 
+    ignore_launcher_signals()  # scancel's TERM reaches every process of the step: the rank's save needs this one
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, launcher_signals())  # blocked by the rank from fork to here
     die_with_parent(expected_parent=parent)
     install_die_with_parent_for_forks()
     if not torch.cuda.is_available():  # the loop's torch.cuda.set_device(rank % device_count())
@@ -55,6 +59,14 @@ class PersistentWorker(AsyncCaller):
     def start(self) -> None:
         """Start the worker (its imports take seconds: at the run's start, as Megatron-LM's warm-up)."""
         if self.process is None:
+            from multiprocessing import resource_tracker
+
+            from megatron_fixedcode.utils.exit_signals import launcher_signals
+
+            resource_tracker.ensure_running()  # its start unblocks TERM and INT: before the block below
+            # blocked from the fork until the worker ignores them: a signal in that window waits (in the rank,
+            # it is delivered once unblocked below) instead of killing the worker with its default action
+            blocked = signal.pthread_sigmask(signal.SIG_BLOCK, launcher_signals())
             self.process = mp.get_context("spawn").Process(
                 target=_worker_main,
                 name="mfc-ckpt-worker",
@@ -67,7 +79,10 @@ class PersistentWorker(AsyncCaller):
                     logger.getEffectiveLevel(),
                 ),
             )
-            self.process.start()
+            try:
+                self.process.start()
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
 
     def schedule_async_call(self, async_req) -> None:
         if async_req.async_fn is None:
@@ -90,6 +105,7 @@ class PersistentWorker(AsyncCaller):
                         "the checkpoint worker of rank %d died (exit code %s)", dist.get_rank(), self.process.exitcode
                     )
                     self.process = None
+                    self._drop_queues()
                     break
                 if not blocking:
                     alive = True
@@ -99,10 +115,17 @@ class PersistentWorker(AsyncCaller):
             self.done_item = None
         return done
 
+    def _drop_queues(self) -> None:
+        """Nobody reads the queues any more: their feeder threads must not block the exit (multiprocessing's
+        exit handler joins them, forever when the reader is dead and a pipe is full)."""
+        for q in (self.queue, self.preload_q, self.comp_q):
+            q.cancel_join_thread()
+
     def close(self, abort: bool = False) -> None:
         if self.process is None:
             return
         if abort:
+            self._drop_queues()
             self.process.kill()
         else:
             self.queue.put("DONE")

@@ -3,7 +3,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from pathlib import Path
 from typing import Any
@@ -13,16 +12,14 @@ from megatron.core import dist_checkpointing
 
 from megatron_fixedcode.checkpoint.load_checks import log_precision_change, refuse_non_finite_weights
 from megatron_fixedcode.checkpoint.paths import checkpoint_dir, read_trainer_state, resolve_step
-from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
+from megatron_fixedcode.checkpoint.resume_scope import EVERYTHING, PER_PARAMETER, ResumeScope
 from megatron_fixedcode.checkpoint.state import (
-    RNG_BY_MODEL_PARALLEL_RANK,
     _data_parallel_group,
     _model_parallel_rng_object,
     _optimizer_metadata,
     _ranks,
     _rng_object,
     model_sharded_state,
-    optimizer_format,
     unwrap,
 )
 
@@ -47,14 +44,13 @@ def load_checkpoint(
     optimizer,
     scheduler,
     step: int | None = None,
-    weights_only: bool = False,
-    load_optim: bool = True,
-    load_rng: bool = True,
+    scope: ResumeScope | None = None,
 ) -> dict | None:
-    """Restore the model (resharded to this layout) and what :func:`resume_scope` keeps: Adam's
-    state and the scheduler on any layout, the RNG per rank or per model-parallel rank. A load
-    without the optimizer state (``weights_only``: --finetune) copies the loaded weights into the
-    optimizer's main weights, so its first step updates them and not the initial ones.
+    """Restore the model (resharded to this layout) and what ``scope`` keeps (decided once by the run plan:
+    :func:`~.resume_scope.resume_scope`): Adam's state and the scheduler, the RNG per rank or per
+    model-parallel rank. ``None``: everything, on the checkpoint's own layout. A load without the optimizer
+    state (--finetune, --no-load-optim) copies the loaded weights into the optimizer's main weights, so its first
+    step updates them and not the initial ones.
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
     from megatron_fixedcode.compat.rng import restore_rng_state
@@ -66,24 +62,10 @@ def load_checkpoint(
     trainer_state = read_trainer_state(root, step)
     saved, now = trainer_state["layout"], _current_layout(trainer_state)
     saved_format = trainer_state.get("optimizer_format", PER_PARAMETER)  # earlier versions: plain optimizers only
-    scope = (
-        resume_scope(
-            saved,
-            now,
-            weights_only=weights_only,
-            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
-            saved_optimizer_format=saved_format,
-            distributed_optimizer=optimizer_format(optimizer) != PER_PARAMETER,
-        )
-        if load_optim
-        else resume_scope(saved, now, weights_only=True, rng_by_model_parallel_rank=False)
-    )
-    if not load_optim or not load_rng:  # Megatron-LM's --no-load-optim (optimizer and scheduler) / --no-load-rng
-        scope = dataclasses.replace(
-            scope,
-            rng="none" if not load_rng else scope.rng if load_optim else _rng_scope(saved, now, trainer_state),
-            note=f"{scope.note}; --no-load-optim/--no-load-rng",
-        )
+    if scope is None:
+        if saved != now:
+            raise ValueError(f"{target}: saved on layout {saved}, loaded on {now}: give the run plan's resume scope")
+        scope = EVERYTHING
     model_state = model_sharded_state(chunks)
     template: dict[str, Any] = dict(model_state)
     if scope.optimizer:
@@ -97,7 +79,7 @@ def load_checkpoint(
     loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
-    refuse_non_finite_weights(target, chunks, "fine-tune from" if weights_only else "resume from")
+    refuse_non_finite_weights(target, chunks, "fine-tune from" if scope.finetune else "resume from")
     log_precision_change(trainer_state, chunks)
     if scope.optimizer:
         optimizer.load_state_dict(loaded["optimizer"])
@@ -107,27 +89,12 @@ def load_checkpoint(
         restore_rng_state(loaded["rng"])
     elif scope.rng == "per_model_parallel_rank":
         restore_rng_state(loaded["rng_tp_pp"])
-    if saved != now and not weights_only:
+    if saved != now and not scope.finetune:
         logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
     if scope.scheduler:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
     return trainer_state
-
-
-def _rng_scope(saved: dict, now: dict, trainer_state: dict) -> str:
-    """The RNG part of a full resume's scope (for --no-load-optim without --no-load-rng)."""
-    try:
-        return resume_scope(
-            saved,
-            now,
-            weights_only=False,
-            rng_by_model_parallel_rank=trainer_state.get(RNG_BY_MODEL_PARALLEL_RANK, False),
-            saved_optimizer_format=PER_PARAMETER,
-            distributed_optimizer=False,
-        ).rng
-    except ValueError:
-        return "none"
 
 
 def _current_layout(saved: dict) -> dict:

@@ -58,11 +58,13 @@ def save_checkpoint(
     keep_last: int | None = None,
     retain_interval: int | None = None,
     async_queue=None,
+    keep=None,
 ) -> Path:
     """Save everything needed for a bit-identical resume, then move the ``latest`` marker. With
     ``async_queue`` (``--async-save``: an :class:`~.async_save.AsyncSaveQueue`, or what wraps one) the
     shard files are written in the background and the rest (:func:`_finish`) runs when the queue
-    finalizes the save; a save still in flight is finalized first."""
+    finalizes the save; a save still in flight is finalized first. ``keep(step)``: whether an older
+    checkpoint that pruning would drop must stay (one that awaits its downstream evaluation)."""
     from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
 
     if async_queue is not None:
@@ -89,7 +91,7 @@ def save_checkpoint(
         "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
     }
     _fork_results_queue()
-    finish = functools.partial(_finish, root, step, trainer_state, keep_last, retain_interval)
+    finish = functools.partial(_finish, root, step, trainer_state, keep_last, retain_interval, keep)
     if async_queue is None:
         dist_checkpointing.save(state, str(target), sharded_strategy=_save_strategy())
         finish()
@@ -102,7 +104,9 @@ def save_checkpoint(
     return target
 
 
-def _finish(root: str, step: int, trainer_state: dict, keep_last: int | None, retain_interval: int | None) -> None:
+def _finish(
+    root: str, step: int, trainer_state: dict, keep_last: int | None, retain_interval: int | None, keep=None
+) -> None:
     """Once every rank's files are written: the run's flags, the checksums, then the ``latest`` marker."""
     rank, target = dist.get_rank(), checkpoint_dir(root, step)
     if rank == 0 and trainer_state.get("run_config") is not None:  # the resolved flags, readable without this code
@@ -112,13 +116,14 @@ def _finish(root: str, step: int, trainer_state: dict, keep_last: int | None, re
     record_checksums(target, shared=((trainer_state.get("tokenizer") or {}).get("copy") or {}).get("files", ()))
     if rank == 0:
         _fsync_write(Path(root) / LATEST_MARKER, str(step))
-        _prune(Path(root), keep_last, step, retain_interval)
+        _prune(Path(root), keep_last, step, retain_interval, keep)
     dist.barrier()
 
 
-def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None) -> None:
+def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int | None = None, keep=None) -> None:
     """Keep every checkpoint (Megatron-LM) unless told: --save-retain-interval N keeps the steps
-    that are multiples of N and the newest; --ckpt-keep-last K keeps the newest K."""
+    that are multiples of N and the newest; --ckpt-keep-last K keeps the newest K; a step that
+    ``keep`` names stays whatever they say (it is dropped by a later save once ``keep`` lets it go)."""
     steps = sorted(int(p.name[5:]) for p in root.glob("iter_*") if p.name[5:].isdigit())
     older = [s for s in steps if s < newest]
     drop = set()
@@ -127,4 +132,5 @@ def _prune(root: Path, keep_last: int | None, newest: int, retain_interval: int 
     if keep_last:
         drop |= set([s for s in steps if s <= newest][:-keep_last])
     for old in sorted(drop):
-        shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)
+        if keep is None or not keep(old):
+            shutil.rmtree(checkpoint_dir(root, old), ignore_errors=True)

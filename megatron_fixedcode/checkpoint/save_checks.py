@@ -61,7 +61,7 @@ def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
 
 
 # Bytes per parameter of one checkpoint (torch_dist format), by (optimizer, weights); measured from
-# real saves (tests/training/test_checkpoint_size.py saves each and compares: 16.08, 14.08, 12.07,
+# real saves (tests/checkpoint/test_checkpoint_size.py saves each and compares: 16.08, 14.08, 12.07,
 # plain BF16 14.08, dp_reshardable FP32 16.08 B/param on disk at 2.36M parameters). The one place
 # these numbers live: the start-up free-space warning and docs/study.md's disk figures use them.
 #   distributed/fully_reshardable FP32: FP32 weights 4 + Adam moments 8 + its FP32 parameter copy 4

@@ -104,8 +104,17 @@ def helper_manager(start_method: str = "fork"):
     from multiprocessing.managers import SyncManager
 
     manager = SyncManager(ctx=multiprocessing.get_context(start_method))
-    manager.start(initializer=die_with_parent, initargs=(signal.SIGKILL, os.getpid()))
+    manager.start(initializer=_helper_init, initargs=(os.getpid(),))
     return manager
+
+
+def _helper_init(parent: int) -> None:
+    """A manager server: dies with its parent, and leaves the launcher's signals to it (scancel signals every
+    process of the step; a forked server would run the rank's handler, or die, mid-save)."""
+    from megatron_fixedcode.utils.exit_signals import ignore_launcher_signals
+
+    die_with_parent(signal.SIGKILL, parent)
+    ignore_launcher_signals()
 
 
 def helper_queue(start_method: str = "fork"):

@@ -22,18 +22,17 @@ logger = logging.getLogger(__name__)
 
 
 class AsyncSaves:
-    """Built by the loop for every run; does nothing unless ``--async-save`` acts. ``trainer.async_saves``
-    is what :meth:`Trainer.save` hands to ``save_checkpoint`` (None: synchronous saves)."""
+    """Built by the run's :class:`~.checkpoint_manager.CheckpointManager`; does nothing unless ``--async-save``
+    acts. The manager hands it to :meth:`Trainer.save`, which hands it to ``save_checkpoint``."""
 
     def __init__(self, trainer):
         self.trainer, self.queue = trainer, None
-        self.on_finalized = lambda step: None  # the loop's: progress.txt, downstream evaluations
+        self.on_finalized = lambda step: None  # the manager's: progress.txt, downstream evaluations
         self.rank0 = trainer.ranks["rank"] == 0
         if trainer.cfg.checkpoint.async_save and trainer.cfg.checkpoint.save:
             from megatron_fixedcode.checkpoint.async_save import AsyncSaveQueue
 
             self.queue = AsyncSaveQueue()
-            trainer.async_saves = self
             atexit.register(self._abort)  # an exception ends the run: the write in flight is dropped, not waited for
             if self.rank0:
                 logger.info(

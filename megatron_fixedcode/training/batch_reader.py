@@ -11,13 +11,13 @@ from __future__ import annotations
 
 import atexit
 import os
-import signal
 import weakref
 
 import torch
 
 from megatron_fixedcode.data.sampler import RankMicrobatchSampler, fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.data.validate import TokenIdOutOfRange
+from megatron_fixedcode.utils.exit_signals import ignore_launcher_signals
 from megatron_fixedcode.utils.locks import SAVE_DIR_LOCK_NAME
 
 
@@ -39,8 +39,7 @@ def _worker_init(exit_signal: str):
     must not keep --save's flock alive after a ``kill -9`` of the trainer (utils/locks.py)."""
 
     def init(_worker_id: int) -> None:
-        for sig in {signal.SIGTERM, signal.SIGINT, signal.Signals[exit_signal]}:
-            signal.signal(sig, signal.SIG_IGN)
+        ignore_launcher_signals(exit_signal)
         for fd in os.listdir("/proc/self/fd") if os.path.isdir("/proc/self/fd") else ():
             try:
                 if os.readlink(f"/proc/self/fd/{fd}").endswith(SAVE_DIR_LOCK_NAME):

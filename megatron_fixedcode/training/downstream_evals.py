@@ -28,23 +28,9 @@ from pathlib import Path
 from megatron_fixedcode.checkpoint.paths import checkpoint_dir, latest_step
 from megatron_fixedcode.eval.checkpoint_scores import is_running, job_file, scored_steps, scores_file
 from megatron_fixedcode.training.metrics_history import drop_jsonl_after
+from megatron_fixedcode.utils.job_env import standalone_env
 
 logger = logging.getLogger(__name__)
-
-# the trainer's process-group variables: the job is a single process of its own
-_DIST_ENV = (
-    "RANK",
-    "WORLD_SIZE",
-    "LOCAL_RANK",
-    "LOCAL_WORLD_SIZE",
-    "GROUP_RANK",
-    "ROLE_RANK",
-    "ROLE_WORLD_SIZE",
-    "MASTER_ADDR",
-    "MASTER_PORT",
-    "TORCHELASTIC_RUN_ID",
-    "TORCHELASTIC_RESTART_COUNT",
-)
 
 
 def _job_alive(record: dict) -> bool:
@@ -73,6 +59,7 @@ class DownstreamEvals:
         self.wandb_run_id = trainer.wandb_run_id
         self.slurm = bool(os.environ.get("SLURM_JOB_ID")) and shutil.which("sbatch") is not None
         self.started: set[int] = set()  # by this process
+        self.held: set[int] = set()  # checkpoints kept past the pruning flags for their evaluation (said once)
         self.procs: list[subprocess.Popen] = []
 
     def due(self, step: int) -> bool:
@@ -113,6 +100,30 @@ class DownstreamEvals:
                     e,
                 )
 
+    def keep(self, step: int) -> bool:
+        """Whether pruning (``--ckpt-keep-last``, ``--save-retain-interval``) must keep checkpoint ``step``: it is
+        due and not scored, and its job is still to start, queued or running. One whose job ended without scores
+        is let go, said once (the job's log says why)."""
+        if not self.due(step) or step in scored_steps(self.scores, self.flags.tasks, self.flags.limit):
+            return False
+        record = job_file(self.save, step, ".job")
+        if not record.is_file() or self._has_job(step):
+            if step not in self.held:
+                self.held.add(step)
+                logger.info(
+                    "keeping checkpoint step %d beyond the pruning flags until its downstream evaluation has "
+                    "scored it (a later save prunes it)",
+                    step,
+                )
+            return True
+        logger.warning(
+            "pruning checkpoint step %d unscored: its downstream evaluation job (%s) ended without scores; see %s",
+            step,
+            record.read_text().strip(),
+            job_file(self.save, step, ".log"),
+        )
+        return False
+
     def _has_job(self, step: int) -> bool:
         record = job_file(self.save, step, ".job")
         try:
@@ -151,7 +162,7 @@ class DownstreamEvals:
         return cmd
 
     def _launch(self, step: int) -> None:
-        env = {k: v for k, v in os.environ.items() if k not in _DIST_ENV}
+        env = standalone_env()  # a process of its own: torchrun's agent store and the launcher's files are not its
         log = job_file(self.save, step, ".log")
         log.parent.mkdir(parents=True, exist_ok=True)
         if self.slurm:

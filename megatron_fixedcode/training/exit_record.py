@@ -24,9 +24,9 @@ class ExitRecord(logging.Handler):
         self.error: str | None = None
         self.step: int | None = None
         self.max_steps: int | None = None
-        self.stopped_by: str | None = (
-            None  # before the last step: "signal", "--exit-interval" or "--exit-duration-in-mins"
-        )
+        # before the last step: "signal", "--exit-interval", "--exit-duration-in-mins" or "rerun state machine"
+        self.stopped_by: str | None = None
+        self.rerun_nodes: list[str] = []  # exit 16: where the unexpected result reproduced ("host (device N)")
 
     def emit(self, record: logging.LogRecord) -> None:
         self.error = record.getMessage().splitlines()[0] if record.getMessage() else None
@@ -49,6 +49,7 @@ class ExitRecord(logging.Handler):
             "step": self.step,
             "max_steps": self.max_steps,
             "stopped_by": self.stopped_by,
+            "rerun_nodes": self.rerun_nodes,
         }
         try:
             tmp = Path(f"{path}.tmp")

@@ -18,7 +18,7 @@ from typing import Mapping
 import torch
 
 from megatron_fixedcode.arguments.parse import PretrainConfig
-from megatron_fixedcode.arguments.training_configs import PerformanceConfig
+from megatron_fixedcode.arguments.performance_flags import PerformanceConfig
 from megatron_fixedcode.models.builder import TE_INSTALL_HINT
 from megatron_fixedcode.models.config import BLOCKS
 

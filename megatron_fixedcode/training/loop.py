@@ -9,7 +9,6 @@ Where each decision lives (docs/training.md, "How the trainer is put together"):
 
 from __future__ import annotations
 
-import gc
 import logging
 import os
 import signal
@@ -20,19 +19,18 @@ import torch
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.arguments.user_errors import let_rank0_report, traceback_requested
 from megatron_fixedcode.checkpoint import CorruptCheckpoint
-from megatron_fixedcode.checkpoint.save_checks import check_save_dir, estimate_checkpoint_bytes, free_space_warning
+from megatron_fixedcode.checkpoint.save_checks import check_save_dir
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
-from megatron_fixedcode.models import format_parameter_report
 from megatron_fixedcode.models.cost import model_flops_per_token
-from megatron_fixedcode.training.async_saves import AsyncSaves
+from megatron_fixedcode.training.checkpoint_manager import CheckpointManager
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.exit_record import ExitRecord
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
 from megatron_fixedcode.training.profiling import start_memory_history
-from megatron_fixedcode.training.lr_schedule import describe_schedule
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run
+from megatron_fixedcode.training.run_start import log_run_start
 from megatron_fixedcode.training.run_watch import RunWatch
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up
@@ -119,145 +117,84 @@ def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = No
         destroy_distributed()
 
 
-def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
-    """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
-    ``--exit-interval``; evaluate and save on their intervals and always at the end."""
-    cfg, ck, perf, skip_train = (
-        trainer.cfg,
-        trainer.cfg.checkpoint,
-        trainer.cfg.performance,
-        trainer.cfg.schedule.skip_train,
-    )
-    rank0 = trainer.ranks["rank"] == 0
-    if rank0:
-        logger.info(format_parameter_report(trainer.report))
-        overlap = [
-            what
-            for what, on in (("grad reduce", perf.overlap_grad_reduce), ("param gather", perf.overlap_param_gather))
-            if on
-        ]
-        impl = trainer.chunks[0].config.transformer_impl
-        if impl == "local" and perf.transformer_impl == "transformer_engine":
-            logger.info(
-                "--transformer-impl transformer_engine (Megatron-LM's default, not named) needs CUDA and "
-                "Transformer Engine, absent here: building megatron-core's local layers; name "
-                "--transformer-impl local to say so, or install TE on the GPU machine"
-            )
-        if cfg.inert:
-            logger.info("accepted with no effect here: %s", "; ".join(cfg.inert))
-        if trainer.plan.stream_change:
-            logger.warning("%s", trainer.plan.stream_change)
-        if trainer.step >= trainer.max_steps and not skip_train:
-            logger.warning(
-                "nothing to train: the checkpoint at step %d is the end of this run (%d steps); to train "
-                "further give a larger --train-iters, --train-samples or --train-tokens",
-                trainer.step,
-                trainer.max_steps,
-            )
-        logger.info(
-            "layers: %s%s; optimizer: %s; overlap: %s",
-            impl,
-            f", FP8 {perf.fp8}/{perf.fp8_recipe}" if perf.fp8 else "",
-            trainer.optimizer_kind,
-            ", ".join(overlap) or "none",
-        )
-        if trainer.device.type == "cuda":
-            on = [k for k, v in trainer.fusions.items() if v]
-            logger.info("GPU fusions: %s; TF32 %s", ", ".join(on) or "none", "on" if trainer.tf32 else "off")
-        logger.info(
-            "global batch %d = %d micro x %d accumulation x %d data-parallel; %d steps; start at step %d",
-            trainer.global_batch,
-            cfg.schedule.micro_batch_size,
-            trainer.num_microbatches,
-            trainer.ranks["dp_size"],
-            trainer.max_steps,
-            trainer.step,
-        )
-        sch = trainer.scheduler  # after loading: the values actually in force
-        logger.info(
-            "%s", describe_schedule({k: getattr(sch, k) for k in trainer.plan.schedule}, trainer.plan.schedule_source)
-        )
-        if ck.save and not skip_train:  # a warning, logged: room for fewer than two checkpoints
-            free_space_warning(
-                ck.save,
-                estimate_checkpoint_bytes(
-                    trainer.report["total_params"],
-                    bf16=perf.bf16,
-                    distributed_optimizer=cfg.optim.use_distributed_optimizer,
-                    fully_reshardable=ck.fully_reshardable,
-                ),
-            )
-    flops_per_token = model_flops_per_token(
-        trainer.report, trainer.model_cfg.num_layers, trainer.model_cfg.hidden_size, cfg.schedule.seq_length
-    )
-    sink = MetricsSink(
+def _metrics_sink(trainer: Trainer, flops_per_token: float) -> MetricsSink:
+    """The iteration lines, metrics.jsonl, TensorBoard and W&B of this run (rank 0 writes)."""
+    cfg = trainer.cfg
+    return MetricsSink(
         cfg.logging,
-        enabled=rank0,
+        enabled=trainer.ranks["rank"] == 0,
         max_steps=trainer.max_steps,
         flops_per_token=flops_per_token,
         num_gpus=trainer.ranks["world_size"] if torch.cuda.is_available() else 1,
         run_config=cfg.as_dict(),
         global_batch=trainer.global_batch,
-        matmul=matmul_precision(perf.precision, trainer.tf32),
+        matmul=matmul_precision(cfg.performance.precision, trainer.tf32),
         code=trainer.identity["code_fingerprint"],
         log_throughput=cfg.logging.log_throughput,
         wandb_run_id=trainer.wandb_run_id,
-        start_step=None if skip_train else trainer.step,
+        start_step=None if cfg.schedule.skip_train else trainer.step,
     )
-    health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --log-progress (run_health.py)
+
+
+def _evaluate_only(trainer: Trainer, sink: MetricsSink) -> int:
+    """``--skip-train``: load, evaluate once, exit."""
+    record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
+    if trainer.ranks["rank"] == 0:
+        logger.info(
+            "evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"]
+        )
+    if sink.metrics_file:
+        sink.metrics_file.write(record)
+    sink.close()
+    return 0
+
+
+def _evaluation_due(trainer: Trainer) -> bool:
+    schedule = trainer.cfg.schedule
+    return bool(
+        trainer.valid_ds is not None
+        and schedule.eval_interval
+        and schedule.eval_iters
+        and (trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps)
+    )
+
+
+def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
+    """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
+    ``--exit-interval``; evaluate and save on their intervals and always at the end."""
+    cfg, ck = trainer.cfg, trainer.cfg.checkpoint
+    rank0 = trainer.ranks["rank"] == 0
+    if rank0:
+        log_run_start(trainer)
+    flops_per_token = model_flops_per_token(
+        trainer.report, trainer.model_cfg.num_layers, trainer.model_cfg.hidden_size, cfg.schedule.seq_length
+    )
+    sink = _metrics_sink(trainer, flops_per_token)
+    health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --manual-gc (run_health.py)
+    saves = CheckpointManager(trainer, flops_per_token)  # every save and its waits (checkpoint_manager.py)
     health.start()
-    saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
-    saves.on_finalized = health.async_save_finalized
-    if skip_train:
-        record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
-        if rank0:
-            logger.info(
-                "evaluation at step %d: val loss %.6f ppl %.3f", trainer.step, record["val_loss"], record["val_ppl"]
-            )
-        if sink.metrics_file:
-            sink.metrics_file.write(record)
-        sink.close()
-        return 0
+    saves.start()
+    if cfg.schedule.skip_train:
+        return _evaluate_only(trainer, sink)
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
     watch = RunWatch(trainer, flops_per_token)  # straggler detector, weight hashes, profiler (run_watch.py)
     watch.start()
     started = time.time()
-    saved_at = trainer.step
-    health_flags = cfg.health
-    if health_flags.manual_gc:  # Megatron-LM: no automatic collection; collect every --manual-gc-interval steps
-        gc.disable()
-        gc.collect()
     while trainer.step < trainer.max_steps:
         saves.poll()
-        if (
-            trainer.step + 1 in trainer.iterations_to_skip
-        ):  # Megatron-LM: read its batch, no update, no log line, no save
+        if trainer.step + 1 in trainer.iterations_to_skip:  # Megatron-LM: read its batch, no update, log or save
             skip_step(trainer)
             continue
         watch.before_step()
         record = trainer.train_step()
         if "rerun_exit" in record:  # the rerun state machine's verdict: save (or not) and exit with its code
             sink.close()
-            code = end_on_rerun(trainer, health, record)
+            code = end_on_rerun(trainer, saves, record, last_word)
             watch.close()
             saves.close()  # its checkpoint complete before the exit (the launcher requeues on 16)
             return code
         health.after_step(record)
-        if (
-            health_flags.manual_gc
-            and health_flags.manual_gc_interval
-            and trainer.step % health_flags.manual_gc_interval == 0
-        ):
-            gc.collect()
-        if health_flags.empty_unused_memory_level >= 1 and trainer.device.type == "cuda":
-            torch.cuda.empty_cache()
-        schedule = trainer.cfg.schedule if trainer.valid_ds is not None else None
-        if (
-            schedule
-            and schedule.eval_interval
-            and schedule.eval_iters
-            and (trainer.step % schedule.eval_interval == 0 or trainer.step == trainer.max_steps)
-        ):
+        if _evaluation_due(trainer):
             record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
         health.after_record(trainer.step)
@@ -266,11 +203,9 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         stop = any_rank(exit_request.flag or timed_out, trainer.device) or bool(
             ck.exit_interval and trainer.step % ck.exit_interval == 0
         )
-        if ck.save and (
-            (ck.save_interval and trainer.step % ck.save_interval == 0) or stop or trainer.step == trainer.max_steps
-        ):
-            health.save(final=stop or trainer.step == trainer.max_steps)
-            saved_at = trainer.step
+        last = stop or trainer.step == trainer.max_steps
+        if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or last):
+            saves.save(final=last)
             # A signal that came during the save (seconds, at scale) would otherwise cost one
             # more step and one more save inside the grace window: this checkpoint is the last.
             stop = stop or any_rank(exit_request.flag, trainer.device)
@@ -282,8 +217,8 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
                 last_word.stopped_by = reason
             break
     watch.close()
-    if ck.save and saved_at != trainer.step:
-        health.save(final=True)
+    if ck.save and saves.saved_at != trainer.step:
+        saves.save(final=True)
     saves.close()  # before the process may exit: a requeued job resumes from a complete checkpoint
     try:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)

@@ -4,7 +4,7 @@ the one line that says which is in force. Pure functions of the configs and the 
 
 from __future__ import annotations
 
-from megatron_fixedcode.arguments.training_configs import CheckpointConfig
+from megatron_fixedcode.arguments.checkpoint_flags import CheckpointConfig
 
 
 # The scheduler's state → the flags that set it.

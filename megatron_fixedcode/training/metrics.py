@@ -12,7 +12,7 @@ from typing import Any
 import psutil
 import torch
 
-from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 from megatron_fixedcode.training.metrics_history import MetricsFile, drop_jsonl_after, drop_tensorboard_after
 from megatron_fixedcode.training.run_health import memory_scalars
 

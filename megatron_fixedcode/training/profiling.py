@@ -7,7 +7,7 @@ to ``--profile-step-end - 1`` (``ProfilerStep#N`` in the trace is step N). Witho
 range (``cudaProfilerStart``/``Stop`` with NVTX ranges) from step ``--profile-step-start`` to
 ``--profile-step-end``, for ``nsys --capture-range=cudaProfilerApi``. A resumed run counts from its
 checkpoint's step, so the same steps are profiled as in the straight run (Megatron-LM's schedule counts
-from the process's first step).
+from the process's first step); one that resumes inside the window (a requeue) does not profile it again.
 
 ``--record-memory-history``: CUDA allocations recorded from before the model is built; the last rank writes
 ``torch.cuda.memory._snapshot()`` to ``--memory-snapshot-path`` every ``--log-interval`` (and on an OOM,
@@ -16,12 +16,15 @@ from the process's first step).
 
 from __future__ import annotations
 
+import logging
 import pickle
 
 import torch
 import torch.distributed as dist
 
 from megatron_fixedcode.arguments.observe_flags import WatchConfig
+
+logger = logging.getLogger(__name__)
 
 NEEDS_CUDA = {
     "nsys": "--profile without --use-pytorch-profiler is the CUDA profiler range for nsys, and this machine has no "
@@ -58,7 +61,17 @@ class Profiler:
 
     def __init__(self, watch: WatchConfig, rank: int, world_size: int, start_step: int, tensorboard_dir: str | None):
         self.watch, self.start_step = watch, start_step
-        self.on = watch.profile and rank in watch.profile_ranks and start_step < watch.profile_step_end
+        # a resume inside the window (a requeue's): an earlier run of the job entered it and wrote its trace
+        self.resumed_inside = watch.profile and watch.profile_step_start <= start_step < watch.profile_step_end
+        self.on = watch.profile and rank in watch.profile_ranks and start_step < watch.profile_step_start
+        if self.resumed_inside and rank == min(watch.profile_ranks, default=0):
+            logger.info(
+                "--profile: resumed at step %d, inside the window of steps %d-%d that an earlier run entered "
+                "(its trace is written): not profiled again",
+                start_step,
+                watch.profile_step_start,
+                watch.profile_step_end - 1,
+            )
         self.snapshot = watch.record_memory_history and torch.cuda.is_available() and rank == world_size - 1
         self.prof, self.nvtx = None, None
         if self.on and watch.use_pytorch_profiler:

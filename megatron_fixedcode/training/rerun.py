@@ -32,7 +32,7 @@ from megatron.core.rerun_state_machine import (
 )
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
-from megatron_fixedcode.arguments.training_configs import HealthConfig
+from megatron_fixedcode.arguments.health_flags import HealthConfig
 from megatron_fixedcode.training.errors import NonFiniteTraining
 
 logger = logging.getLogger(__name__)
@@ -292,11 +292,26 @@ def restore_checkpoint_state(saved: dict | None, step: int) -> None:
     m.suspicious_device = int(device) if device.isdigit() else device
 
 
-def end_on_rerun(trainer, health, record: dict) -> int:
+def suspicious_nodes() -> list[str]:
+    """The hosts (and devices) where the machine found a reproducible unexpected result, from every rank (a
+    collective): where exit 16's resume must not run again."""
+    m = get_rerun_state_machine()
+    mine = None if m.suspicious_node is None else f"{m.suspicious_node} (device {m.suspicious_device})"
+    ranks = [None] * dist.get_world_size()
+    dist.all_gather_object(ranks, mine)
+    return sorted({r for r in ranks if r})
+
+
+def end_on_rerun(trainer, saves, record: dict, last_word=None) -> int:
     """Megatron-LM's ``should_checkpoint_and_exit``: the checkpoint of the step before this one (with the
-    machine's state when the step is to be re-run after a resume), then its exit code."""
+    machine's state when the step is to be re-run after a resume), then its exit code; the exit record
+    (``last_word``) gets the step, what stopped it and, for 16, the node the resume must avoid."""
     if record["rerun_save"] and trainer.cfg.checkpoint.save:
-        health.save(final=True)
+        saves.save(final=True)  # the run's CheckpointManager
+    nodes = suspicious_nodes()
+    if last_word is not None:
+        last_word.step, last_word.max_steps = trainer.step, trainer.max_steps
+        last_word.stopped_by, last_word.rerun_nodes = "rerun state machine", nodes
     if trainer.ranks["rank"] == 0:
         logger.error(
             "exiting at step %d with code %d (rerun state machine, --rerun-mode %s)%s",
@@ -307,4 +322,11 @@ def end_on_rerun(trainer, health, record: dict) -> int:
             if record["rerun_exit"] == 16 and record["rerun_save"]
             else "",
         )
+        if record["rerun_exit"] == 16 and nodes:
+            logger.warning(
+                "rerun state machine: the unexpected result was reproducible on %s: the resume must run step %d "
+                "on another GPU to tell a transient fault from a persistent one",
+                ", ".join(nodes),
+                trainer.step + 1,
+            )
     return record["rerun_exit"]

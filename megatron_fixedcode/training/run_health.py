@@ -8,6 +8,7 @@ process's resident set size as ``mem-rss-bytes``, said in one startup line).
 
 from __future__ import annotations
 
+import gc
 import logging
 
 import psutil
@@ -17,10 +18,8 @@ from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 
-from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 from megatron_fixedcode.compat.distributed import collective_timeout
-from megatron_fixedcode.training.downstream_evals import DownstreamEvals
-from megatron_fixedcode.training.progress_log import ProgressLog
 from megatron_fixedcode.training.timers import log_timers, timed, timers_off, timers_to_log
 
 logger = logging.getLogger(__name__)
@@ -61,8 +60,8 @@ def memory_scalars() -> dict[str, float]:
 
 class RunHealth:
     """What the loop does for these flags, on every rank (the norms and times are collectives): the parameter
-    norm after each step, the evaluation and its timer, the timers' lines every --log-interval, and the
-    progress.txt lines at the job's start and after each checkpoint."""
+    norm after each step, the evaluation and its timer, the timers' lines every --log-interval, and Megatron-LM's
+    garbage collection (--manual-gc)."""
 
     def __init__(self, trainer, sink, flops_per_token: float):
         # a trainer without them (a test's stand-in) runs with every flag off and no timers
@@ -72,19 +71,13 @@ class RunHealth:
         )
         self.timers = getattr(trainer, "timers", None)
         self.rank0 = trainer.ranks["rank"] == 0
-        seq_length = trainer.cfg.schedule.seq_length
-        self.progress = ProgressLog(
-            trainer.cfg.checkpoint.save,
-            enabled=self.cfg.log_progress,
-            rank0=self.rank0,
-            world_size=trainer.ranks["world_size"],
-            flops_per_sample=flops_per_token * seq_length,
-            seq_length=seq_length,
-        )
         self._logged_at = trainer.step
-        self.downstream = DownstreamEvals(trainer)  # --downstream-eval-*: a job per checkpoint (rank 0)
 
     def start(self) -> None:
+        health = self.trainer.cfg.health
+        if health is not None and health.manual_gc:  # Megatron-LM: no automatic collection, every N steps instead
+            gc.disable()
+            gc.collect()
         if self.rank0 and self.cfg.log_memory_to_tensorboard and not torch.cuda.is_available():
             logger.info("%s", CPU_MEMORY_NOTE)
         if self.rank0:
@@ -97,10 +90,15 @@ class RunHealth:
                 ", ".join(sorted(timeouts)),
                 self.trainer.cfg.health.distributed_timeout_minutes,
             )
-        self.progress.start(self.trainer.step * self.trainer.global_batch)
-        self.downstream.start(self.trainer.step)
 
     def after_step(self, record: dict) -> None:
+        health = self.trainer.cfg.health
+        if health is not None:
+            step = self.trainer.step
+            if health.manual_gc and health.manual_gc_interval and step % health.manual_gc_interval == 0:
+                gc.collect()
+            if health.empty_unused_memory_level >= 1 and self.trainer.device.type == "cuda":
+                torch.cuda.empty_cache()
         if self.cfg.log_params_norm:
             record["params_norm"] = params_l2_norm(self.trainer.chunks, self.trainer.device)
 
@@ -125,15 +123,3 @@ class RunHealth:
                 sink=self.sink if self.cfg.log_timers_to_tensorboard else None,
             )
             self._logged_at = step
-
-    def save(self, final: bool) -> None:
-        self.trainer.save(final=final)  # timed as 'save-checkpoint' and logged there
-        asynchronous = getattr(self.trainer, "async_saves", None) is not None
-        self.progress.saved(self.trainer.step, self.trainer.step * self.trainer.global_batch, asynchronous)
-        if not asynchronous:
-            self.downstream.saved(self.trainer.step)
-
-    def async_save_finalized(self, step: int) -> None:
-        """--async-save: the checkpoint of ``step`` is complete (its progress line; its downstream job may start)."""
-        self.progress.async_saved(step)
-        self.downstream.saved(step)

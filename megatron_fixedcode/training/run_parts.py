@@ -201,9 +201,7 @@ def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> 
         optimizer,
         scheduler,
         plan.load_step,
-        weights_only=ck.finetune,
-        load_optim=not ck.no_load_optim,
-        load_rng=not ck.no_load_rng,
+        scope=plan.resume,
     )
     if ck.finetune:
         return 0, 0

@@ -21,7 +21,7 @@ from pathlib import Path
 
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
-from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, resume_scope
+from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, ResumeScope, resume_scope
 from megatron_fixedcode.data.config import is_blend_weight
 from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
 from megatron_fixedcode.training.lr_schedule import reconcile_schedule, scheduler_settings
@@ -134,6 +134,7 @@ class RunPlan:
     schedule: dict  # the LR schedule in force
     schedule_source: str
     checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
+    resume: ResumeScope | None = None  # what the load of load_step keeps (checkpoint/resume_scope.py)
     stream_change: str | None = None  # a resume whose sample stream does not continue exactly: what changes
 
 
@@ -297,10 +298,22 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
             f"(code {ident['code_fingerprint']}) but this run uses {plan.identity['input_embedding']} "
             f"(code {plan.identity['code_fingerprint']}); refusing to resume with a different input interface"
         )
-    if cfg.checkpoint.finetune:
-        return (
-            saved.get("model_config") or {}
-        )  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+    ck = cfg.checkpoint
+    try:  # what the load will keep: decided once, here; refused here, before any process group, when it cannot
+        plan.resume = resume_scope(
+            saved["layout"],
+            planned_layout(cfg, plan.dp_size),
+            finetune=ck.finetune,
+            no_load_optim=ck.no_load_optim,
+            no_load_rng=ck.no_load_rng,
+            rng_by_model_parallel_rank=saved.get(checkpoint.RNG_BY_MODEL_PARALLEL_RANK, False),
+            saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
+            distributed_optimizer=cfg.optim.use_distributed_optimizer,
+        )
+    except ValueError as e:
+        raise ValueError(f"{where}: {e}") from None
+    if ck.finetune:  # weights only: a new stream (and tokenizer, schedule) may start at step 0
+        return saved.get("model_config") or {}
     if "tokenizer_fingerprint" in ident and ident["tokenizer_fingerprint"] != plan.identity["tokenizer_fingerprint"]:
         rec = saved.get("tokenizer") or {}
         raise ValueError(
@@ -341,18 +354,7 @@ def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
                 f"{where}: checkpoint has {key}={before}, this run {key}={now}; "
                 "the data stream would not continue exactly"
             )
-    try:  # what the load will keep; refused here, before any process group, when it cannot
-        resume_scope(
-            saved["layout"],
-            planned_layout(cfg, plan.dp_size),
-            weights_only=cfg.checkpoint.no_load_optim,
-            rng_by_model_parallel_rank=saved.get(checkpoint.RNG_BY_MODEL_PARALLEL_RANK, False),
-            saved_optimizer_format=saved.get("optimizer_format", PER_PARAMETER),
-            distributed_optimizer=cfg.optim.use_distributed_optimizer,
-        )
-    except ValueError as e:
-        raise ValueError(f"{where}: {e}") from None
-    if not cfg.checkpoint.no_load_optim:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
+    if plan.resume.scheduler:  # --no-load-optim: the scheduler starts fresh too (Megatron-LM)
         saved_schedule = checkpoint.read_common_state(load, plan.load_step).get("opt_param_scheduler")
         if saved_schedule:  # a checkpoint from before --decoupled-lr was accepted had none
             plan.checkpoint_schedule = {"decoupled_lr": None, "decoupled_min_lr": None, **saved_schedule}

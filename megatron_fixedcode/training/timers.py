@@ -15,7 +15,7 @@ import logging
 
 from megatron.core.timers import Timers
 
-from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 
 logger = logging.getLogger(__name__)
 

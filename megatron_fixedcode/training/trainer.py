@@ -20,7 +20,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import math
-import os
 import shutil
 import subprocess
 import sys
@@ -36,6 +35,7 @@ from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, ru
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
 from megatron_fixedcode.models import parameter_report
 from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
+from megatron_fixedcode.utils.job_env import standalone_env
 from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
@@ -78,7 +78,6 @@ class Trainer:
         )
         self.iterations_to_skip = start_rerun(cfg.health)  # megatron-core's rerun state machine (rerun.py)
         self.timers = build_timers(cfg.logging)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
-        self.async_saves = None  # --async-save: the loop's training/async_saves.AsyncSaves
         self.ranks = parallel_ranks()
         self.device = runtime_device()
         self.tokenizer = plan.tokenizer
@@ -273,17 +272,16 @@ class Trainer:
             str(out),
             "--overwrite",
         ]
-        env = {
-            k: v
-            for k, v in os.environ.items()
-            if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK", "MASTER_ADDR", "MASTER_PORT")
-        }
+        env = standalone_env()  # one process of its own, not a rank of this launch
         # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
         env["CUDA_VISIBLE_DEVICES"] = ""
         self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
         logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
 
-    def save(self, final: bool = False) -> None:
+    def save(self, final: bool = False, keep=None, async_saves=None) -> None:
+        """``keep(step)``: an older checkpoint that --ckpt-keep-last / --save-retain-interval must not prune yet;
+        ``async_saves``: the run's --async-save queue (None: a synchronous save). Called by the run's
+        :class:`~.checkpoint_manager.CheckpointManager`."""
         ck = self.cfg.checkpoint
         self.wait_for_export()
         t0 = time.perf_counter()
@@ -301,7 +299,8 @@ class Trainer:
                     self.trainer_state(),
                     ck.keep_last,
                     ck.retain_interval,
-                    self.async_saves,
+                    async_saves,
+                    keep,
                 )
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
@@ -313,10 +312,8 @@ class Trainer:
             if self.ranks["rank"] == 0:
                 shutil.rmtree(target, ignore_errors=True)
             raise SaveFailed(str(error))
-        logger.info(
-            "%s checkpoint %s in %.1f s", "started" if self.async_saves else "saved", path, time.perf_counter() - t0
-        )
+        logger.info("%s checkpoint %s in %.1f s", "started" if async_saves else "saved", path, time.perf_counter() - t0)
         log_timers(self.timers, ["save-checkpoint"], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
-        if self.async_saves:  # --async-save: an export needs the checkpoint complete
-            self.async_saves.before_export(final)
+        if async_saves:  # --async-save: an export needs the checkpoint complete
+            async_saves.before_export(final)
         self._export_to_hf(final)

@@ -51,3 +51,20 @@ def end_start_up() -> None:
     while _BEFORE_START_UP:
         sig, handler = _BEFORE_START_UP.popitem()
         signal.signal(sig, handler)
+
+
+def launcher_signals(exit_signal: str | None = None) -> set[signal.Signals]:
+    """What a launcher sends every process of a job step: TERM (scancel, preemption), INT, USR1 and the
+    trainer's --exit-signal (``exit_signal``, else ``MFC_EXIT_SIGNAL``)."""
+    signals = _start_up_signals() | {signal.SIGINT}
+    if exit_signal in signal.Signals.__members__:
+        signals.add(signal.Signals[exit_signal])
+    return signals
+
+
+def ignore_launcher_signals(exit_signal: str | None = None) -> None:
+    """In a helper process of a rank (checkpoint writer, data worker): the rank alone acts on the launcher's
+    signals (it finishes the step and saves through its helpers); a helper that died of one would take the
+    save down with it."""
+    for sig in launcher_signals(exit_signal):
+        signal.signal(sig, signal.SIG_IGN)

@@ -2,10 +2,13 @@
 (tests/repository/test_architecture.py checks that), so a part that dropped or renamed a flag would silently
 train with its default."""
 
+import argparse
 import dataclasses
+import importlib
 
 import pytest
 
+from megatron_fixedcode.arguments.config_fields import field_dest, own_dests
 from megatron_fixedcode.arguments.core_flags import build_parser
 from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.observe_flags import WatchConfig
@@ -121,3 +124,34 @@ def test_the_recorded_flags_name_the_tokenizer_in_force():
     cfg.tokenizer = dataclasses.replace(cfg.tokenizer, tokenizer_model="/ckpt/tokenizer.json")
     assert cfg.as_dict()["tokenizer_model"] == "/ckpt/tokenizer.json"
     assert cfg.args.tokenizer_model is None  # the command line as given
+
+
+def _dests_added_by(add) -> set[str]:
+    parser = argparse.ArgumentParser(add_help=False)
+    add(parser)
+    return {action.dest for action in parser._actions}
+
+
+@pytest.mark.parametrize(
+    "module, add, config",
+    [
+        ("optimizer_flags", "add_optimizer_args", "OptimConfig"),
+        ("schedule_flags", "add_schedule_args", "ScheduleConfig"),
+        ("checkpoint_flags", "add_checkpoint_args", "CheckpointConfig"),
+        ("logging_flags", "add_logging_args", "LoggingConfig"),
+        ("performance_flags", "add_performance_args", "PerformanceConfig"),
+        ("health_flags", "add_health_args", "HealthConfig"),
+        ("downstream_flags", "add_downstream_args", "DownstreamConfig"),
+        ("observe_flags", "add_observe_args", "WatchConfig"),
+    ],
+)
+def test_each_flags_module_owns_exactly_the_flags_of_its_config(module, add, config):
+    """One home per flag: the module's flags are its config's fields, less what the field metadata names
+    (renamed: another dest; borrowed: a flag another module owns; derived: set by the derivations). ``--num-workers``
+    is the data's (DataConfig), added beside the watch flags."""
+    mod = importlib.import_module(f"megatron_fixedcode.arguments.{module}")
+    dests = _dests_added_by(getattr(mod, add)) - {"num_workers"}
+    assert dests == own_dests(getattr(mod, config))
+    for field in dataclasses.fields(getattr(mod, config)):  # a borrowed or derived dest has no flag here
+        if "owner" in field.metadata or "derived" in field.metadata:
+            assert field_dest(field) not in dests

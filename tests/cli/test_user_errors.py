@@ -90,7 +90,7 @@ def test_verify_dataset_prints_progress(tmp_path):
 def test_missing_optional_package_names_its_extra(monkeypatch):
     import pytest
 
-    from megatron_fixedcode.arguments.training_configs import LoggingConfig
+    from megatron_fixedcode.arguments.logging_flags import LoggingConfig
     from megatron_fixedcode.training.metrics import require_logging_backends
     from megatron_fixedcode.utils.lazy import MissingExtra, require
 

@@ -1,17 +1,23 @@
 """The local Slurm cluster the Slurm tests run against (scripts/slurm_local.sh): the session
-fixture that finds or starts it, and job state read from scontrol and sacct."""
+fixture that finds or starts it, job state read from scontrol and sacct, and the paper-2 launcher
+submitted with sbatch as its header shows (shrunk to a CPU model by trainer flags)."""
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tests.helpers import REPO as ROOT
+from tests.helpers import SMOLLM2
+from tests.helpers.data import write_indexed_dataset
 
 LOCAL = ROOT / "scripts" / "slurm_local.sh"
 IN_FLIGHT = {"PENDING", "RUNNING", "REQUEUED", "CONFIGURING", "COMPLETING", "SUSPENDED", "RESIZING"}
@@ -71,3 +77,114 @@ def wait_done(job: str, run: Path, timeout: float = 400) -> dict:
         return info if info.get("JobState") and info["JobState"] not in IN_FLIGHT else None
 
     return wait_until(done, timeout, f"job {job} to end", run)
+
+
+LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
+TOKENIZER = SMOLLM2
+# trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
+SHRINK = [
+    "--num-layers",
+    "2",
+    "--hidden-size",
+    "64",
+    "--num-attention-heads",
+    "4",
+    "--num-query-groups",
+    "4",
+    "--ffn-hidden-size",
+    "128",
+    "--seq-length",
+    "64",
+    "--micro-batch-size",
+    "2",
+    "--global-batch-size",
+    "4",
+    "--transformer-impl",
+    "local",
+    "--precision",
+    "fp32",
+    "--samples-per-shard-visit",
+    "8",
+    "--train-iters",
+    "1000",
+    "--lr-warmup-iters",
+    "2",
+    "--lr-decay-iters",
+    "1000",
+    "--log-interval",
+    "1",
+    "--eval-interval",
+    "1000",
+    "--eval-iters",
+    "1",
+]
+# one node, one CPU "GPU" rank, few CPUs: the #SBATCH header's 2 x 8 GPUs, 64 CPUs, exclusive, overridden
+SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
+
+
+def launcher_env(shards: Path, run: Path, **extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
+    # exactly as the launcher's header builds it: one prefix per line
+    data_path = subprocess.run(
+        f"ls {shards}/*_train_text_document.idx | sed 's/.idx$//'",
+        shell=True,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    env.update(
+        DATA_PATH=data_path,
+        VALID_DATA_PATH=str(shards / "00000_valid_text_document"),
+        TOKENIZER=str(TOKENIZER),
+        CKPT_DIR=str(run / "ckpt"),
+        LOG_DIR=str(run / "logs"),
+        TENSORBOARD_DIR="",
+        SAVE_INTERVAL="100000",
+        MFC_REQUIRE_CUDA="0",
+        OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore",
+        PYTHONPATH=str(ROOT),
+        VIRTUAL_ENV=sys.prefix,
+        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
+    )
+    env.update(extra)
+    return env
+
+
+def sbatch(run: Path, env: dict, *flags: str, sbatch_opts=SMALL, script=LAUNCHER) -> str:
+    run.mkdir(parents=True, exist_ok=True)
+    res = subprocess.run(
+        ["sbatch", "--parsable", *sbatch_opts, f"--output={run}/slurm-%j.out", str(script), *flags],
+        env=env,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert res.returncode == 0, res.stderr
+    return res.stdout.strip().split(";")[0]
+
+
+def steps(run: Path) -> list[dict]:
+    path = run / "logs" / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+
+def wait_for_step(run: Path, step: int, job: str):
+    def reached():
+        assert job_info(job).get("JobState") in IN_FLIGHT, (run / f"slurm-{job}.out").read_text()[-3000:]
+        return len(steps(run)) >= step
+
+    wait_until(reached, 400, f"step {step}", run)
+
+
+def write_shards(root: Path) -> Path:
+    """Three train shards and a valid shard, token ids of the SmolLM2 vocabulary."""
+    rng = np.random.default_rng(0)
+    for i in range(3):
+        docs = [rng.integers(1, 49000, size=int(rng.integers(80, 200))) for _ in range(40)]
+        write_indexed_dataset(root / f"{i:05d}_train_text_document", docs, dtype=np.uint16)
+    write_indexed_dataset(
+        root / "00000_valid_text_document", [rng.integers(1, 49000, size=120) for _ in range(10)], dtype=np.uint16
+    )
+    return root

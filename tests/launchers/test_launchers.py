@@ -308,7 +308,7 @@ def test_paper1_resolved_configs_are_fp32_without_tf32_and_hold_the_papers_budge
     import argparse
 
     from megatron_fixedcode.pretrain import main
-    from megatron_fixedcode.arguments.training_configs import ScheduleConfig
+    from megatron_fixedcode.arguments.schedule_flags import ScheduleConfig
 
     def resolved(name: str, *flags: str) -> tuple[dict, int]:
         capsys.readouterr()

@@ -16,127 +16,32 @@ import sys
 import time
 from pathlib import Path
 
-import numpy as np
 import pytest
 
-from tests.helpers.data import write_indexed_dataset
 from tests.helpers.disk import small_tmpfs
-from tests.helpers import ASSETS, SMOLLM2
-from tests.helpers.slurm import IN_FLIGHT, ROOT, job_info, sacct, wait_done, wait_until
-
-LAUNCHER = ROOT / "examples" / "pretrain_1p7b_fixedcode.sh"
-TOKENIZER = SMOLLM2
-# trainer flags that only shrink the paper-2 model (and run it on CPU); --exit-interval ends every run
-SHRINK = [
-    "--num-layers",
-    "2",
-    "--hidden-size",
-    "64",
-    "--num-attention-heads",
-    "4",
-    "--num-query-groups",
-    "4",
-    "--ffn-hidden-size",
-    "128",
-    "--seq-length",
-    "64",
-    "--micro-batch-size",
-    "2",
-    "--global-batch-size",
-    "4",
-    "--transformer-impl",
-    "local",
-    "--precision",
-    "fp32",
-    "--samples-per-shard-visit",
-    "8",
-    "--train-iters",
-    "1000",
-    "--lr-warmup-iters",
-    "2",
-    "--lr-decay-iters",
-    "1000",
-    "--log-interval",
-    "1",
-    "--eval-interval",
-    "1000",
-    "--eval-iters",
-    "1",
-]
-# one node, one CPU "GPU" rank, few CPUs: the #SBATCH header's 2 x 8 GPUs, 64 CPUs, exclusive, overridden
-SMALL = ["--nodes=1", "--gpus-per-node=1", "--cpus-per-task=2", "--mem=2G", "--oversubscribe", "--time=10"]
+from tests.helpers import ASSETS
+from tests.helpers.slurm import (
+    SHRINK,
+    SMALL,
+    TOKENIZER,
+    ROOT,
+    job_info,
+    launcher_env,
+    sacct,
+    sbatch,
+    steps,
+    wait_done,
+    wait_for_step,
+    wait_until,
+    write_shards,
+)
 
 pytestmark = pytest.mark.slow
 
 
 @pytest.fixture(scope="module")
 def shards(tmp_path_factory) -> Path:
-    """Three train shards and a valid shard, token ids of the SmolLM2 vocabulary."""
-    root = tmp_path_factory.mktemp("fwe")
-    rng = np.random.default_rng(0)
-    for i in range(3):
-        docs = [rng.integers(1, 49000, size=int(rng.integers(80, 200))) for _ in range(40)]
-        write_indexed_dataset(root / f"{i:05d}_train_text_document", docs, dtype=np.uint16)
-    write_indexed_dataset(
-        root / "00000_valid_text_document", [rng.integers(1, 49000, size=120) for _ in range(10)], dtype=np.uint16
-    )
-    return root
-
-
-def _env(shards: Path, run: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "MASTER_"))}
-    # exactly as the launcher's header builds it: one prefix per line
-    data_path = subprocess.run(
-        f"ls {shards}/*_train_text_document.idx | sed 's/.idx$//'",
-        shell=True,
-        capture_output=True,
-        text=True,
-        check=True,
-    ).stdout
-    env.update(
-        DATA_PATH=data_path,
-        VALID_DATA_PATH=str(shards / "00000_valid_text_document"),
-        TOKENIZER=str(TOKENIZER),
-        CKPT_DIR=str(run / "ckpt"),
-        LOG_DIR=str(run / "logs"),
-        TENSORBOARD_DIR="",
-        SAVE_INTERVAL="100000",
-        MFC_REQUIRE_CUDA="0",
-        OMP_NUM_THREADS="1",
-        PYTHONWARNINGS="ignore",
-        PYTHONPATH=str(ROOT),
-        VIRTUAL_ENV=sys.prefix,
-        PATH=f"{Path(sys.executable).parent}:{env['PATH']}",
-    )
-    env.update(extra)
-    return env
-
-
-def sbatch(run: Path, env: dict, *flags: str, sbatch_opts=SMALL, script=LAUNCHER) -> str:
-    run.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(
-        ["sbatch", "--parsable", *sbatch_opts, f"--output={run}/slurm-%j.out", str(script), *flags],
-        env=env,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert res.returncode == 0, res.stderr
-    return res.stdout.strip().split(";")[0]
-
-
-def steps(run: Path) -> list[dict]:
-    path = run / "logs" / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
-
-
-def wait_for_step(run: Path, step: int, job: str):
-    def reached():
-        assert job_info(job).get("JobState") in IN_FLIGHT, (run / f"slurm-{job}.out").read_text()[-3000:]
-        return len(steps(run)) >= step
-
-    wait_until(reached, 400, f"step {step}", run)
+    return write_shards(tmp_path_factory.mktemp("fwe"))
 
 
 def test_bare_sbatch_fails_in_its_first_second_with_one_line(slurm, tmp_path):
@@ -155,8 +60,8 @@ def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(s
     exits 0, the job requeues itself and resumes; losses equal an uninterrupted job's, step by step."""
     last = 120
     interrupted, straight = tmp_path / "interrupted", tmp_path / "straight"
-    job = sbatch(interrupted, _env(shards, interrupted), *SHRINK, "--exit-interval", str(last))
-    ref = sbatch(straight, _env(shards, straight), *SHRINK, "--exit-interval", str(last))
+    job = sbatch(interrupted, launcher_env(shards, interrupted), *SHRINK, "--exit-interval", str(last))
+    ref = sbatch(straight, launcher_env(shards, straight), *SHRINK, "--exit-interval", str(last))
     wait_for_step(interrupted, 3, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     info = wait_done(job, interrupted, 600)
@@ -183,7 +88,7 @@ def test_time_limit_checkpoints_requeues_and_resumes_like_an_uninterrupted_run(s
 
 
 def test_scancel_cancels_after_a_checkpoint(slurm, shards, tmp_path):
-    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "100000")
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", job], check=True)
     info = wait_done(job, tmp_path, 120)
@@ -200,7 +105,7 @@ def test_preemption_requeue_resumes_from_the_checkpoint_taken_on_sigterm(slurm, 
     """`scontrol requeue` (what preemption does): SIGTERM, the trainer checkpoints, Slurm requeues, the
     next run resumes there; the launcher does not requeue on its own."""
     last = 60
-    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", str(last))
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path), *SHRINK, "--exit-interval", str(last))
     wait_for_step(tmp_path, 3, job)
     subprocess.run(["scontrol", "requeue", job], check=True)
     info = wait_done(job, tmp_path, 600)
@@ -215,7 +120,7 @@ def test_preemption_requeue_resumes_from_the_checkpoint_taken_on_sigterm(slurm, 
 def test_max_requeues_reached_ends_the_job_failed_as_unfinished(slurm, shards, tmp_path):
     """Past MAX_REQUEUES a time-limit checkpoint ends the job FAILED (exit 3: `afterok` dependents do not
     run on an unfinished model) with a last line that says so and how to continue."""
-    job = sbatch(tmp_path, _env(shards, tmp_path, MAX_REQUEUES="0"), *SHRINK, "--exit-interval", "100000")
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, MAX_REQUEUES="0"), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     info = wait_done(job, tmp_path, 200)
@@ -230,7 +135,7 @@ def test_max_requeues_reached_ends_the_job_failed_as_unfinished(slurm, shards, t
 def test_slurms_own_requeue_does_not_count_against_max_requeues(slurm, shards, tmp_path):
     """MAX_REQUEUES=1 and one `scontrol requeue` (preemption's path): the time limit that follows still
     requeues, since the launcher counts only its own requeues."""
-    job = sbatch(tmp_path, _env(shards, tmp_path, MAX_REQUEUES="1"), *SHRINK, "--exit-interval", "100000")
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, MAX_REQUEUES="1"), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scontrol", "requeue", job], check=True)
     node_log = tmp_path / "logs" / "node0.log"
@@ -250,7 +155,7 @@ def test_slurms_own_requeue_does_not_count_against_max_requeues(slurm, shards, t
 
 
 def test_a_cancel_during_the_time_limit_checkpoint_wins_over_the_requeue(slurm, shards, tmp_path):
-    job = sbatch(tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "100000")
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path), *SHRINK, "--exit-interval", "100000")
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
     time.sleep(0.3)
@@ -272,7 +177,11 @@ def small_disk(tmp_path):
 
 def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeue(slurm, shards, tmp_path, small_disk):
     job = sbatch(
-        tmp_path, _env(shards, tmp_path, CKPT_DIR=str(small_disk / "ckpt")), *SHRINK, "--exit-interval", "100000"
+        tmp_path,
+        launcher_env(shards, tmp_path, CKPT_DIR=str(small_disk / "ckpt")),
+        *SHRINK,
+        "--exit-interval",
+        "100000",
     )
     wait_for_step(tmp_path, 2, job)
     subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)
@@ -287,13 +196,14 @@ def test_a_time_limit_checkpoint_that_fails_ends_the_job_failed_without_a_requeu
         for line in out
     )
     assert out[-1].startswith("error: cannot write checkpoint") and "no space left on device" in out[-1], out[-5:]
+    assert not any("ChildFailedError" in line or "enforce fail at inline_container" in line for line in out)
     assert not (small_disk / "ckpt" / "latest_checkpointed_iteration.txt").exists()
 
 
 def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2(slurm, shards, tmp_path):
     """A node without a GPU (MFC_REQUIRE_CUDA=1 on these CPU nodes): the batch shell cannot know, every rank
     refuses; the job ends FAILED 2:0 (torchrun alone would say 1) with the trainer's line last."""
-    job = sbatch(tmp_path, _env(shards, tmp_path, MFC_REQUIRE_CUDA="1"), *SHRINK, "--exit-interval", "3")
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, MFC_REQUIRE_CUDA="1"), *SHRINK, "--exit-interval", "3")
     info = wait_done(job, tmp_path, 200)
     out = (tmp_path / f"slurm-{job}.out").read_text()
     assert (info["JobState"], info["ExitCode"]) == ("FAILED", "2:0"), out[-3000:]
@@ -301,6 +211,9 @@ def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2
         "error: MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees no CUDA GPU"
     ), out[-3000:]
     assert json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())["code"] == 2
+    # torchrun's own report stays in the node log, out of the Slurm output
+    assert "ChildFailedError" not in out and "torchrun: a worker failed; its report is in" in out
+    assert "ChildFailedError" in (tmp_path / "logs" / "node0.log").read_text()
 
 
 def _vocab512_tokenizer(path: Path) -> Path:
@@ -338,7 +251,7 @@ def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, 
         "--eval-iters",
         "0",
     ]
-    assert subprocess.run(cmd, env=_env(shards, tmp_path), cwd=ROOT, capture_output=True).returncode == 0
+    assert subprocess.run(cmd, env=launcher_env(shards, tmp_path), cwd=ROOT, capture_output=True).returncode == 0
     cases = {
         "missing": (
             {"DATA_PATH": f"{shards}/00000_train_text_document\n{shards}/00009_train_text_document"},
@@ -353,7 +266,7 @@ def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, 
     jobs = {}
     for name, (extra, _) in cases.items():
         run = tmp_path / name
-        env = _env(shards, run, **extra)
+        env = launcher_env(shards, run, **extra)
         jobs[name] = sbatch(run, env, *SHRINK, "--exit-interval", "3")
     for name, (_, want) in cases.items():
         run = tmp_path / name
@@ -367,7 +280,7 @@ def test_refusals_a_batch_shell_can_see_come_before_torchrun_in_one_line(slurm, 
 
 def test_two_nodes_train_with_a_log_each(slurm, shards, tmp_path):
     job = sbatch(
-        tmp_path, _env(shards, tmp_path), *SHRINK, "--exit-interval", "3", sbatch_opts=["--nodes=2", *SMALL[1:]]
+        tmp_path, launcher_env(shards, tmp_path), *SHRINK, "--exit-interval", "3", sbatch_opts=["--nodes=2", *SMALL[1:]]
     )
     info = wait_done(job, tmp_path)
     assert (info["JobState"], info["ExitCode"]) == ("COMPLETED", "0:0"), (tmp_path / f"slurm-{job}.out").read_text()[

@@ -39,6 +39,28 @@ def test_rerun_exit_16_requeues_until_max_requeues(tmp_path):
     assert proc.stderr.strip().splitlines()[-1].startswith("unfinished: the job stopped at step 5 of 20")
 
 
+def test_rerun_exit_16_past_max_requeues_says_resume_elsewhere_and_names_the_node(tmp_path):
+    """The trainer's record of an exit 16 (step, stopped_by, the nodes where the result reproduced): the last
+    line says what the rerun state machine asked for, not 'stopped at step ?'."""
+    record = {
+        "code": 16,
+        "step": 5,
+        "max_steps": 20,
+        "error": "exiting at step 5 with code 16",
+        "stopped_by": "rerun state machine",
+        "rerun_nodes": ["node-a (device 0)"],
+    }
+    proc, calls = _finish(tmp_path, 1, record, max_requeues=0)
+    assert proc.returncode == 3 and calls == "", proc.stderr
+    assert "exited with code 16 at step 5: the rerun state machine asks to resume" in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "unfinished: the rerun state machine stopped the job at step 5 of 20 (exit 16) to re-run "
+        "step 6 on another GPU than node-a (device 0)"
+    ), last
+    assert "--exclude=node-a)" in last and "?" not in last
+
+
 def test_rerun_exit_17_ends_the_job_with_its_code_and_line(tmp_path):
     line = "step 5: the fault reproduced (rerun state machine); see the result-rejected tracker"
     proc, calls = _finish(tmp_path, 1, {"code": 17, "step": 5, "max_steps": 20, "error": line})
@@ -79,3 +101,32 @@ def test_a_finished_run_and_a_record_without_a_step_end_with_code_0(tmp_path):
     ):
         proc, calls = _finish(tmp_path, 0, record)
         assert proc.returncode == 0 and calls == "" and "unfinished" not in proc.stderr, proc.stderr
+
+
+def test_the_slurm_output_leaves_out_torchruns_report_and_keeps_every_rank_line(tmp_path):
+    """examples/slurm_node.sh's filter of what reaches slurm-*.out (the node log keeps everything)."""
+    ranks = ["[rank0]: Traceback (most recent call last):", '[rank0]:   File "x", line 1', "[rank0]: ValueError: boom"]
+    torchrun = [
+        "Traceback (most recent call last):",
+        '  File "/venv/bin/torchrun", line 8, in <module>',
+        "    sys.exit(main())",
+        "torch.distributed.elastic.multiprocessing.errors.ChildFailedError: ",
+        "=" * 60,
+        "megatron_fixedcode.pretrain FAILED",
+        "-" * 60,
+        "  exitcode  : 2 (pid: 7464)",
+        "=" * 60,
+    ]
+    other = ["Traceback (most recent call last):", '  File "y", line 2', "KeyError: 3"]
+    stray = "[W1206 19:20:44] [enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"
+    raised = "RuntimeError: [enforce fail at inline_container.cc:603] . unexpected pos 64 vs 0"
+    text = "\n".join([*ranks, *torchrun, stray, *other, raised, "srun: error: task 0: Exited with exit code 2"]) + "\n"
+    script = f'eval "$(sed -n "/^slurm_output_filter()/,/^}}/p" {REPO}/examples/slurm_node.sh)"; slurm_output_filter " in LOG"'
+    out = subprocess.run(["bash", "-c", script], input=text, capture_output=True, text=True, timeout=30).stdout
+    assert out.splitlines() == [
+        *ranks,
+        "torchrun: a worker failed; its report is in LOG",
+        *other,
+        raised,
+        "srun: error: task 0: Exited with exit code 2",
+    ]

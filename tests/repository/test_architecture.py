@@ -161,3 +161,32 @@ def test_training_reads_typed_configs_not_the_namespace():
             if reads_args or imports_argparse:
                 offenders.append(f"{path.relative_to(PACKAGE)}:{node.lineno}")
     assert offenders == []
+
+
+def _trees():
+    return {path: ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
+
+
+def test_one_owner_of_every_save_and_one_resume_decision():
+    """Saves go through training/checkpoint_manager.py (no object injects itself into the trainer); what a resume
+    keeps is decided by one call of checkpoint.resume_scope.resume_scope (in the run plan)."""
+    injected, decisions = [], []
+    for path, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Assign):
+                for target in node.targets:
+                    if isinstance(target, ast.Attribute) and target.attr == "async_saves":
+                        if not (isinstance(target.value, ast.Name) and target.value.id == "self"):
+                            injected.append(f"{path.name}:{node.lineno}")
+            if isinstance(node, ast.Call):
+                name = getattr(node.func, "id", None) or getattr(node.func, "attr", None)
+                if name == "resume_scope":
+                    decisions.append(path.relative_to(PACKAGE).as_posix())
+    assert injected == []
+    assert decisions == ["training/run_plan.py"]
+
+
+def test_the_training_loop_reads_in_one_screen():
+    tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
+    (train,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
+    assert train.end_lineno - train.lineno + 1 < 100

@@ -15,7 +15,7 @@ import pytest
 
 from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
-from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 from megatron_fixedcode.eval import checkpoint_scores as cs
 from megatron_fixedcode.training.downstream_evals import DownstreamEvals
 from tests.helpers import REPO, SMOLLM2_TOKENIZER
@@ -140,6 +140,60 @@ def test_a_start_launches_only_what_lacks_scores_and_a_job(tmp_path):
     evals.started.clear()
     evals.saved(3)  # a run at step 3 (a fresh one into an earlier run's --save): not the checkpoints it overwrites
     assert evals.launched == [5, 4, 5]
+
+
+def test_pruning_keeps_a_checkpoint_until_its_evaluation_scored_it(tmp_path, caplog):
+    """--ckpt-keep-last 1 with every step due: a checkpoint whose job is queued or running, or not yet started,
+    stays; once scored it goes at the next save; one whose job ended without scores goes, said once."""
+    from megatron_fixedcode.checkpoint.save import _prune
+
+    evals, save = _stand_in(tmp_path, [2, 4, 6], latest=6)
+    (save / "downstream").mkdir()
+    cs.append_scores(evals.scores, [{"step": 2, "task": "t", "metrics": {}, "protocol": cs.protocol(TASKS, 2.0)}])
+    lock = cs.acquire(save, 4, wait_s=0)  # step 4's job runs
+    (save / "downstream" / "iter_0000004.job").write_text(json.dumps({"pid": 1}) + "\n")
+    try:
+        with caplog.at_level("INFO"):
+            _prune(save, 1, 6, keep=evals.keep)
+            assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000004", "iter_0000006"]
+            _prune(save, 1, 6, keep=evals.keep)  # said once
+        assert caplog.text.count("keeping checkpoint step 4") == 1
+    finally:
+        lock.release()
+    # the job ended (no lock, pid not an evaluation) without scores: let go, with the reason
+    caplog.clear()
+    with caplog.at_level("INFO"):
+        _prune(save, 1, 6, keep=evals.keep)
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000006"]
+    assert "pruning checkpoint step 4 unscored: its downstream evaluation job" in caplog.text
+    # a checkpoint not yet handed to a job stays; once its scores are in, the next save prunes it
+    (save / "iter_0000008").mkdir()
+    _prune(save, 1, 8, keep=evals.keep)
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000006", "iter_0000008"]
+    cs.append_scores(evals.scores, [{"step": 6, "task": "t", "metrics": {}, "protocol": cs.protocol(TASKS, 2.0)}])
+    _prune(save, 1, 8, keep=evals.keep)
+    assert sorted(p.name for p in save.glob("iter_*")) == ["iter_0000008"]
+
+
+def test_jobs_of_their_own_leave_the_launchs_variables_behind():
+    from megatron_fixedcode.utils.job_env import standalone_env
+
+    launch = {
+        "TORCHELASTIC_USE_AGENT_STORE": "True",
+        "TORCHELASTIC_ERROR_FILE": "/tmp/e.json",
+        "TORCHELASTIC_RUN_ID": "7",
+        "GROUP_WORLD_SIZE": "2",
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "2",
+        "MASTER_ADDR": "n1",
+        "MASTER_PORT": "29500",
+        "MFC_EXIT_RECORD": "/logs/exit-7.json",
+        "MFC_STOP_FILE": "/logs/stop-7",
+        "MFC_NODE_LOG_DIR": "/logs",
+    }
+    kept = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "MFC_REQUIRE_CUDA": "0", "HF_HOME": "/hf"}
+    assert standalone_env({**launch, **kept}) == kept
 
 
 # ---------------------------------------------------------------------------------------------- end to end

@@ -876,7 +876,7 @@ class _Recorder:
 
 def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
     from megatron_fixedcode.training import metrics
-    from megatron_fixedcode.arguments.training_configs import LoggingConfig
+    from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 
     cfg = LoggingConfig(log_interval=2, tensorboard_dir=None, metrics_file=None, wandb_project=None)
     sink = metrics.MetricsSink(
@@ -939,7 +939,7 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
     from megatron_fixedcode import checkpoint
     from megatron_fixedcode.training import metrics, run_parts
-    from megatron_fixedcode.arguments.training_configs import LoggingConfig
+    from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
     monkeypatch.setattr(checkpoint, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})

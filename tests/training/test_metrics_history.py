@@ -62,7 +62,7 @@ def test_a_full_disk_leaves_whole_lines_one_warning_and_names_the_missing_steps(
 
 def test_the_metrics_sink_on_a_full_disk_says_so_once_and_goes_on(tmp_path, caplog):
     pytest.importorskip("tensorboard")
-    from megatron_fixedcode.arguments.training_configs import LoggingConfig
+    from megatron_fixedcode.arguments.logging_flags import LoggingConfig
     from megatron_fixedcode.training.metrics import MetricsSink
 
     with small_tmpfs(tmp_path / "disk", "8k") as disk:
@@ -171,6 +171,7 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
         "step": 6,
         "max_steps": 6,
         "stopped_by": None,
+        "rerun_nodes": [],
     }
     pretrain(
         *common,
@@ -193,6 +194,7 @@ def test_a_resumed_run_records_each_step_once(tmp_path, monkeypatch):
         "step": 4,
         "max_steps": 6,
         "stopped_by": "--exit-interval",
+        "rerun_nodes": [],
     }
 
 

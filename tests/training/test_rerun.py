@@ -5,14 +5,16 @@ run checks the wiring (the loss function, megatron DDP's checks, the loop's exit
 
 from __future__ import annotations
 
+import json
 import math
+import os
 import re
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from megatron_fixedcode.arguments.training_configs import HealthConfig
+from megatron_fixedcode.arguments.health_flags import HealthConfig
 from megatron_fixedcode.training.errors import NonFiniteTraining
 from megatron_fixedcode.training import rerun
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
@@ -168,7 +170,9 @@ def test_user_errors_name_the_flag(tmp_path):
 
 
 @pytest.mark.slow
-def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the_same_node(corpus, tmp_path):
+def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the_same_node(
+    corpus, tmp_path, monkeypatch
+):
     """The wiring: the loss function's checks, megatron DDP's (--check-for-large-grads), the rerun data
     iterator, --iterations-to-skip in the loop, the exit code and the checkpoint with the machine's state."""
     from megatron_fixedcode.checkpoint import latest_step, read_trainer_state
@@ -195,6 +199,7 @@ def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the
         str(tmp_path / "m.jsonl"),
         *data_args(corpus, "document_windows"),
     ]
+    monkeypatch.setenv("MFC_EXIT_RECORD", str(tmp_path / "exit.json"))  # what the Slurm launchers read
     first = pretrain(*common, "--iterations-to-skip", "2", nproc=2, check=False)
     out = first.stdout + first.stderr
     assert set(re.findall(r"exitcode\s*: (\d+)", out)) == {"16"}, out[-4000:]  # each rank; torchrun says 1
@@ -204,6 +209,15 @@ def test_two_ranks_persistent_fault_exits_16_with_a_checkpoint_then_again_on_the
     ranks = read_trainer_state(str(ck), 2)["rerun"]["ranks"]
     assert len(ranks) == 2 and all(r["machine"]["state"] == 3 for r in ranks)  # WILL_RERUN_FROM_CHECKPOINT
     assert "FIRST_RERUN_REPRODUCIBLE" in tracker.read_text()
+    record = json.loads((tmp_path / "exit.json").read_text())
+    host = os.uname()[1]
+    assert (record["code"], record["step"], record["max_steps"], record["stopped_by"]) == (
+        16,
+        2,
+        6,
+        "rerun state machine",
+    ), record
+    assert record["rerun_nodes"] and all(n.startswith(f"{host} (device ") for n in record["rerun_nodes"]), record
     second = pretrain(*common, "--load", str(ck), nproc=2, check=False)
     out = second.stdout + second.stderr
     assert set(re.findall(r"exitcode\s*: (\d+)", out)) == {"16"}, out[-4000:]

@@ -85,6 +85,7 @@ def _profiled_steps(tb_dir: Path, start_step: int, last_step: int, rank: int = 0
 def test_the_profiler_records_the_requested_steps_only_also_after_a_resume_and_on_the_named_ranks(tmp_path):
     assert _profiled_steps(tmp_path / "straight", 0, 7) == {3, 4}  # Megatron-LM's window: start .. end - 1
     assert _profiled_steps(tmp_path / "resumed", 2, 7) == {3, 4}  # counted from the checkpoint's step
+    assert _profiled_steps(tmp_path / "requeued", 3, 7) == set()  # resumed inside the window: profiled once only
     assert _profiled_steps(tmp_path / "other", 0, 7, rank=1) == set()  # not in --profile-ranks: no trace
 
 

@@ -12,7 +12,7 @@ import torch.distributed as dist
 
 from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.observe_flags import WatchConfig
-from megatron_fixedcode.arguments.training_configs import LoggingConfig
+from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 from megatron_fixedcode.training import loop
 
 
@@ -56,7 +56,7 @@ class _FakeTrainer:
         self.step += 1
         return {"step": self.step}
 
-    def save(self, final: bool = False) -> None:
+    def save(self, final: bool = False, keep=None, async_saves=None) -> None:
         self.saves.append(self.step)
         if self.step == self.signal_at_save:  # Slurm's signal, while the checkpoint is written
             os.kill(os.getpid(), signal.SIGTERM)

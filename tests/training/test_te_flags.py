@@ -17,7 +17,7 @@ from megatron_fixedcode.models import builder
 from megatron_fixedcode.pretrain import main
 from megatron_fixedcode.training import gpu_features
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
-from megatron_fixedcode.arguments.training_configs import PerformanceConfig
+from megatron_fixedcode.arguments.performance_flags import PerformanceConfig
 from tests.helpers.pretrain import TINY
 
 HAS_TE = importlib.util.find_spec("transformer_engine") is not None

@@ -72,7 +72,10 @@ def _kill_job_while_writing(tmp_path, args: list[str]) -> None:
             assert time.time() < deadline, "no background write of step 4"
             time.sleep(0.2)
     finally:  # kill -9 of the whole job: launcher, ranks, their checkpoint workers and writers
-        tree = [job.pid, *(c.pid for c in psutil.Process(job.pid).children(recursive=True))]
+        try:
+            tree = [job.pid, *(c.pid for c in psutil.Process(job.pid).children(recursive=True))]
+        except psutil.NoSuchProcess:  # it ended by itself: the assertion above says how
+            tree = []
         for pid in tree:
             try:
                 psutil.Process(pid).send_signal(signal.SIGKILL)

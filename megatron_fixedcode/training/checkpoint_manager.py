@@ -1,0 +1,64 @@
+"""The run's one owner of saves: the persistent (synchronous) and ``--async-save`` checkpoints and their waits,
+and what follows a complete checkpoint: Megatron-LM's progress.txt lines (``--log-progress``) and the downstream
+evaluation jobs, whose pending checkpoints pruning keeps. The loop calls :meth:`save` at its save points,
+:meth:`poll` every step and :meth:`close` before the process may exit; nothing else saves.
+"""
+
+from __future__ import annotations
+
+from megatron_fixedcode.training.async_saves import AsyncSaves
+from megatron_fixedcode.training.downstream_evals import DownstreamEvals
+from megatron_fixedcode.training.progress_log import ProgressLog
+
+
+class CheckpointManager:
+    def __init__(self, trainer, flops_per_token: float):
+        self.trainer = trainer
+        seq_length = trainer.cfg.schedule.seq_length
+        self.progress = ProgressLog(
+            trainer.cfg.checkpoint.save,
+            enabled=bool(trainer.cfg.logging and trainer.cfg.logging.log_progress),
+            rank0=trainer.ranks["rank"] == 0,
+            world_size=trainer.ranks["world_size"],
+            flops_per_sample=flops_per_token * seq_length,
+            seq_length=seq_length,
+        )
+        self.downstream = DownstreamEvals(trainer)  # --downstream-eval-*: a job per checkpoint (rank 0)
+        self.async_saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
+        self.async_saves.on_finalized = self._async_complete
+        self.saved_at = trainer.step  # the step of the newest checkpoint this run has (or resumed from)
+
+    @property
+    def asynchronous(self) -> bool:
+        return self.async_saves.queue is not None
+
+    def start(self) -> None:
+        """The job's start: its progress line; the evaluation jobs of complete checkpoints that lack scores."""
+        self.progress.start(self.trainer.step * self.trainer.global_batch)
+        self.downstream.start(self.trainer.step)
+
+    def save(self, final: bool) -> None:
+        """A checkpoint of the trainer's step (``final``: the run's last, an export's too). Pruning keeps the
+        checkpoints that await their evaluation."""
+        step = self.trainer.step
+        self.trainer.save(
+            final=final,
+            keep=self.downstream.keep if self.downstream.enabled else None,
+            async_saves=self.async_saves if self.asynchronous else None,
+        )
+        self.saved_at = step
+        self.progress.saved(step, step * self.trainer.global_batch, self.asynchronous)
+        if not self.asynchronous:
+            self.downstream.saved(step)
+
+    def poll(self) -> None:
+        """Every step: finalize a background save that is written (every rank agrees)."""
+        self.async_saves.poll()
+
+    def close(self) -> None:
+        """Before the process may exit: the save in flight complete (a requeued job resumes from it)."""
+        self.async_saves.close()
+
+    def _async_complete(self, step: int) -> None:
+        self.progress.async_saved(step)
+        self.downstream.saved(step)
