@@ -24,27 +24,14 @@ warnings.filterwarnings("ignore", message=".*(Transformer Engine|Apex).*", categ
 from megatron_fixedcode.arguments.parse import parse_pretrain_args
 
 
-def _print_plan(a) -> None:
-    """On stderr (stdout is the config JSON that launchers read): TE warning, layout, memory per GPU
-    for ``WORLD_SIZE`` GPUs (1 when unset; the Slurm launchers set it for their dry runs)."""
-    from megatron_fixedcode.arguments.memory_estimate import format_plan, plan, te_warning
-
-    warning = te_warning(a)
-    if warning:
-        print(warning, file=sys.stderr)
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    try:
-        lines = format_plan(plan(a, world_size))
-    except ValueError as e:
-        lines = [f"dry run: no plan for WORLD_SIZE={world_size}: {e}"]
-    print("\n".join(lines), file=sys.stderr)
-
-
 def main(argv: list[str] | None = None) -> int:
     cfg = parse_pretrain_args(argv)
-    if cfg.args.dry_run:
-        print(json.dumps(cfg.as_dict(), sort_keys=True))
-        _print_plan(cfg.args)
+    if cfg.dry_run:
+        from megatron_fixedcode.arguments.memory_estimate import print_plan
+
+        print(json.dumps(cfg.as_dict(), sort_keys=True))  # stdout: the resolved config, which launchers read
+        # stderr: for WORLD_SIZE GPUs (1 when unset; the Slurm launchers set it for their dry runs)
+        print_plan(cfg, int(os.environ.get("WORLD_SIZE", "1")))
         return 0
     if cfg.checkpoint.exit_signal_handler:  # also when called as a function (a recipe may set the flag)
         exit_at_once_until_training()

@@ -1,7 +1,9 @@
 """What a dry run tells a login node: the parallel layout, microbatches and a per-GPU memory
 estimate (the arithmetic of docs/SCALING.md), and whether the recipe needs Transformer Engine.
 
-Pure arithmetic on the parsed flags: no torch, so it runs where the cluster's Python has none.
+Pure arithmetic on the parsed flags: no torch, so it runs where the cluster's Python has none. Outside the
+arguments package the dry run calls :func:`print_plan` with the :class:`PretrainConfig`; the functions below
+it read the parsed flags, which are this package's own.
 """
 
 from __future__ import annotations
@@ -9,13 +11,31 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from megatron_fixedcode.models.config import padded_vocab_size
 from megatron_fixedcode.utils.te_install import TE_INSTALL_HINT
 
+if TYPE_CHECKING:
+    from megatron_fixedcode.arguments.parse import PretrainConfig
+
 GB = 1e9
 RUNTIME_BYTES = 3 * GB  # CUDA context, cuBLAS/NCCL workspaces (docs/SCALING.md)
+
+
+def print_plan(cfg: PretrainConfig, world_size: int) -> None:
+    """The dry run's report on stderr (stdout is the config JSON that launchers read): the Transformer Engine
+    warning, then the layout, microbatches and memory per GPU for ``world_size`` GPUs (or why there is no plan)."""
+    warning = te_warning(cfg.args)
+    if warning:
+        print(warning, file=sys.stderr)
+    try:
+        lines = format_plan(plan(cfg.args, world_size))
+    except ValueError as e:
+        lines = [f"dry run: no plan for WORLD_SIZE={world_size}: {e}"]
+    print("\n".join(lines), file=sys.stderr)
 
 
 def vocab_size_of(a: argparse.Namespace) -> tuple[int, str]:

@@ -57,6 +57,7 @@ class PretrainConfig:
     downstream: DownstreamConfig = DownstreamConfig()
     code_matrix: CodeMatrixFile | None = None  # --code-matrix, read once at parse time
     inert: list[str] = dataclasses.field(default_factory=list)  # Megatron flags set here that have no effect
+    dry_run: bool = False  # --dry-run: print the resolved config and the plan (memory_estimate.print_plan), then exit
 
     def model_config(self, vocab_size: int) -> ModelConfig:
         try:
@@ -273,6 +274,7 @@ def parse_pretrain_args(argv: list[str] | None = None) -> PretrainConfig:
             watch=WatchConfig.from_args(a),
             downstream=DownstreamConfig.from_args(a),
             code_matrix=_read_code_matrix(a),
+            dry_run=a.dry_run,
         )
         if a.vocab_size or a.dry_run:
             cfg.model_config(a.vocab_size or 2**16)  # validates model fields and the code early

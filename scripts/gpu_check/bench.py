@@ -293,20 +293,20 @@ def run(a: argparse.Namespace) -> dict:
 
     destroy_distributed()  # as the trainer CLI does (NCCL warns at exit otherwise)
     timed = times[a.warmup :] or times[-1:]
-    args = cfg.args
-    flops_tok = model_flops_per_token(trainer.report, args.num_layers, args.hidden_size, args.seq_length)
+    model, perf = trainer.model_cfg, cfg.performance  # the typed configs, as the trainer reads them
+    flops_tok = model_flops_per_token(trainer.report, model.num_layers, model.hidden_size, model.seq_length)
     # the recipe's 24 layers: the same per-block work for the blocks left out (MFU projection only)
     block = checkpoint.unwrap(trainer.chunks[0]).decoder.layers[0]
     per_block = sum(p.numel() for p in block.parameters() if p.requires_grad)
-    flops_recipe = flops_tok + (RECIPE_LAYERS - args.num_layers) * (
-        6 * per_block + 12 * args.hidden_size * args.seq_length
+    flops_recipe = flops_tok + (RECIPE_LAYERS - model.num_layers) * (
+        6 * per_block + 12 * model.hidden_size * model.seq_length
     )
     where = placement(trainer, batch_devices)
     return summarize(
         variant=a.variant,
         gpu=torch.cuda.get_device_name() if cuda else "cpu",
         step_times=timed,
-        tokens_per_step=trainer.global_batch * args.seq_length,
+        tokens_per_step=trainer.global_batch * model.seq_length,
         flops_tok=flops_tok,
         peak_alloc=torch.cuda.max_memory_allocated() if cuda else 0,
         peak_reserved=torch.cuda.max_memory_reserved() if cuda else 0,
@@ -315,7 +315,7 @@ def run(a: argparse.Namespace) -> dict:
             "timed_steps": len(times) - min(a.warmup, len(times)),
             "first_step_s": times[0],
             "losses": losses,
-            "precision": args.precision,
+            "precision": perf.precision,
             "trainer_argv": argv,
             "fusions": dict(trainer.fusions),
             "compile_fusions": not a.no_compile_fusions,
@@ -324,18 +324,18 @@ def run(a: argparse.Namespace) -> dict:
             "build_s": build_s,
             "wall_s": time.perf_counter() - START,
             "parameters": trainer.report,
-            "num_layers": args.num_layers,
-            "hidden_size": args.hidden_size,
-            "ffn_hidden_size": args.ffn_hidden_size,
-            "num_attention_heads": args.num_attention_heads,
+            "num_layers": model.num_layers,
+            "hidden_size": model.hidden_size,
+            "ffn_hidden_size": model.ffn_hidden_size,
+            "num_attention_heads": model.num_attention_heads,
             "transformer_impl": trainer.chunks[0].config.transformer_impl,
-            "fp8": args.fp8,
+            "fp8": perf.fp8,
             "optimizer": trainer.optimizer_kind,
-            "micro_batch_size": args.micro_batch_size,
+            "micro_batch_size": cfg.schedule.micro_batch_size,
             "global_batch_size": trainer.global_batch,
-            "seq_length": args.seq_length,
-            "recompute_granularity": args.recompute_granularity,
-            "bf16": args.bf16,
+            "seq_length": model.seq_length,
+            "recompute_granularity": model.recompute_granularity,
+            "bf16": perf.bf16,
             "placement": where,
         },
     )
@@ -437,6 +437,7 @@ def main(argv: list[str] | None = None) -> int:
                 cpu_standin=a.cpu_standin,
             )
             cfg = parse_pretrain_args([*argv, "--dry-run"])
+            model = cfg.model_config(cfg.tokenizer.vocab_size)  # as the trainer builds it (--vocab-size given)
             unexpanded = {k: v for k, v in cfg.as_dict().items() if "${" in str(v)}
             if variant not in VARIANTS:
                 p.error(f"--variant {variant}: choose one of {', '.join(VARIANTS)}")
@@ -447,11 +448,11 @@ def main(argv: list[str] | None = None) -> int:
                     {
                         "variant": variant,
                         "trainer_argv": argv,
-                        "global_batch_size": cfg.args.global_batch_size,
-                        "num_layers": cfg.args.num_layers,
-                        "transformer_impl": cfg.args.transformer_impl,
-                        "recompute_granularity": cfg.args.recompute_granularity,
-                        "precision": cfg.args.precision,
+                        "global_batch_size": cfg.schedule.global_batch_size,
+                        "num_layers": model.num_layers,
+                        "transformer_impl": cfg.performance.transformer_impl,
+                        "recompute_granularity": model.recompute_granularity,
+                        "precision": cfg.performance.precision,
                         "use_distributed_optimizer": cfg.optim.use_distributed_optimizer,
                     }
                 )

@@ -163,6 +163,66 @@ def test_training_reads_typed_configs_not_the_namespace():
     assert offenders == []
 
 
+REPO = PACKAGE.parent
+# Outside the arguments package and the tests: the package, the tools, scripts, benchmarks and examples.
+OUTSIDE_ARGUMENTS = ("megatron_fixedcode", "tools", "scripts", "benchmarks", "examples")
+
+
+def _pretrain_config_names(tree: ast.AST) -> set[str]:
+    """Names a module binds to a PretrainConfig: ``cfg`` (the convention), ``x = parse_pretrain_args(...)``,
+    and parameters or variables annotated ``PretrainConfig``."""
+
+    def is_pretrain_config(annotation: ast.expr | None) -> bool:
+        return annotation is not None and "PretrainConfig" in ast.unparse(annotation)
+
+    names = {"cfg"}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Assign) and isinstance(node.value, ast.Call):
+            func = node.value.func
+            if (
+                getattr(func, "id", None) == "parse_pretrain_args"
+                or getattr(func, "attr", None) == "parse_pretrain_args"
+            ):
+                names |= {t.id for t in node.targets if isinstance(t, ast.Name)}
+        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
+            if is_pretrain_config(node.annotation):
+                names.add(node.target.id)
+        elif isinstance(node, ast.arg) and is_pretrain_config(node.annotation):
+            names.add(node.arg)
+    return names
+
+
+def _namespace_reads(tree: ast.AST) -> list[int]:
+    """Lines reading ``.args`` (the parsed Namespace) off a PretrainConfig: ``cfg.args``, ``self.cfg.args``,
+    ``parse_pretrain_args(...).args``."""
+    names = _pretrain_config_names(tree)
+    lines = []
+    for node in ast.walk(tree):
+        if not (isinstance(node, ast.Attribute) and node.attr == "args" and isinstance(node.ctx, ast.Load)):
+            continue
+        owner = node.value
+        if isinstance(owner, ast.Call):
+            owner = owner.func
+        name = getattr(owner, "id", None) or getattr(owner, "attr", None)
+        if name in names or name == "parse_pretrain_args":
+            lines.append(node.lineno)
+    return lines
+
+
+def test_no_namespace_read_outside_the_arguments_package():
+    """The parsed Namespace (``PretrainConfig.args``) is the arguments package's own: everything else (the
+    dry run, the trainer, the tools and scripts) reads the typed parts (``cfg.schedule``, ``cfg.performance``,
+    ``cfg.model_config(...)`` ...)."""
+    offenders = []
+    for root in OUTSIDE_ARGUMENTS:
+        for path in sorted((REPO / root).rglob("*.py")):
+            if (PACKAGE / "arguments") in path.parents:
+                continue
+            rel = path.relative_to(REPO).as_posix()
+            offenders += [f"{rel}:{line}" for line in _namespace_reads(ast.parse(path.read_text()))]
+    assert offenders == []
+
+
 def _trees():
     return {path: ast.parse(path.read_text()) for path in PACKAGE.rglob("*.py")}
 
