@@ -89,11 +89,25 @@ def load_checkpoint(
         restore_rng_state(loaded["rng"])
     elif scope.rng == "per_model_parallel_rank":
         restore_rng_state(loaded["rng_tp_pp"])
+    rank0 = dist.get_rank() == 0
+    if saved != now and rank0:  # Megatron-LM's line (checkpointing.py), which its log checks grep for
+        logger.info("Job sharding has changed: Rerun state will be ignored")
     if saved != now and not scope.finetune:
         logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
     if scope.scheduler:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
+    if rank0:  # Megatron-LM's line, word for word: users' scripts wait for it
+        r = _ranks()
+        logger.info(
+            "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %d",
+            root,
+            r["tp_rank"] + 1,
+            r["tp_size"],
+            r["pp_rank"] + 1,
+            r["pp_size"],
+            trainer_state["step"],
+        )
     return trainer_state
 
 

@@ -35,6 +35,7 @@ from megatron_fixedcode.training.run_watch import RunWatch
 from megatron_fixedcode.training.trainer import Trainer
 from megatron_fixedcode.utils.exit_signals import end_start_up
 from megatron_fixedcode.utils.locks import lock_save_dir
+from megatron_fixedcode.utils.log_records import configure_megatron_logging
 from megatron_fixedcode.utils.rank_agreement import any_rank
 
 logger = logging.getLogger(__name__)
@@ -57,7 +58,7 @@ class ExitRequest:
 
 def run_pretraining(cfg: PretrainConfig) -> int:
     """Train; the exit code (and, for a launcher, the exit record) says how it ended."""
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_megatron_logging()  # LEVEL:logger.name:message, as Megatron-LM's log checks read them
     with ExitRecord() as last_word:  # after basicConfig, which does nothing once the root logger has a handler
         code = _run_pretraining(cfg, last_word)
         last_word.write(code)

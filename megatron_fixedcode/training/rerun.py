@@ -245,7 +245,18 @@ def restore_from(trainer, plan) -> RerunDataIterator:
 
     ck, saved = trainer.cfg.checkpoint, None
     if plan.load_step is not None and not ck.finetune:
-        saved = (checkpoint.read_trainer_state(ck.load, plan.load_step) or {}).get("rerun")
+        state = checkpoint.read_trainer_state(ck.load, plan.load_step) or {}
+        saved, layout = state.get("rerun"), state.get("layout")
+        if saved and layout and layout != {k: trainer.ranks[k] for k in layout}:
+            # Megatron-LM's rule: on another world size, TP/PP or DP size the machine's state is ignored
+            if trainer.ranks["rank"] == 0:
+                logger.warning(
+                    "rerun state machine: saved on layout %s, resumed on %s: its state is ignored (spike "
+                    "statistics start afresh)",
+                    layout,
+                    {k: trainer.ranks[k] for k in layout},
+                )
+            saved = None
     restore_checkpoint_state(saved, trainer.step)
     return train_iterator(trainer)
 

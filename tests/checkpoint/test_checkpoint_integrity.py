@@ -12,7 +12,7 @@ import pytest
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.checkpoint import latest_step
 from tests.helpers import REPO
-from tests.helpers.errors import refused
+from tests.helpers.errors import logged_errors, refused
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 pytestmark = pytest.mark.slow
@@ -333,7 +333,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    line = next(ln for ln in out.splitlines() if " ERROR " in ln)
+    line = logged_errors(out)[0]
     failed_step = int(line.split("step ")[1].split(":")[0])
     assert "--no-check-for-nan-in-loss-and-grad" in line
     assert (latest_step(ckpt) or 0) < failed_step, (latest_step(ckpt), failed_step)
@@ -535,7 +535,7 @@ def test_a_failed_final_hugging_face_export_fails_the_run(tmp_path, corpus, monk
     out = proc.stdout + proc.stderr
     assert proc.returncode == 4, out[-3000:]
     assert "Traceback" not in out, out[-3000:]
-    errors = [line for line in out.splitlines() if " ERROR " in line]
+    errors = logged_errors(out)
     assert len(errors) == 2, errors
     step1, step2 = (ckpt / "hf" / f"iter_{s:07d}" for s in (1, 2))
     assert "export of step 1 failed (killed by signal 9" in errors[0] and "(training goes on)" in errors[0]

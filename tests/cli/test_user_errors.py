@@ -12,7 +12,7 @@ import pytest
 from megatron_fixedcode.data.verify import Progress
 from tests.helpers.data import write_indexed_dataset
 from tests.helpers import REPO
-from tests.helpers.errors import refused
+from tests.helpers.errors import message_of, refused
 
 
 def _run(*args: str, traceback: bool = False) -> subprocess.CompletedProcess:
@@ -54,7 +54,7 @@ def test_trainer_error_traceback_on_request(tmp_path):
     line = refused(plain)
     full = _run(*args, traceback=True)
     assert full.returncode == 2 and "Traceback (most recent call last):" in full.stderr, full.stderr
-    assert line.split(" ERROR ", 1)[1] in full.stderr
+    assert message_of(line) in full.stderr
 
 
 def test_progress_lines_are_rate_limited():

@@ -284,7 +284,7 @@ def _trainer_refused_on_two_ranks(proc, *needles) -> str:
     out = proc.stdout + proc.stderr
     assert proc.returncode != 0, out[-3000:]
     errors = [
-        line for line in out.splitlines() if " ERROR " in line or "pretrain: error: " in line
+        line for line in out.splitlines() if line.startswith("ERROR:") or "pretrain: error: " in line
     ]  # logged / at parse time
     assert len(errors) == 1, (errors, out[-3000:])
     for needle in needles:

@@ -114,6 +114,6 @@ def test_a_full_disk_for_the_dataset_index_cache_is_one_line(tmp_path):
         proc = pretrain(*data_args(corpus, "gpt"), "--train-iters", "2", "--data-cache-path", str(cache), check=False)
     assert proc.returncode == 2, proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr, proc.stderr[-3000:]
-    errors = [line for line in proc.stderr.splitlines() if " ERROR " in line or line.startswith("error: ")]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith(("ERROR:", "error: "))]
     assert len(errors) == 1 and f"no space left on device writing {cache}" in errors[0], proc.stderr[-3000:]
     assert "the index cache is rebuilt at the next start" in errors[0]

@@ -15,6 +15,7 @@ import pytest
 
 from megatron_fixedcode.checkpoint import CHECKSUMS, checkpoint_dir, latest_step
 from tests.helpers.pretrain import data_args, pretrain, read_metrics, write_corpus
+from tests.helpers.errors import logged_errors
 
 pytestmark = pytest.mark.slow
 
@@ -208,7 +209,7 @@ def _one_error_line(proc) -> str:
     """The one ERROR line of a refused run: a rank exited with code 2 and none with a traceback
     of its own (torchrun then stops the others, SIGTERM, exits 1 and prints its summary)."""
     out = proc.stdout + proc.stderr
-    errors = [ln for ln in out.splitlines() if " ERROR " in ln]
+    errors = logged_errors(out)
     exit_codes = re.findall(r"exitcode\s*:\s*(-?\d+)", out)
     assert proc.returncode == 2 or (proc.returncode == 1 and "2" in exit_codes and set(exit_codes) <= {"2", "-15"}), (
         out[-3000:]
@@ -283,7 +284,7 @@ def test_pipeline_stages_free_their_sent_outputs_and_ddp_checks_each_ranks_gradi
     )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 3, out[-3000:]
-    line = next(ln for ln in out.splitlines() if " ERROR " in ln)
+    line = logged_errors(out)[0]
     # Megatron-LM's order: the loss function's check, then megatron DDP's of the gradient buckets
     assert re.search(r"step \d+: rank 0: .*found (NaN|Inf) in local (forward loss calculation|grad norm)", line), line
     assert "--no-check-for-nan-in-loss-and-grad" in line
