@@ -77,6 +77,7 @@ LONGEST_FIRST = (
     "checkpoint/test_async_save.py",
     "launchers/test_slurm_saves_and_evals.py",
     "launchers/test_slurm_downstream.py",
+    "training/test_megatron_log_checks.py",
 )
 
 
