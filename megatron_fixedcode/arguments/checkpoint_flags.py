@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import os
 import signal
 
 from megatron_fixedcode.arguments.config_fields import converted, from_dests, renamed
@@ -128,6 +129,60 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         default=signal.SIGTERM,
         help="the signal --exit-signal-handler catches (e.g. SIGUSR1 for Slurm's --signal=B:USR1@300)",
     )
+    g.add_argument(
+        "--non-persistent-save-interval",
+        type=int,
+        default=None,
+        help="steps between non-persistent checkpoints: frequent, cheap, only the newest kept; a resume "
+        "loads the newest complete one of these and the persistent ones (Megatron-LM)",
+    )
+    g.add_argument(
+        "--non-persistent-ckpt-type",
+        choices=("global", "local"),
+        default=None,
+        help="global: a directory of its own on the shared filesystem (the one type here); local "
+        "(nvidia-resiliency-ext's node-local manager) is refused for now",
+    )
+    g.add_argument(
+        "--non-persistent-global-ckpt-dir",
+        default=None,
+        help="where global non-persistent checkpoints go (default SAVE/non_persistent, as Megatron-LM)",
+    )
+    g.add_argument(
+        "--non-persistent-local-ckpt-dir", default=None, help="local non-persistent checkpoints' node-local directory"
+    )
+    g.add_argument(
+        "--non-persistent-local-ckpt-algo",
+        choices=("fully_parallel", "atomic"),
+        default="fully_parallel",
+        help="local non-persistent checkpoints' save algorithm",
+    )
+
+
+NON_PERSISTENT_SUBDIR = "non_persistent"  # Megatron-LM's _NON_PERSISTENT_CKPT_SUBDIR
+
+
+def refuse_non_persistent(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """The non-persistent flags together (before anything starts)."""
+    if a.non_persistent_ckpt_type == "local":
+        p.error(
+            "--non-persistent-ckpt-type local (nvidia-resiliency-ext's node-local checkpoints) is not wired here "
+            "yet: use --non-persistent-ckpt-type global (a directory on the shared filesystem)"
+        )
+    if a.non_persistent_local_ckpt_dir is not None:
+        p.error("--non-persistent-local-ckpt-dir acts with --non-persistent-ckpt-type local, not available here")
+    if a.non_persistent_save_interval is None:
+        if a.non_persistent_ckpt_type or a.non_persistent_global_ckpt_dir:
+            p.error(
+                "--non-persistent-ckpt-type/--non-persistent-global-ckpt-dir act with --non-persistent-save-interval"
+            )
+        return
+    if a.non_persistent_save_interval < 1:
+        p.error(f"--non-persistent-save-interval must be >= 1, got {a.non_persistent_save_interval}")
+    if a.non_persistent_ckpt_type != "global":
+        p.error("--non-persistent-save-interval needs --non-persistent-ckpt-type global (Megatron-LM's flag pair)")
+    if not a.save:
+        p.error("--non-persistent-save-interval saves checkpoints: it needs --save")
 
 
 def _signal_name(value) -> str:
@@ -157,7 +212,20 @@ class CheckpointConfig:
     fully_reshardable: bool = renamed("dist_ckpt_optim_fully_reshardable", default=True)
     hf_export_interval: int | None = None  # a Hugging Face export of every N-th checkpoint, in the background
     hf_export_dir: str | None = None
+    non_persistent_save_interval: int | None = None  # cheap checkpoints between persistent ones, newest kept
+    non_persistent_ckpt_type: str | None = None  # "global" (the one type here)
+    non_persistent_global_ckpt_dir: str | None = None  # default SAVE/non_persistent
+    non_persistent_local_ckpt_dir: str | None = None  # refused (local type)
+    non_persistent_local_ckpt_algo: str = "fully_parallel"
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "CheckpointConfig":
         return from_dests(cls, a)
+
+    def non_persistent_dir(self, root: str | None = None) -> str | None:
+        """Where global non-persistent checkpoints of ``root`` (default --save) go and are looked for: the
+        flag's directory, else ROOT/non_persistent (Megatron-LM's); None when there are none."""
+        root = self.save if root is None else root
+        if self.non_persistent_global_ckpt_dir:
+            return self.non_persistent_global_ckpt_dir
+        return None if root is None else os.path.join(root, NON_PERSISTENT_SUBDIR)

@@ -161,7 +161,6 @@ OUT_OF_SCOPE = {
     "--sft-tokenizer-prompt-format": "Megatron's SFT path (give --dataset-type sft, docs/sft.md)",
     "--overlap-moe-expert-parallel-comm": "mixture of experts",
     "--ep-overlap-early-attn-memory-release": "mixture of experts",
-    "--non-persistent-": "non-persistent checkpoints",
     "--spec": "custom layer specs",
     "--yaml-cfg": "Megatron's YAML config (give --config RECIPE.yaml)",
     "--openai-gelu": "other MLP activations",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 
+from megatron_fixedcode.arguments.checkpoint_flags import refuse_non_persistent
 from megatron_fixedcode.arguments.downstream_flags import refuse_downstream
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
 from megatron_fixedcode.arguments.default_only_flags import default_only_error
@@ -112,6 +113,7 @@ def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     if a.context_parallel_size > 1:
         p.error(CONTEXT_PARALLEL_UNPROVEN)
     refuse_downstream(a, p)
+    refuse_non_persistent(a, p)
 
 
 def _refuse_architecture(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:

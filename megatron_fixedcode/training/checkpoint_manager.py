@@ -1,7 +1,8 @@
 """The run's one owner of saves: the persistent (synchronous) and ``--async-save`` checkpoints and their waits,
 and what follows a complete checkpoint: Megatron-LM's progress.txt lines (``--log-progress``) and the downstream
 evaluation jobs, whose pending checkpoints pruning keeps. The loop calls :meth:`save` at its save points,
-:meth:`poll` every step and :meth:`close` before the process may exit; nothing else saves.
+:meth:`save_non_persistent` at the non-persistent ones (``--non-persistent-save-interval``), :meth:`poll` every
+step and :meth:`close` before the process may exit; nothing else saves.
 """
 
 from __future__ import annotations
@@ -50,6 +51,17 @@ class CheckpointManager:
         self.progress.saved(step, step * self.trainer.global_batch, self.asynchronous)
         if not self.asynchronous:
             self.downstream.saved(step)
+
+    def save_non_persistent(self) -> None:
+        """``--non-persistent-save-interval``: a checkpoint of the trainer's step into the non-persistent directory,
+        where only the newest stays; written synchronously, after the persistent save in flight (if any) is
+        finalized. No export, evaluation or progress line: it is for restarts only (Megatron-LM's meaning)."""
+        self.async_saves.finalize(blocking=True)
+        self.trainer.save(non_persistent=True)
+
+    def non_persistent_due(self) -> bool:
+        interval = self.trainer.cfg.checkpoint.non_persistent_save_interval
+        return bool(interval and self.trainer.step % interval == 0)
 
     def poll(self) -> None:
         """Every step: finalize a background save that is written (every rank agrees)."""

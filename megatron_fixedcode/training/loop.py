@@ -210,6 +210,8 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             # A signal that came during the save (seconds, at scale) would otherwise cost one
             # more step and one more save inside the grace window: this checkpoint is the last.
             stop = stop or any_rank(exit_request.flag, trainer.device)
+        elif saves.non_persistent_due():  # Megatron-LM: a persistent save at the same step takes its place
+            saves.save_non_persistent()
         if stop:
             reason = "signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out else "--exit-interval"
             if rank0:

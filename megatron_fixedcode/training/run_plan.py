@@ -140,6 +140,8 @@ class RunPlan:
 
 def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     """``check_machine=False``: skip what depends on the machine (CUDA, TE), for a launcher's batch shell."""
+    if cfg.checkpoint.load:
+        take_newer_non_persistent(cfg)
     ck, data = cfg.checkpoint, cfg.data
     if check_machine:
         check_runtime(cfg)
@@ -191,6 +193,38 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
         # the function its MLP computed (training/gpu_features.settle_gelu_approximation keeps it)
         plan.model_cfg.gelu_approximation = saved_model.get("gelu_approximation", "none")
     return plan
+
+
+def take_newer_non_persistent(cfg: PretrainConfig) -> None:
+    """Megatron-LM's choice at a resume with ``--non-persistent-ckpt-type global``: the newest complete checkpoint
+    of --load and its non-persistent directory; a non-persistent one at the same step or newer wins, and the
+    run then loads it as ``--load NP_DIR --ckpt-step N`` (every reader of --load reads it from there). One that
+    does not verify is passed over with a warning (the persistent one loads). An explicit --ckpt-step, and a
+    --finetune, name a persistent checkpoint."""
+    ck = cfg.checkpoint
+    if ck.non_persistent_ckpt_type != "global" or ck.load_step is not None or ck.finetune:
+        return
+    np_dir = ck.non_persistent_dir(ck.load)
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    try:
+        np_step = checkpoint.verified_step(np_dir, None, hash_files=False, verify=ck.verify)
+    except checkpoint.CorruptCheckpoint as e:
+        if rank0:
+            logger.warning("non-persistent checkpoint passed over: %s", e)
+        return
+    if np_step is None:
+        return
+    try:
+        step = checkpoint.latest_step(ck.load) if Path(ck.load).is_dir() else None
+    except ValueError:
+        step = None  # an unreadable marker: the non-persistent checkpoint is the one left to load
+    if step is not None and np_step < step:
+        if rank0:
+            logger.warning("non-persistent checkpoints are older than persistent checkpoint")  # Megatron-LM's line
+        return
+    if rank0:
+        logger.info("Loading from a non-persistent checkpoint (non-persistent iter %d): %s", np_step, np_dir)
+    cfg.checkpoint = dataclasses.replace(ck, load=np_dir, load_step=np_step)
 
 
 def take_checkpoint_tokenizer(cfg: PretrainConfig) -> None:

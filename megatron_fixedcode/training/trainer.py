@@ -278,29 +278,32 @@ class Trainer:
         self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
         logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
 
-    def save(self, final: bool = False, keep=None, async_saves=None) -> None:
+    def save(self, final: bool = False, keep=None, async_saves=None, non_persistent: bool = False) -> None:
         """``keep(step)``: an older checkpoint that --ckpt-keep-last / --save-retain-interval must not prune yet;
-        ``async_saves``: the run's --async-save queue (None: a synchronous save). Called by the run's
+        ``async_saves``: the run's --async-save queue (None: a synchronous save); ``non_persistent``: into the
+        non-persistent directory, keeping only the newest there (no export). Called by the run's
         :class:`~.checkpoint_manager.CheckpointManager`."""
         ck = self.cfg.checkpoint
+        root = ck.non_persistent_dir() if non_persistent else ck.save
+        timer = "save-checkpoint-non-persistent" if non_persistent else "save-checkpoint"  # Megatron-LM's names
         self.wait_for_export()
         t0 = time.perf_counter()
-        target, error = checkpoint.checkpoint_dir(ck.save, self.step), None
+        target, error = checkpoint.checkpoint_dir(root, self.step), None
         try:
             if self.ranks["rank"] == 0:
-                write_carried_copy(ck.save, self.tokenizer_record)
-            with params_synced(self.chunks), timed(self.timers, "save-checkpoint", 0, barrier=True):
+                write_carried_copy(root, self.tokenizer_record)
+            with params_synced(self.chunks), timed(self.timers, timer, 0, barrier=True):
                 path = checkpoint.save_checkpoint(
-                    ck.save,
+                    root,
                     self.step,
                     self.chunks,
                     self.optimizer,
                     self.scheduler,
                     self.trainer_state(),
-                    ck.keep_last,
-                    ck.retain_interval,
+                    1 if non_persistent else ck.keep_last,
+                    None if non_persistent else ck.retain_interval,
                     async_saves,
-                    keep,
+                    None if non_persistent else keep,
                 )
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e):
@@ -312,8 +315,16 @@ class Trainer:
             if self.ranks["rank"] == 0:
                 shutil.rmtree(target, ignore_errors=True)
             raise SaveFailed(str(error))
-        logger.info("%s checkpoint %s in %.1f s", "started" if async_saves else "saved", path, time.perf_counter() - t0)
-        log_timers(self.timers, ["save-checkpoint"], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
+        logger.info(
+            "%s %scheckpoint %s in %.1f s",
+            "started" if async_saves else "saved",
+            "non-persistent " if non_persistent else "",
+            path,
+            time.perf_counter() - t0,
+        )
+        log_timers(self.timers, [timer], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
+        if non_persistent:
+            return
         if async_saves:  # --async-save: an export needs the checkpoint complete
             async_saves.before_export(final)
         self._export_to_hf(final)

@@ -9,11 +9,11 @@ import json
 import pytest
 
 from megatron_fixedcode.arguments.core_flags import build_parser
-from megatron_fixedcode.arguments.parse import parse_pretrain_args
 from megatron_fixedcode.arguments.refusals import CONTEXT_PARALLEL_UNPROVEN
 from megatron_fixedcode.models.config import NO_TABLE_FOR_POSITIONS, NO_TABLE_TO_TIE, ModelConfig
 from megatron_fixedcode.pretrain import main
 from tests.helpers import REPO
+from tests.helpers.errors import parse_refused
 
 MODEL = [
     "--num-layers",
@@ -35,11 +35,7 @@ MODEL = [
 ]
 
 
-def _refused(argv: list[str], capsys) -> str:
-    with pytest.raises(SystemExit) as e:
-        parse_pretrain_args(argv)
-    assert e.value.code == 2
-    return capsys.readouterr().err
+_refused = parse_refused
 
 
 @pytest.mark.parametrize("dry_run", [True, False])

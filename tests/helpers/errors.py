@@ -40,3 +40,15 @@ def refused(proc: subprocess.CompletedProcess, *needles: str, also_from: str | N
     for needle in needles:
         assert needle in errors[0], errors[0]
     return errors[0]
+
+
+def parse_refused(argv: list[str], capsys) -> str:
+    """The trainer's parser refused ``argv`` (exit 2); what it printed on stderr."""
+    import pytest
+
+    from megatron_fixedcode.arguments.parse import parse_pretrain_args
+
+    with pytest.raises(SystemExit) as e:
+        parse_pretrain_args(argv)
+    assert e.value.code == 2
+    return capsys.readouterr().err
