@@ -32,7 +32,8 @@ def print_plan(cfg: PretrainConfig, world_size: int) -> None:
     if warning:
         print(warning, file=sys.stderr)
     try:
-        lines = format_plan(plan(cfg.args, world_size))
+        p = plan(cfg.args, world_size)
+        lines = [*format_plan(p), checkpoint_cadence(p, cfg.args)]
     except ValueError as e:
         lines = [f"dry run: no plan for WORLD_SIZE={world_size}: {e}"]
     print("\n".join(lines), file=sys.stderr)
@@ -172,6 +173,33 @@ def plan(a: argparse.Namespace, world_size: int) -> dict:
             "total": total_bytes,
         },
     }
+
+
+ASSUMED_WRITE_BYTES_PER_S = 1e9  # per GPU to the shared filesystem: an assumption, said in the line
+
+
+def checkpoint_cadence(p: dict, a: argparse.Namespace) -> str:
+    """The dry run's suggestion for ``--non-persistent-save-interval``: Young/Daly's interval for this job's
+    size at the Llama 3 report's failure rate and a save of this checkpoint at an assumed write rate
+    (checkpoint/cadence.py; benchmarks/goodput.py simulates the strategies)."""
+    from megatron_fixedcode.checkpoint.cadence import mtbf_seconds, young_daly_interval
+    from megatron_fixedcode.checkpoint.save_checks import estimate_checkpoint_bytes
+
+    ckpt = estimate_checkpoint_bytes(
+        int(p["parameters"]),
+        bf16=a.bf16,
+        distributed_optimizer=a.use_distributed_optimizer,
+        fully_reshardable=a.dist_ckpt_optim_fully_reshardable,
+    )
+    per_gpu = ckpt / p["world_size"]  # every rank writes its share (megatron's fully parallel save)
+    save_s = per_gpu / ASSUMED_WRITE_BYTES_PER_S
+    mtbf = mtbf_seconds(p["world_size"])
+    interval = young_daly_interval(save_s, mtbf)
+    return (
+        f"dry run: checkpoint ~{ckpt / GB:.1f} GB, {per_gpu / GB:.2f} GB per GPU (~{save_s:.1f} s at an assumed 1 GB/s); "
+        f"at the Llama 3 report's failure rate a {p['world_size']}-GPU job fails every ~{mtbf / 86400:.1f} days: "
+        f"checkpoint every ~{interval / 60:.0f} min (Young/Daly): --non-persistent-save-interval = that / step time"
+    )
 
 
 def format_plan(p: dict) -> list[str]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 import os
 import subprocess
 import sys
@@ -236,3 +237,19 @@ def test_dry_run_parameter_count_equals_the_built_model(single_rank, flags):
     )
     model = build_single_rank_model(parsed.model_config(1000))
     assert plan(parsed.args, 1)["parameters"] == sum(p.numel() for p in model.parameters())
+
+
+def test_dry_run_suggests_young_dalys_checkpoint_interval():
+    """The 1.7B recipe at 16 and 128 GPUs: its checkpoint (16 B per parameter) shared over the ranks at an assumed
+    1 GB/s each, the Llama 3 failure rate, and the interval sqrt(2 x save x MTBF), in minutes."""
+    from megatron_fixedcode.arguments.memory_estimate import checkpoint_cadence
+
+    a = _args("paper2_1p7b_binary.yaml", "--micro-batch-size", "1")
+    for world in (16, 128):
+        p = plan(a, world)
+        line = checkpoint_cadence(p, a)
+        ckpt = 16 * p["parameters"] * 1.01 + (1 << 20)  # save_checks' bytes per parameter and overhead
+        mtbf = 3600 / (world * 419 / (54 * 24 * 16384))
+        minutes = math.sqrt(2 * ckpt / world / 1e9 * mtbf) / 60
+        assert f"a {world}-GPU job fails every ~{mtbf / 86400:.1f} days" in line, line
+        assert f"checkpoint every ~{minutes:.0f} min (Young/Daly)" in line, line
