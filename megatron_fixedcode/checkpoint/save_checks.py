@@ -19,6 +19,7 @@ found only at the first save (after that many steps), the last as
 from __future__ import annotations
 
 import errno
+import functools
 import logging
 import os
 import re
@@ -128,7 +129,7 @@ def find_os_error(exc: BaseException) -> Optional[OSError]:
             return exc
         # A writer process's OSError reaches rank 0 pickled inside megatron's "Worker failure"
         # RuntimeError (its cause is lost on the way): read it back from the text.
-        found = _ERRNO_TEXT.search(str(exc)) if not isinstance(exc, _CHECKPOINT_EXCEPTIONS) else None
+        found = _ERRNO_TEXT.search(str(exc)) if not isinstance(exc, _checkpoint_exceptions()) else None
         if found:
             return OSError(int(found["errno"]), found["strerror"], found["filename"])
         todo += [exc.__cause__, exc.__context__]
@@ -140,15 +141,14 @@ def find_os_error(exc: BaseException) -> Optional[OSError]:
 _ERRNO_TEXT = re.compile(r"\[Errno (?P<errno>\d+)\] (?P<strerror>[^:\n']+)(?:: '(?P<filename>[^'\n]+)')?")
 
 
+@functools.cache
 def _checkpoint_exceptions() -> tuple[type, ...]:
+    """Imported at first use, not with this module: the dry run's checkpoint estimate runs without torch."""
     try:  # torch's distributed-checkpoint failure, raised on every rank when a writer failed
         from torch.distributed.checkpoint.api import CheckpointException
     except ImportError:
         return ()
     return (CheckpointException,)
-
-
-_CHECKPOINT_EXCEPTIONS = _checkpoint_exceptions()
 
 
 def _short_write(exc: BaseException) -> bool:
@@ -159,7 +159,7 @@ def is_write_failure(exc: BaseException) -> bool:
     """Whether an exception raised while saving is the filesystem's (an OS error, torch's
     short-write report, a distributed-checkpoint write failure) rather than a bug, which keeps
     its traceback."""
-    return isinstance(exc, _CHECKPOINT_EXCEPTIONS) or find_os_error(exc) is not None or _short_write(exc)
+    return isinstance(exc, _checkpoint_exceptions()) or find_os_error(exc) is not None or _short_write(exc)
 
 
 def _last_line(exc: BaseException) -> str:
@@ -185,7 +185,7 @@ def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> Value
             else f"short write or OS error ({_last_line(exc)[:200]})"
         )
         name = path
-    elif isinstance(exc, _CHECKPOINT_EXCEPTIONS) and not exc.failures:
+    elif isinstance(exc, _checkpoint_exceptions()) and not exc.failures:
         reason = "another rank failed to write its part (rank 0 names the file)"
         name = path
     else:

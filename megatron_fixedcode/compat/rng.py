@@ -34,6 +34,18 @@ def seed_streams(seed: int) -> None:
     tensor_parallel.model_parallel_cuda_manual_seed(seed)
 
 
+def seed_host_streams(seed: int) -> None:
+    """Python's ``random`` and numpy's global generator, as Megatron-LM's ``_set_random_seed`` seeds them with
+    the runtime seed: the rerun state machine's error injection draws from ``random``, so a run's injected
+    faults (``--error-injection-rate``) come at the same calls every time."""
+    import random
+
+    import numpy as np
+
+    random.seed(seed)
+    np.random.seed(seed)
+
+
 def layer_init_seed(seed: int, global_layer_number: int) -> int:
     """The seed global transformer layer ``global_layer_number`` (1-based) is initialised from."""
     return seed + _LAYER_SEED_STRIDE * global_layer_number

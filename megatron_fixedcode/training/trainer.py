@@ -32,7 +32,7 @@ from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
-from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_streams
+from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_host_streams, seed_streams
 from megatron_fixedcode.models import parameter_report
 from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
 from megatron_fixedcode.utils.job_env import standalone_env
@@ -100,6 +100,7 @@ class Trainer:
         self.chunks[0].config.timers = self.timers  # megatron-core's schedule and grad sync time themselves
         # Runtime streams (dropout) differ per pipeline stage, as in Megatron-LM.
         seed_streams(cfg.schedule.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
+        seed_host_streams(cfg.schedule.seed + PIPELINE_STAGE_SEED_STRIDE * self.ranks["pp_rank"])
         self.report = parameter_report(self.model_cfg, [checkpoint.unwrap(c) for c in self.chunks], self.pg)
         self.optimizer = build_optimizer(cfg, self.chunks, plan.checkpoint_schedule, self.timers)
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))

@@ -48,6 +48,7 @@ CPU_REPLACEMENTS: dict[str, str | None] = {
     "--data-cache-path": None,
     "--split": "99,1,0",
     "--train-iters": "8",  # of 50: minutes of CPU each; every check is decided in the first steps
+    "--global-batch-size": "32",  # of 128 (16 microbatches per rank): the injected faults still come by step 3
 }
 
 # Checks that Megatron-LM's own current code cannot satisfy: not faked, listed with the reason.

@@ -192,7 +192,7 @@ def test_two_ranks_straggler_profiler_weight_hashes_and_workers(tmp_path):
     assert set(re.findall(r"ProfilerStep#(\d+)", Path(traces[0]).read_text())) == {"3"}
     # every rank finds it (a collective); torchrun may stop the second before it exits on its own
     assert straight.returncode != 0 and "exitcode  : 3" in straight.stderr, straight.stderr[-5000:]
-    assert re.search(r"ERROR .*step 4: the weights differ between data-parallel replicas", straight.stderr)
+    assert re.search(r"ERROR:.*step 4: the weights differ between data-parallel replicas", straight.stderr)
     assert ">>> Weight hashes match after 0 iterations" in straight.stderr
     resumed, reference = read_metrics(tmp_path / "r.jsonl"), read_metrics(tmp_path / "s.jsonl")
     assert [r["step"] for r in resumed] == [1, 2, 3, 4] == [r["step"] for r in reference]

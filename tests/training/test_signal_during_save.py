@@ -31,6 +31,7 @@ class _FakeTrainer:
             exit_signal="SIGTERM",
             async_save=False,
             hf_export_interval=None,
+            non_persistent_save_interval=None,
         )
         self.cfg = types.SimpleNamespace(
             schedule=schedule,
