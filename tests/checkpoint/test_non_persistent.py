@@ -94,8 +94,8 @@ def test_a_kill_during_the_non_persistent_write_leaves_the_previous_one_and_an_o
         (NON_PERSISTENT, "it needs --save"),
     ],
 )
-def test_the_flags_are_checked_before_anything_starts(flags, needle, capsys):
+def test_the_flags_are_checked_before_anything_starts(flags, needle, capsys, tmp_path):
     model = ["--num-layers", "2", "--hidden-size", "64", "--num-attention-heads", "4", "--seq-length", "32"]
     argv = [*model, "--ffn-hidden-size", "128", "--lr", "1e-3", "--train-iters", "2", "--mock-data", "--vocab-size"]
-    argv += ["256", *flags] + ([] if needle == "it needs --save" else ["--save", "/tmp/unused"])
+    argv += ["256", *flags] + ([] if needle == "it needs --save" else ["--save", str(tmp_path / "ckpt")])
     assert needle in parse_refused(argv, capsys)
