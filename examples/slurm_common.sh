@@ -42,6 +42,17 @@
 #                     Slurm's (preemption, `scontrol requeue`, node failure). When the limit is reached
 #                     before the end of training the job ends FAILED with exit code 3 and a last line
 #                     "unfinished: ...", so that `--dependency=afterok` jobs (export, evaluation) do not run.
+#   MAX_RESTARTS      default 3: in-job restarts per allocation. When a rank dies (or hangs: a collective
+#                     times out after --distributed-timeout-minutes; under --enable-ft-package its rank monitor
+#                     ends it), the elastic launcher restarts the whole worker group in the same allocation and
+#                     it resumes from the newest complete checkpoint (persistent or non-persistent), at most
+#                     MAX_RESTARTS times (its own count, beside MAX_REQUEUES). Not restarted: a user error (exit
+#                     2), Megatron's exit 17, a step that failed again after a restart; the job ends FAILED with
+#                     a line that says why. A node that is gone is Slurm's (requeue). 0: no in-job restart.
+#   ELASTIC_LAUNCHER  ft_launcher (nvidia-resiliency-ext's torchrun; the default where the package is
+#                     installed: pip install '.[ft]') or torchrun (elastic restarts without the rank monitors)
+#   FT_SECTION_TIMEOUTS  ft_launcher's section timeouts in seconds, for --enable-ft-package (default
+#                     "setup:1800,step:600,checkpointing:1200"), and FT_OUT_OF_SECTION_TIMEOUT (default 1200)
 #   VENV              virtualenv to activate (default $MFC_ROOT/.venv when no env is active)
 #   NCCL_*            any NCCL setting you export wins over the defaults below
 #
@@ -116,6 +127,12 @@ print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
     return 0
 }
 
+# The attempts' record (training/attempts.py): the goodput and, when the in-job restarts end the job, why.
+mfc_attempts_summary() {
+    [[ -s ${MFC_ATTEMPTS_FILE:-} ]] || return 0
+    python -m megatron_fixedcode.training.attempts "$MFC_ATTEMPTS_FILE" --max-restarts "${MAX_RESTARTS:-3}" >&2 || true
+}
+
 # After srun: requeue only after a time-limit checkpoint that completed (or the rerun state machine's exit 16),
 # within MAX_REQUEUES of the launcher's own requeues; a cancel wins. $1 srun's exit code, $2 job id, $3 checkpoint dir, $4 log dir.
 mfc_finish() {
@@ -123,6 +140,7 @@ mfc_finish() {
     local counter=$log_dir/requeues-$job_id max=${MAX_REQUEUES:-20} used
     mfc_read_exit_record "$log_dir/exit-$job_id.json"
     [[ -n $MFC_EXIT_CODE && $MFC_EXIT_CODE != 0 ]] && rc=$MFC_EXIT_CODE   # torchrun says 1 whatever the ranks returned
+    mfc_attempts_summary
     if ((MFC_CANCELLED)); then
         mfc_log "training exited with code $rc (cancelled: not requeued)"
         exit "$rc"
@@ -243,8 +261,12 @@ mfc_set_env() {
     : "${OMP_NUM_THREADS:=$((MFC_CPUS_PER_TASK / MFC_GPUS_PER_NODE > 0 ? MFC_CPUS_PER_TASK / MFC_GPUS_PER_NODE : 1))}"
     : "${MFC_REQUIRE_CUDA:=1}"                     # the trainer refuses to run without a visible GPU
     : "${TORCH_ELASTIC_SHUTDOWN_TIMEOUT:=240}"     # seconds torchrun lets workers checkpoint on SIGTERM
+    # each restarted worker group builds its process group on a store of its own: on the agent's shared store
+    # (torch >= 2.4's default) a restarted gloo group connects to the addresses of the attempt before it
+    : "${TORCH_DISABLE_SHARE_RDZV_TCP_STORE:=1}"
     export CUDA_DEVICE_MAX_CONNECTIONS TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_IB_TIMEOUT NCCL_IB_RETRY_CNT \
-        NCCL_IB_QPS_PER_CONNECTION NCCL_DEBUG OMP_NUM_THREADS TORCH_ELASTIC_SHUTDOWN_TIMEOUT MFC_REQUIRE_CUDA
+        NCCL_IB_QPS_PER_CONNECTION NCCL_DEBUG OMP_NUM_THREADS TORCH_ELASTIC_SHUTDOWN_TIMEOUT MFC_REQUIRE_CUDA \
+        TORCH_DISABLE_SHARE_RDZV_TCP_STORE
 }
 
 mfc_activate_venv() {
@@ -350,10 +372,26 @@ mfc_launch() {
         scontrol show config 2>/dev/null | grep -qE '^TaskPlugin +=.*(affinity|cgroup)'; then
         bind=(--cpu-bind=none)
     fi
+    # The elastic launcher: ft_launcher where nvidia-resiliency-ext is installed (its rank monitors end a rank
+    # that overstays a section under --enable-ft-package), else torchrun; both restart the worker group at most
+    # MAX_RESTARTS times (c10d rendezvous: a restarted node rejoins the same round).
+    local elastic=${ELASTIC_LAUNCHER:-}
+    if [[ -z $elastic ]]; then
+        elastic=torchrun
+        (mfc_activate_venv && python -c "import nvidia_resiliency_ext.fault_tolerance" 2>/dev/null) && elastic=ft_launcher
+    fi
+    [[ $elastic == torchrun || $elastic == ft_launcher ]] || mfc_die "ELASTIC_LAUNCHER=$elastic: give ft_launcher or torchrun"
+    [[ ${MAX_RESTARTS:-3} =~ ^[0-9]+$ ]] || mfc_die "MAX_RESTARTS=$MAX_RESTARTS: give a whole number (0: no in-job restart)"
+    local -a elastic_args=(--max-restarts "${MAX_RESTARTS:-3}")
+    if [[ $elastic == ft_launcher ]]; then
+        elastic_args+=(--ft-rank-section-timeouts "${FT_SECTION_TIMEOUTS:-setup:1800,step:600,checkpointing:1200}"
+            --ft-rank-out-of-section-timeout "${FT_OUT_OF_SECTION_TIMEOUT:-1200}")
+        [[ ${MFC_REQUIRE_CUDA:-1} == 0 ]] && elastic_args+=(--ft-enable-nic-monitor false)   # CPU runs: no NICs to watch
+    fi
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"
         --kill-on-bad-exit=1 "${bind[@]}"
-        bash "$MFC_ROOT/examples/slurm_node.sh" torchrun --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
-        --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id"
+        bash "$MFC_ROOT/examples/slurm_node.sh" "$elastic" --nnodes "$num_nodes" --nproc_per_node "$gpus_per_node"
+        --rdzv_backend c10d --rdzv_endpoint "$master_addr:$master_port" --rdzv_id "$job_id" "${elastic_args[@]}"
         -m megatron_fixedcode.pretrain "${trainer[@]}")
 
     mfc_set_env
@@ -394,7 +432,8 @@ print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).n
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
     export MFC_EXIT_RECORD=$log_dir/exit-$job_id.json   # the trainer's last word (rank 0), read by mfc_finish
     export MFC_STOP_FILE=$log_dir/stop-$job_id          # written on USR1, read by ranks as they start
-    rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE"
+    export MFC_ATTEMPTS_FILE=$log_dir/attempts-$job_id.json   # this allocation's attempts (training/attempts.py)
+    rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE" "$MFC_ATTEMPTS_FILE" "$MFC_ATTEMPTS_FILE".attempt*
     if ((MFC_CANCELLED)); then
         mfc_log "cancelled before the training started: not starting it"
         exit 0

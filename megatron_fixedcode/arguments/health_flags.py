@@ -6,12 +6,27 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import importlib.util
 
 from megatron_fixedcode.arguments.config_fields import converted, from_dests
 
 
+def refuse_fault_tolerance(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
+    """The fault-tolerance flags together (before anything starts)."""
+    if not a.enable_ft_package:
+        if a.calc_ft_timeouts:
+            p.error("--calc-ft-timeouts acts with --enable-ft-package")
+        return
+    if not a.save:
+        p.error("--enable-ft-package keeps its timeouts beside the checkpoints: it needs --save (as Megatron-LM)")
+    if a.ft_num_warmup_iters < 0:
+        p.error(f"--ft-num-warmup-iters must be >= 0, got {a.ft_num_warmup_iters}")
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:
+        p.error("--enable-ft-package needs nvidia-resiliency-ext: pip install '.[ft]' (or nvidia-resiliency-ext)")
+
+
 def add_health_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("run health: rerun state machine, checks, GC, timeouts")
+    g = p.add_argument_group("run health: rerun state machine, checks, GC, timeouts, fault tolerance")
     g.add_argument(
         "--check-for-nan-in-loss-and-grad",
         dest="check_for_nan_in_loss_and_grad",
@@ -90,6 +105,24 @@ def add_health_args(p: argparse.ArgumentParser) -> None:
         default=0,
         help="CUDA: release cached memory after each step (1, 2); no effect on CPU",
     )
+    g.add_argument(
+        "--enable-ft-package",
+        action="store_true",
+        help="nvidia-resiliency-ext's fault tolerance: the ranks report sections (setup, step, checkpointing) to "
+        "ft_launcher's rank monitors, which end a rank that overstays one (a hang) so the group restarts; needs "
+        "ft_launcher (the Slurm launchers use it when the package is installed) and --save",
+    )
+    g.add_argument(
+        "--calc-ft-timeouts",
+        action="store_true",
+        help="--enable-ft-package: compute the section timeouts from the times observed (kept in SAVE/ft_state.json)",
+    )
+    g.add_argument(
+        "--ft-num-warmup-iters",
+        type=int,
+        default=5,
+        help="--enable-ft-package: the first steps of each attempt, slower, are outside the 'step' section",
+    )
 
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
@@ -109,6 +142,9 @@ class HealthConfig:
     manual_gc_interval: int
     empty_unused_memory_level: int
     distributed_timeout_minutes: int
+    enable_ft_package: bool = False
+    calc_ft_timeouts: bool = False
+    ft_num_warmup_iters: int = 5
 
     @classmethod
     def from_args(cls, a: argparse.Namespace) -> "HealthConfig":

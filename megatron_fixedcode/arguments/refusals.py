@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 
 from megatron_fixedcode.arguments.checkpoint_flags import refuse_non_persistent
+from megatron_fixedcode.arguments.health_flags import refuse_fault_tolerance
 from megatron_fixedcode.arguments.downstream_flags import refuse_downstream
 from megatron_fixedcode.arguments.derivations import train_paths, valid_paths
 from megatron_fixedcode.arguments.default_only_flags import default_only_error
@@ -114,6 +115,7 @@ def refuse(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
         p.error(CONTEXT_PARALLEL_UNPROVEN)
     refuse_downstream(a, p)
     refuse_non_persistent(a, p)
+    refuse_fault_tolerance(a, p)
 
 
 def _refuse_architecture(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:

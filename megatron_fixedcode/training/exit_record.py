@@ -27,6 +27,8 @@ class ExitRecord(logging.Handler):
         # before the last step: "signal", "--exit-interval", "--exit-duration-in-mins" or "rerun state machine"
         self.stopped_by: str | None = None
         self.rerun_nodes: list[str] = []  # exit 16: where the unexpected result reproduced ("host (device N)")
+        self.goodput: float | None = None  # share of the allocation's wall-clock time that produced kept steps
+        self.restarts: list[dict] = []  # each in-job restart's cost (training/attempts.py, RestartCost)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.error = record.getMessage().splitlines()[0] if record.getMessage() else None
@@ -50,6 +52,8 @@ class ExitRecord(logging.Handler):
             "max_steps": self.max_steps,
             "stopped_by": self.stopped_by,
             "rerun_nodes": self.rerun_nodes,
+            "goodput": self.goodput,
+            "restarts": self.restarts,
         }
         try:
             tmp = Path(f"{path}.tmp")

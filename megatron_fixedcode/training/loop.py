@@ -24,7 +24,17 @@ from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models.cost import model_flops_per_token
 from megatron_fixedcode.training.checkpoint_manager import CheckpointManager
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.training.attempts import Attempts
 from megatron_fixedcode.training.exit_record import ExitRecord
+from megatron_fixedcode.training.in_job_restarts import (
+    InJobRestarts,
+    ResiliencyClient,
+    is_collective_failure,
+    read_attempts,
+    refuse_restart,
+    request_no_restart,
+    start_resiliency_client,
+)
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
 from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
@@ -61,6 +71,8 @@ def run_pretraining(cfg: PretrainConfig) -> int:
     configure_megatron_logging()  # LEVEL:logger.name:message, as Megatron-LM's log checks read them
     with ExitRecord() as last_word:  # after basicConfig, which does nothing once the root logger has a handler
         code = _run_pretraining(cfg, last_word)
+        if code in (2, 17):  # a restart cannot fix a user error or a reproduced fault (the launcher ends the job)
+            request_no_restart(f"exit {code}: {last_word.error or 'see the log'}")
         last_word.write(code)
         return code
 
@@ -71,8 +83,13 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
         logger.info("%s", describe_runtime())
     rank0 = int(os.environ.get("RANK", "0")) == 0
     save_lock = None
+    client = None
+    attempts = read_attempts(cfg.checkpoint.save)  # this job's attempts so far (in-job restarts)
     try:
         plan = plan_run(cfg)  # every rank decides alike, before any process group: one line, on rank 0
+        refused = refuse_restart(attempts, rank0)  # an in-job restart that cannot help: at once
+        if refused is not None:
+            return refused
         if cfg.checkpoint.save and not cfg.schedule.skip_train and os.environ.get("LOCAL_RANK", "0") == "0":
             check_save_dir(
                 cfg.checkpoint.save, rank0
@@ -81,6 +98,7 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
             # the kernel drops the lock of a killed run, so the next run takes it over.
             save_lock = lock_save_dir(cfg.checkpoint.save)
+        client = start_resiliency_client(cfg)  # --enable-ft-package: its "setup" section from here
     except (ValueError, FileNotFoundError) as e:
         if rank0:
             logger.error("%s", e, exc_info=traceback_requested())
@@ -89,20 +107,26 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
         return 2
     last_word.max_steps = plan.max_steps
     try:
-        return _train(cfg, plan, last_word)
+        return _train(cfg, plan, last_word, client, attempts)
     finally:
         if save_lock is not None:
             save_lock.release()
 
 
-def _train(cfg: PretrainConfig, plan: RunPlan, last_word: ExitRecord | None = None) -> int:
+def _train(
+    cfg: PretrainConfig,
+    plan: RunPlan,
+    last_word: ExitRecord | None = None,
+    client: ResiliencyClient | None = None,
+    attempts: Attempts | None = None,
+) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
     try:
         start_memory_history(cfg.watch)  # --record-memory-history: before the model is built (profiling.py)
         trainer = Trainer(cfg, plan)
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
-        return train(trainer, last_word)
+        return train(trainer, last_word, client, attempts)
     except (DataError, SaveFailed, CorruptCheckpoint) as e:  # every rank raises them alike (see where they are raised)
         if rank0:
             logger.error("%s", e, exc_info=traceback_requested())
@@ -160,9 +184,27 @@ def _evaluation_due(trainer: Trainer) -> bool:
     )
 
 
-def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
+def train(
+    trainer: Trainer,
+    last_word: ExitRecord | None = None,
+    client: ResiliencyClient | None = None,
+    attempts: Attempts | None = None,
+) -> int:
     """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
-    ``--exit-interval``; evaluate and save on their intervals and always at the end."""
+    ``--exit-interval``; evaluate and save on their intervals and always at the end. A collective that
+    fails (a peer died or hung) ends this attempt with exit 1: the elastic launcher restarts the group."""
+    restarts = InJobRestarts(trainer, client, attempts)  # attempts, goodput, the resiliency package's sections
+    try:
+        code = _train_loop(trainer, last_word, restarts)
+    except Exception as e:
+        if not is_collective_failure(e):
+            raise
+        code = restarts.failed(e)
+    restarts.end(code, last_word)
+    return code
+
+
+def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobRestarts) -> int:
     cfg, ck = trainer.cfg, trainer.cfg.checkpoint
     rank0 = trainer.ranks["rank"] == 0
     if rank0:
@@ -180,6 +222,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
     watch = RunWatch(trainer, flops_per_token)  # straggler detector, weight hashes, profiler (run_watch.py)
     watch.start()
+    restarts.start()
     started = time.time()
     while trainer.step < trainer.max_steps:
         saves.poll()
@@ -187,6 +230,7 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             skip_step(trainer)
             continue
         watch.before_step()
+        restarts.before_step()
         record = trainer.train_step()
         if "rerun_exit" in record:  # the rerun state machine's verdict: save (or not) and exit with its code
             sink.close()
@@ -195,9 +239,12 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             saves.close()  # its checkpoint complete before the exit (the launcher requeues on 16)
             return code
         health.after_step(record)
+        restarts.after_step(record)
         if _evaluation_due(trainer):
             record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
         sink.record(record)
+        if trainer.step % cfg.logging.log_interval == 0 and rank0:
+            sink.scalars({"goodput": restarts.goodput()}, trainer.step)
         health.after_record(trainer.step)
         watch.after_step(record)
         timed_out = ck.exit_duration_in_mins is not None and (time.time() - started) / 60 >= ck.exit_duration_in_mins
@@ -206,12 +253,14 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
         )
         last = stop or trainer.step == trainer.max_steps
         if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or last):
-            saves.save(final=last)
+            with restarts.saving():
+                saves.save(final=last)
             # A signal that came during the save (seconds, at scale) would otherwise cost one
             # more step and one more save inside the grace window: this checkpoint is the last.
             stop = stop or any_rank(exit_request.flag, trainer.device)
         elif saves.non_persistent_due():  # Megatron-LM: a persistent save at the same step takes its place
-            saves.save_non_persistent()
+            with restarts.saving():
+                saves.save_non_persistent()
         if stop:
             reason = "signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out else "--exit-interval"
             if rank0:
@@ -221,7 +270,8 @@ def train(trainer: Trainer, last_word: ExitRecord | None = None) -> int:
             break
     watch.close()
     if ck.save and saves.saved_at != trainer.step:
-        saves.save(final=True)
+        with restarts.saving():
+            saves.save(final=True)
     saves.close()  # before the process may exit: a requeued job resumes from a complete checkpoint
     try:
         trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)

@@ -1,0 +1,329 @@
+"""The attempts of one job inside its allocation, and what they cost: goodput.
+
+An elastic launcher (the resiliency package's ``ft_launcher``, or torchrun) restarts the whole worker
+group when a rank dies or hangs (``--max-restarts``); each start of the group is an *attempt*, numbered
+from this record (every rank reads it before any rank of the new attempt writes it). Rank 0 keeps one JSON file per job (``$MFC_ATTEMPTS_FILE``, set by
+the Slurm launchers; under a plain torchrun ``SAVE/attempts-<rdzv id>.json``), rewritten whole after
+every step: when the attempt started, the step it resumed from, its last completed step and the step
+time it had spent, and how it ended. From it:
+
+- the next attempt names the step that failed (the one after the last completed), what the restart
+  cost (time to detect, time to restart, steps recomputed) and the ranks that stopped answering;
+- a step that failed in two attempts in a row is not restarted again (a restart cannot fix it);
+- an exit the user must fix (2) or Megatron's exit 17 is not restarted;
+- goodput: the share of the allocation's wall-clock time that produced steps that were kept (a step
+  recomputed after a restart counts once, in the attempt that kept it).
+
+Pure bookkeeping (JSON and arithmetic): no torch, no process groups; the loop feeds it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ENV = "MFC_ATTEMPTS_FILE"
+NO_RESTART_CODES = {2: "a user error (exit 2)", 17: "Megatron's exit 17 (the fault reproduced)"}
+KEPT_CHECKPOINTS = 8  # per attempt: the cumulative step time at its newest checkpoints
+
+
+def attempts_path(save_dir: str | None, environ: dict[str, str] | None = None) -> str | None:
+    """Where this job's attempts are kept: the launcher's file, else, under an elastic agent that may restart
+    (``--max-restarts`` > 0) with ``--save``, beside the checkpoints (one file per rendezvous id: give each
+    launch its own ``--rdzv-id``); else nowhere (a single attempt, kept in memory for its goodput)."""
+    env = os.environ if environ is None else environ
+    if env.get(ENV):
+        return env[ENV]
+    run_id = env.get("TORCHELASTIC_RUN_ID")
+    if run_id and save_dir and int(env.get("TORCHELASTIC_MAX_RESTARTS", "0") or 0) > 0:
+        return os.path.join(save_dir, f"attempts-{run_id}.json")
+    return None
+
+
+def process_start_time() -> float:
+    """This process's start (Unix time): the restart cost includes the interpreter's start-up. Its age is
+    read against the boot clock (``btime`` of /proc/stat is rounded and drifts on virtual machines)."""
+    try:
+        ticks = int(Path("/proc/self/stat").read_text().rsplit(")", 1)[1].split()[19])
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - max(age, 0.0)
+    except (OSError, ValueError, IndexError, AttributeError):
+        return time.time()
+
+
+@dataclass
+class RestartCost:
+    attempt: int  # the attempt that restarted (1 = the first restart)
+    failed_step: int  # the step the attempt before it did not complete
+    detect_s: float  # from that attempt's last completed step to its failure being seen
+    restart_s: float | None  # from then to this attempt's first step (start-up, rendezvous, load)
+    steps_recomputed: int
+    silent_ranks: list[str]  # "rank R (host)" that reported nothing: died or hung
+
+    def text(self) -> str:
+        detect = f"{self.detect_s:.1f} s"
+        restart = "?" if self.restart_s is None else f"{self.restart_s:.1f} s"
+        return f"detect {detect}, restart {restart}, {self.steps_recomputed} steps recomputed"
+
+
+class Attempts:
+    """The job's attempts (rank 0 writes, every rank may read)."""
+
+    def __init__(self, path: str | None, records: list[dict] | None = None):
+        self.path = path
+        self.records: list[dict] = records or []
+
+    @classmethod
+    def read(cls, path: str | None) -> "Attempts":
+        if path and os.path.exists(path):
+            try:
+                return cls(path, json.loads(Path(path).read_text())["attempts"])
+            except (OSError, ValueError, KeyError, TypeError):
+                pass  # a torn file of a killed writer: start over rather than fail the run
+        return cls(path)
+
+    # -- writing (rank 0) -------------------------------------------------------------------------------
+    def begin(self, attempt: int, started: float, resumed_from: int, hosts: list[str]) -> None:
+        """A new attempt; an earlier record with the same number (a launch restarted by hand under the
+        same id) is replaced, with everything after it."""
+        self.records = [r for r in self.records if r["attempt"] < attempt]
+        self.records.append(
+            {
+                "attempt": attempt,
+                "started": started,
+                "resumed_from": resumed_from,
+                "step": resumed_from,
+                "at": None,
+                "first_step_at": None,
+                "step_seconds": 0.0,
+                "checkpoints": {},
+                "hosts": _runs(hosts),
+                "ended": None,
+            }
+        )
+        self.write()
+
+    @property
+    def next_attempt(self) -> int:
+        """The number of the attempt that starts now: one more than the last recorded. (The elastic agents'
+        TORCHELASTIC_RESTART_COUNT differ between nodes: an agent whose ranks were healthy restarts them for
+        the others' new round without counting it.)"""
+        return self.records[-1]["attempt"] + 1 if self.records else 0
+
+    @property
+    def current(self) -> dict:
+        return self.records[-1]
+
+    def step_started(self, now: float) -> None:
+        if self.current["first_step_at"] is None:
+            self.current["first_step_at"] = now
+
+    def step_done(self, step: int, step_seconds: float, now: float) -> None:
+        cur = self.current
+        cur["step"], cur["at"] = step, now
+        cur["step_seconds"] = round(cur["step_seconds"] + step_seconds, 6)
+        self.write()
+
+    def checkpoint_saved(self, step: int) -> None:
+        marks = self.current["checkpoints"]
+        marks[str(step)] = self.current["step_seconds"]
+        for old in sorted(marks, key=int)[:-KEPT_CHECKPOINTS]:
+            del marks[old]
+        self.write()
+
+    def end(self, code: int, error: str | None, now: float) -> None:
+        self.current["ended"] = {"code": code, "error": error, "at": now}
+        self.write()
+
+    def write(self) -> None:
+        if not self.path:
+            return
+        tmp = f"{self.path}.tmp"
+        try:
+            Path(tmp).parent.mkdir(parents=True, exist_ok=True)
+            Path(tmp).write_text(json.dumps({"attempts": self.records}) + "\n")
+            os.replace(tmp, self.path)
+        except OSError:
+            pass  # bookkeeping only: a full disk must not end the training
+
+    # -- reading -------------------------------------------------------------------------------------
+    @staticmethod
+    def failed_step(record: dict) -> int:
+        return record["step"] + 1
+
+    def _failed(self, record: dict) -> bool:
+        return record["ended"] is None or record["ended"]["code"] != 0
+
+    def refusal(self, attempt: int) -> tuple[int, str] | None:
+        """Why attempt ``attempt`` must not run (exit code, one line), or None: the attempt before it
+        ended with an exit a restart cannot fix, or the two before it failed at the same step."""
+        before = [r for r in self.records if r["attempt"] < attempt]
+        if not before:
+            return None
+        last = before[-1]
+        code = (last["ended"] or {}).get("code")
+        if code in NO_RESTART_CODES:
+            error = last["ended"].get("error")
+            return code, (
+                f"attempt {last['attempt']} ended with {NO_RESTART_CODES[code]}: not restarted"
+                + (f" ({error})" if error else "")
+            )
+        if len(before) >= 2 and all(self._failed(r) for r in before[-2:]):
+            a, b = before[-2:]
+            if self.failed_step(a) == self.failed_step(b):
+                return 1, self.same_step_text(self.failed_step(b), a["attempt"], b["attempt"])
+        return None
+
+    @staticmethod
+    def same_step_text(step: int, first: int, second: int) -> str:
+        return (
+            f"step {step} failed in attempt {first} and again in attempt {second} after an in-job restart: "
+            "a restart cannot fix it, not restarting again (the job ends FAILED; its newest checkpoint "
+            "stays the one that loads)"
+        )
+
+    def fails_again(self, attempt: int, step: int) -> int | None:
+        """Attempt ``attempt`` failing at ``step``: the attempt before it, if it failed at that step too."""
+        before = [r for r in self.records if r["attempt"] < attempt]
+        if before and self._failed(before[-1]) and self.failed_step(before[-1]) == step:
+            return before[-1]["attempt"]
+        return None
+
+    def restart_costs(self, silent: dict[int, list[str]] | None = None) -> list[RestartCost]:
+        costs = []
+        for prev, cur in zip(self.records, self.records[1:]):
+            last = prev["at"] or prev["started"]
+            # the failure seen: a rank's report of it, else the new attempt's start (teardown included)
+            seen = (prev["ended"] or {}).get("at") or cur["started"]
+            detect = max(seen - last, 0.0)
+            restart = None if cur["first_step_at"] is None else max(cur["first_step_at"] - seen, 0.0)
+            costs.append(
+                RestartCost(
+                    attempt=cur["attempt"],
+                    failed_step=self.failed_step(prev),
+                    detect_s=detect,
+                    restart_s=restart,
+                    steps_recomputed=max(prev["step"] - cur["resumed_from"], 0),
+                    silent_ranks=(silent or {}).get(prev["attempt"], []),
+                )
+            )
+        return costs
+
+    def kept_seconds(self) -> float:
+        """Step time of the steps that were kept: an attempt's steps after the checkpoint the next one
+        resumed from were recomputed, and count in the next one only."""
+        total = 0.0
+        for rec, nxt in zip(self.records, self.records[1:] + [None]):
+            if nxt is None:
+                total += rec["step_seconds"]
+                continue
+            keep_to, base = nxt["resumed_from"], rec["resumed_from"]
+            if keep_to <= base:
+                continue
+            mark = rec["checkpoints"].get(str(keep_to))
+            if mark is None:  # not one of its own checkpoints: the average step time
+                done = rec["step"] - base
+                mark = rec["step_seconds"] * min((keep_to - base) / done, 1.0) if done > 0 else 0.0
+            total += mark
+        return total
+
+    def goodput(self, now: float) -> tuple[float, float] | None:
+        """(share of the wall-clock time that produced kept steps, that wall-clock time in seconds)."""
+        if not self.records:
+            return None
+        wall = max(now - self.records[0]["started"], 1e-9)
+        return min(self.kept_seconds() / wall, 1.0), wall
+
+    def goodput_line(self, now: float) -> str:
+        share, wall = self.goodput(now) or (0.0, 0.0)
+        costs = self.restart_costs()
+        line = f"goodput: {100 * share:.1f}% of {wall:.0f} s wall-clock produced steps that were kept"
+        if costs:
+            line += f"; {len(costs)} in-job restart{'s' if len(costs) > 1 else ''}: " + "; ".join(
+                f"#{c.attempt} after step {c.failed_step} failed ({c.text()})" for c in costs
+            )
+        return line
+
+    def rank_host(self, attempt: int, rank: int) -> str:
+        rec = next((r for r in self.records if r["attempt"] == attempt), None)
+        for host, first, last in (rec or {}).get("hosts", []):
+            if first <= rank <= last:
+                return host
+        return "?"
+
+
+def _runs(hosts: list[str]) -> list[list]:
+    """Hosts per rank as [host, first rank, last rank] runs (ranks fill a node before the next)."""
+    runs: list[list] = []
+    for rank, host in enumerate(hosts):
+        if runs and runs[-1][0] == host and runs[-1][2] == rank - 1:
+            runs[-1][2] = rank
+        else:
+            runs.append([host, rank, rank])
+    return runs
+
+
+# -- failure reports: each rank that saw its attempt fail says so; a rank that did not, died or hung ----
+def report_path(attempts_file: str, attempt: int, rank: int) -> str:
+    return f"{attempts_file}.attempt{attempt}.rank{rank}"
+
+
+def write_failure_report(attempts_file: str | None, attempt: int, rank: int, step: int, error: str) -> None:
+    if not attempts_file:
+        return
+    try:
+        Path(report_path(attempts_file, attempt, rank)).write_text(
+            json.dumps({"rank": rank, "step": step, "error": error, "at": time.time()}) + "\n"
+        )
+    except OSError:
+        pass
+
+
+def silent_ranks(attempts: Attempts, attempt: int, world_size: int) -> list[str]:
+    """The ranks of ``attempt`` that left no failure report, when at least one rank left one (a rank
+    that saw its peers fail reports; one that was killed or stopped cannot)."""
+    if not attempts.path:
+        return []
+    reported = {r for r in range(world_size) if os.path.exists(report_path(attempts.path, attempt, r))}
+    if not reported:
+        return []
+    return [f"rank {r} ({attempts.rank_host(attempt, r)})" for r in range(world_size) if r not in reported]
+
+
+def main(argv: list[str] | None = None) -> int:
+    """The launcher's last lines after the training ended: the goodput and, when the job ends FAILED
+    because of it, that the in-job restarts were used up or that a step failed twice."""
+    p = argparse.ArgumentParser(description=main.__doc__)
+    p.add_argument("file")
+    p.add_argument("--max-restarts", type=int, required=True)
+    a = p.parse_args(argv)
+    attempts = Attempts.read(a.file)
+    if not attempts.records:
+        return 0
+    last = attempts.current
+    print(attempts.goodput_line((last["ended"] or {}).get("at") or last["at"] or time.time()))
+    if not attempts._failed(last):
+        return 0
+    code = (last["ended"] or {}).get("code")
+    failed = [r for r in attempts.records if attempts._failed(r)]
+    if code in NO_RESTART_CODES:
+        return 0  # the trainer's own line says it
+    if len(failed) >= 2 and attempts.failed_step(failed[-1]) == attempts.failed_step(failed[-2]):
+        prev = failed[-2]
+        print(f"failed: {attempts.same_step_text(attempts.failed_step(last), prev['attempt'], last['attempt'])}")
+    elif last["attempt"] >= a.max_restarts:
+        steps = ", ".join(str(attempts.failed_step(r)) for r in failed)
+        print(
+            f"failed: the in-job restarts are used up (MAX_RESTARTS={a.max_restarts}): attempt {last['attempt']} "
+            f"failed too (failed steps: {steps}); not restarting again: the newest complete checkpoint loads "
+            "when the same command is submitted again"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,293 @@
+"""The training loop's side of in-job restarts: the resiliency package's sections, the attempts' record
+and goodput, what a rank does when its attempt fails, and the test faults.
+
+The restart itself is the elastic launcher's (``ft_launcher`` of nvidia-resiliency-ext, or torchrun
+``--max-restarts``): it restarts the worker group when a rank exits non-zero or is ended by its rank
+monitor, and the new attempt resumes from the newest complete checkpoint (persistent or
+non-persistent). This module writes no launcher; it tells the launcher not to restart what a restart
+cannot fix (``WorkloadAction.ShutdownWorkload``, where ``ft_launcher`` runs; under torchrun the next
+attempt refuses at once), and keeps the record (training/attempts.py).
+
+``--enable-ft-package`` is Megatron-LM's ``ft_integration``: a "setup" section from start-up to the first
+step, a "step" section around each step after ``--ft-num-warmup-iters``, a "checkpointing" section around
+each save; ``--calc-ft-timeouts`` updates the timeouts from what was observed and keeps them in
+``SAVE/ft_state.json`` for the next attempt.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import signal
+import socket
+import time
+
+import torch
+
+from megatron_fixedcode.training.attempts import (
+    Attempts,
+    attempts_path,
+    process_start_time,
+    silent_ranks,
+    write_failure_report,
+)
+
+logger = logging.getLogger(__name__)
+
+SIM_FAULT_ENV = "MFC_SIM_FAULT"  # tests only: "rank_killed|rank_hung;RANK;STEP[;ATTEMPT]", several space-separated
+_MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """A collective that failed because a peer died or stopped answering (gloo's or NCCL's error, or
+    torch's DistError), anywhere in the exception's chain."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, getattr(torch.distributed, "DistError", ())):
+            return True
+        text = str(error)
+        if isinstance(error, RuntimeError) and any(
+            s in text for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False
+
+
+def request_no_restart(reason: str) -> None:
+    """Ask ``ft_launcher`` not to restart the worker group (its next rendezvous is closed); nothing to
+    ask elsewhere: under torchrun the next attempt refuses to start (:meth:`Attempts.refusal`)."""
+    if not os.environ.get("FT_LAUNCHER_IPC_SOCKET"):
+        return
+    try:
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, WorkloadAction, WorkloadControlRequest
+        from nvidia_resiliency_ext.fault_tolerance.data import RankInfo
+
+        client = RankMonitorClient()
+        client.rank_info = RankInfo.get_for_current_rank()  # what init_workload_monitoring would set
+        client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
+    except Exception as e:  # the launcher may already be gone; the next attempt refuses anyway
+        logger.warning("could not ask ft_launcher not to restart (%s): the next attempt refuses to start instead", e)
+
+
+def read_attempts(save_dir: str | None) -> Attempts:
+    """This job's attempts so far, read by every rank at start-up, before any rank of this attempt writes."""
+    return Attempts.read(attempts_path(save_dir))
+
+
+def refuse_restart(attempts: Attempts, rank0: bool) -> int | None:
+    """Before anything is built: an attempt that must not run (the one before it exited 2 or 17, or the
+    two before it failed at the same step) exits at once with a code, its reason on rank 0."""
+    refusal = attempts.refusal(attempts.next_attempt)
+    if refusal is None:
+        return None
+    code, reason = refusal
+    if rank0:
+        logger.error("%s (the attempts' record: %s)", reason, attempts.path)
+    request_no_restart(reason)
+    return code
+
+
+class ResiliencyClient:
+    """Megatron-LM's ft_integration on nvidia-resiliency-ext's RankMonitorClient (under ft_launcher)."""
+
+    def __init__(self, save_dir: str, warmup_steps: int, calc_timeouts: bool, asynchronous_saves: bool, rank0: bool):
+        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
+
+        self.client = RankMonitorClient()
+        self.state_path = os.path.join(save_dir, "ft_state.json")
+        self.warmup_steps, self.calc_timeouts = warmup_steps, calc_timeouts
+        self.asynchronous_saves, self.rank0 = asynchronous_saves, rank0
+        self.steps = self.saves = 0
+        self.loaded_persistent = False
+        if os.path.exists(self.state_path):
+            with open(self.state_path) as f:
+                self.client.load_state_dict(json.load(f))
+        self.client.init_workload_monitoring()
+        if rank0:
+            logger.info("FT: initialized. Timeouts=%s", self.client.section_timeouts)
+        self.client.start_section("setup")
+        self.setup_open = True
+
+    def step_start(self) -> None:
+        if self.setup_open:
+            self.client.end_section("setup")
+            self.setup_open = False
+        if self.steps >= self.warmup_steps:
+            self.client.start_section("step")
+
+    def step_end(self) -> None:
+        if self.steps >= self.warmup_steps:
+            self.client.end_section("step")
+        self.steps += 1
+
+    @contextlib.contextmanager
+    def checkpointing(self):
+        self.client.start_section("checkpointing")
+        try:
+            yield
+        finally:
+            self.client.end_section("checkpointing")
+        self.saves += 1
+        self._update_timeouts(closing=False)
+
+    def shutdown(self) -> None:
+        self._update_timeouts(closing=True)
+        self.client.shutdown_workload_monitoring()
+
+    def _update_timeouts(self, closing: bool) -> None:
+        """Megatron-LM's _maybe_update_timeouts: each section once it has been seen enough."""
+        if not self.calc_timeouts:
+            return
+        sections = ["setup"] if self.loaded_persistent else []
+        if self.steps >= _MIN_STEPS_FOR_STEP_TIMEOUT:
+            sections.append("step")
+        if self.saves and not self.asynchronous_saves:
+            sections.append("checkpointing")
+        out_of_section = closing and {"setup", "step"} <= set(sections) and self.saves > 0
+        if not sections and not out_of_section:
+            return
+        self.client.calculate_and_set_section_timeouts(selected_sections=sections, calc_out_of_section=out_of_section)
+        if self.rank0:
+            tmp = f"{self.state_path}.tmp"
+            with open(tmp, "w") as f:
+                json.dump(self.client.state_dict(), f)
+            os.replace(tmp, self.state_path)
+            logger.info("FT: updated timeouts saved to %s. %s", self.state_path, self.client.section_timeouts)
+
+
+def start_resiliency_client(cfg) -> ResiliencyClient | None:
+    """``--enable-ft-package``: the rank's client, its "setup" section open; ``ValueError`` (one line, exit 2)
+    outside ft_launcher."""
+    health = cfg.health
+    if not health.enable_ft_package:
+        return None
+    if not os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
+        raise ValueError(
+            "--enable-ft-package: this rank was not started by ft_launcher (nvidia-resiliency-ext's launcher, "
+            "a drop-in for torchrun; examples/slurm_common.sh uses it when the package is installed)"
+        )
+    return ResiliencyClient(
+        cfg.checkpoint.save,
+        health.ft_num_warmup_iters,
+        health.calc_ft_timeouts,
+        bool(cfg.checkpoint.async_save),
+        int(os.environ.get("RANK", "0")) == 0,
+    )
+
+
+def _sim_faults(rank: int, attempt: int) -> dict[int, str]:
+    """``MFC_SIM_FAULT`` (tests only, as Megatron-LM's FT_SIM_FAULT_DESC but at a step): step -> fault."""
+    faults = {}
+    for desc in os.environ.get(SIM_FAULT_ENV, "").split():
+        kind, fault_rank, step, *only = desc.split(";")
+        if kind not in ("rank_killed", "rank_hung"):
+            raise ValueError(f"{SIM_FAULT_ENV}: unknown fault {kind!r} (rank_killed or rank_hung)")
+        if int(fault_rank) == rank and (not only or int(only[0]) == attempt):
+            faults[int(step)] = kind
+    return faults
+
+
+class InJobRestarts:
+    """``start`` after the load, ``before_step``/``after_step`` around each step, ``saving`` around each save,
+    ``failed`` when a collective fails, ``end`` at the exit."""
+
+    def __init__(self, trainer, client: ResiliencyClient | None, attempts: Attempts | None = None):
+        self.trainer, self.client = trainer, client
+        self.rank, self.world = trainer.ranks["rank"], trainer.ranks["world_size"]
+        self.rank0 = self.rank == 0
+        self.attempts = attempts if attempts is not None else read_attempts(trainer.cfg.checkpoint.save)
+        self.attempt = self.attempts.next_attempt
+        self.faults = _sim_faults(self.rank, self.attempt)
+        self._step_began = None
+
+    def start(self) -> None:
+        hosts = [socket.gethostname()] * self.world
+        if self.attempts.path and torch.distributed.is_initialized() and self.world > 1:
+            hosts = [None] * self.world
+            torch.distributed.all_gather_object(hosts, socket.gethostname())
+        if self.client is not None:
+            self.client.loaded_persistent = self.trainer.step > 0
+        if not self.rank0:
+            return
+        if self.attempt > 0 and self.attempts.records:
+            prev = self.attempts.records[-1]
+            silent = silent_ranks(self.attempts, prev["attempt"], self.world)
+            logger.warning(
+                "in-job restart %d: attempt %d failed at step %d%s; resuming from step %d (%d steps to recompute)",
+                self.attempt,
+                prev["attempt"],
+                Attempts.failed_step(prev),
+                f" ({', '.join(silent)} stopped answering: hung or died)" if silent else "",
+                self.trainer.step,
+                max(prev["step"] - self.trainer.step, 0),
+            )
+        self.attempts.begin(self.attempt, process_start_time(), self.trainer.step, hosts)
+
+    def before_step(self) -> None:
+        step = self.trainer.step + 1
+        fault = self.faults.get(step)
+        if fault:
+            logger.warning("%s: simulating %s on rank %d at step %d", SIM_FAULT_ENV, fault, self.rank, step)
+            os.kill(os.getpid(), signal.SIGKILL if fault == "rank_killed" else signal.SIGSTOP)
+        if self.client is not None:
+            self.client.step_start()
+        self._step_began = time.time()
+        if self.rank0:
+            self.attempts.step_started(self._step_began)
+
+    def after_step(self, record: dict) -> None:
+        if self.client is not None:
+            self.client.step_end()
+        if self.rank0:
+            self.attempts.step_done(record["step"], record.get("step_time_s", 0.0), time.time())
+            if len(self.attempts.records) > 1 and self.trainer.step == self.attempts.current["resumed_from"] + 1:
+                cost = self.attempts.restart_costs()[-1]
+                logger.info("in-job restart %d cost: %s", cost.attempt, cost.text())
+
+    @contextlib.contextmanager
+    def saving(self):
+        """Around a save (the resiliency package's "checkpointing" section); a complete one is a point an
+        attempt can resume from."""
+        with self.client.checkpointing() if self.client is not None else contextlib.nullcontext():
+            yield
+        if self.rank0:
+            self.attempts.checkpoint_saved(self.trainer.step)
+
+    def failed(self, error: BaseException) -> int:
+        """A collective failed: a peer died or stopped answering. Report it (the next attempt names the
+        ranks that did not), and if the attempt before failed at this same step, ask not to restart."""
+        step = self.trainer.step + 1
+        first = str(error).splitlines()[0] if str(error) else type(error).__name__
+        write_failure_report(self.attempts.path, self.attempt, self.rank, step, first)
+        if self.rank0:
+            logger.error("step %d: a collective failed: a rank died or stopped answering (%s)", step, first)
+        before = self.attempts.fails_again(self.attempt, step)
+        if before is not None:
+            reason = Attempts.same_step_text(step, before, self.attempt)
+            if self.rank0:
+                logger.error("%s", reason)
+            request_no_restart(reason)
+        return 1
+
+    def end(self, code: int, last_word) -> None:
+        """The goodput line (log, TensorBoard, W&B through ``sink``), the exit record's fields."""
+        now = time.time()
+        if self.rank0:
+            self.attempts.end(code, getattr(last_word, "error", None) if code else None, now)
+            share = self.attempts.goodput(now)
+            if share is not None:
+                logger.info("%s", self.attempts.goodput_line(now))
+                if last_word is not None:
+                    last_word.goodput = round(share[0], 6)
+                    last_word.restarts = [vars(c) for c in self.attempts.restart_costs()]
+        if self.client is not None:
+            with contextlib.suppress(Exception):
+                self.client.shutdown()
+
+    def goodput(self) -> float | None:
+        share = self.attempts.goodput(time.time()) if self.rank0 else None
+        return None if share is None else share[0]

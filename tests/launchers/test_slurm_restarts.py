@@ -1,0 +1,129 @@
+"""In-job restarts under the real local Slurm cluster (tests/helpers/slurm.py): two nodes, one CPU rank each,
+launched as users submit it (sbatch, then srun, then ft_launcher of nvidia-resiliency-ext, the default where
+it is installed). A rank killed with SIGKILL, or stopped (SIGSTOP: a hang, found by the collective timeout),
+restarts the worker group inside the allocation without a resubmission, and the run ends with the steps of an
+uninterrupted run, each recorded once; a restart budget of 1 and two crashes ends FAILED saying so; the same
+step crashing twice ends FAILED without using the rest of the budget."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.pretrain import assert_same_steps
+from tests.helpers.slurm import SHRINK, SMALL, launcher_env, sbatch, steps, wait_done, wait_for_step, write_shards
+
+pytestmark = pytest.mark.slow
+TWO_NODES = ["--nodes=2", *SMALL[1:]]
+LAST = 16
+RUN = [*SHRINK, "--exit-interval", str(LAST), "--distributed-timeout-minutes", "1"]
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("restarts"))
+
+
+@pytest.fixture(scope="module")
+def straight(slurm, shards, tmp_path_factory) -> list[dict]:
+    """The uninterrupted run: steps 1..LAST on the same two nodes."""
+    run = tmp_path_factory.mktemp("straight")
+    job = sbatch(run, launcher_env(shards, run), *RUN, sbatch_opts=TWO_NODES)
+    info = wait_done(job, run, 300)
+    assert info["JobState"] == "COMPLETED", (run / f"slurm-{job}.out").read_text()[-3000:]
+    return steps(run)
+
+
+def _rank_pid(run: Path, rank: int) -> int:
+    """The trainer process of ``rank`` of this test's job (both Slurm nodes run on this machine)."""
+    for pid in subprocess.run(
+        ["pgrep", "-f", "megatron_fixedcode.pretrain"], capture_output=True, text=True
+    ).stdout.split():
+        try:
+            environ = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
+        except OSError:
+            continue
+        if f"RANK={rank}".encode() in environ and str(run).encode() in cmdline and b"--dry-run" not in cmdline:
+            return int(pid)
+    raise AssertionError(f"no rank {rank} process of {run}")
+
+
+def _attempts(run: Path, job: str) -> list[dict]:
+    return json.loads((run / "logs" / f"attempts-{job}.json").read_text())["attempts"]
+
+
+def _assert_exact_and_once(run: Path, straight: list[dict]) -> None:
+    got = steps(run)
+    assert [r["step"] for r in got] == list(range(1, LAST + 1)), [r["step"] for r in got]
+    assert_same_steps(straight, got)
+
+
+def test_a_killed_rank_restarts_the_group_in_the_job_and_ends_as_the_straight_run(slurm, shards, straight, tmp_path):
+    """SIGKILL of rank 1 (node 2) at step 6: the group restarts from the step-4 checkpoint in the same allocation
+    (no requeue: Slurm's restart count stays 0), every step equal to the straight run's and recorded once; the
+    new attempt names the failed step and the log has the goodput line."""
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=TWO_NODES)
+    wait_for_step(tmp_path, 6, job)
+    os.kill(_rank_pid(tmp_path, 1), signal.SIGKILL)
+    info = wait_done(job, tmp_path, 300)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0"), out[-4000:]
+    _assert_exact_and_once(tmp_path, straight)
+    attempts = _attempts(tmp_path, job)
+    assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["resumed_from"] >= 4, attempts
+    assert f"in-job restart 1: attempt 0 failed at step {attempts[0]['step'] + 1}" in out, out[-4000:]
+    assert "goodput: " in out and "1 in-job restart: #1 after step" in out, out[-3000:]
+    record = json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())
+    assert record["code"] == 0 and 0 < record["goodput"] <= 1 and len(record["restarts"]) == 1, record
+
+
+def test_a_stopped_rank_is_found_by_the_collective_timeout_and_the_group_restarts(slurm, shards, straight, tmp_path):
+    """SIGSTOP of rank 1 at step 6 with --distributed-timeout-minutes 1: rank 0's collective times out, the group
+    restarts within a couple of minutes and finishes as the straight run; the log names the rank that stopped
+    answering and its host, and the step."""
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=TWO_NODES)
+    wait_for_step(tmp_path, 6, job)
+    stopped = time.time()
+    os.kill(_rank_pid(tmp_path, 1), signal.SIGSTOP)
+    info = wait_done(job, tmp_path, 400)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out[-4000:]
+    _assert_exact_and_once(tmp_path, straight)
+    attempts = _attempts(tmp_path, job)
+    assert len(attempts) == 2 and attempts[1]["first_step_at"] - stopped < 180, attempts
+    failed = attempts[0]["step"] + 1
+    assert f"step {failed}: a collective failed" in out, out[-4000:]
+    assert f"attempt 0 failed at step {failed} (rank 1 (mfc-node2) stopped answering" in out, out[-4000:]
+
+
+def test_a_restart_budget_of_one_and_two_crashes_end_failed_saying_so(slurm, shards, tmp_path):
+    """MAX_RESTARTS=1: rank 1 dies at step 5 (attempt 0) and at step 7 (attempt 1): the job ends FAILED, its
+    output saying the in-job restarts are used up."""
+    env = launcher_env(
+        shards, tmp_path, SAVE_INTERVAL="4", MAX_RESTARTS="1", MFC_SIM_FAULT="rank_killed;1;5;0 rank_killed;1;7;1"
+    )
+    job = sbatch(tmp_path, env, *RUN, sbatch_opts=TWO_NODES)
+    info = wait_done(job, tmp_path, 300)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "FAILED" and info["Restarts"] == "0", out[-4000:]
+    assert "failed: the in-job restarts are used up (MAX_RESTARTS=1): attempt 1 failed too" in out, out[-4000:]
+    assert [a["attempt"] for a in _attempts(tmp_path, job)] == [0, 1]
+
+
+def test_the_same_step_crashing_twice_ends_failed_without_using_the_budget(slurm, shards, tmp_path):
+    """Rank 1 dies at step 6 in every attempt: after the second time the job ends FAILED saying that a restart
+    cannot fix it, with 3 of MAX_RESTARTS=5 restarts unused."""
+    env = launcher_env(shards, tmp_path, SAVE_INTERVAL="4", MAX_RESTARTS="5", MFC_SIM_FAULT="rank_killed;1;6")
+    job = sbatch(tmp_path, env, *RUN, sbatch_opts=TWO_NODES)
+    info = wait_done(job, tmp_path, 300)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "FAILED", out[-4000:]
+    assert "step 6 failed in attempt 0 and again in attempt 1 after an in-job restart" in out, out[-4000:]
+    assert [a["attempt"] for a in _attempts(tmp_path, job)] == [0, 1]
