@@ -205,10 +205,11 @@ class InJobRestarts:
         self._step_began = None
 
     def start(self) -> None:
-        hosts = [socket.gethostname()] * self.world
+        host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # the name sbatch --exclude takes
+        hosts = [host] * self.world
         if self.attempts.path and torch.distributed.is_initialized() and self.world > 1:
             hosts = [None] * self.world
-            torch.distributed.all_gather_object(hosts, socket.gethostname())
+            torch.distributed.all_gather_object(hosts, host)
         if self.client is not None:
             self.client.loaded_persistent = self.trainer.step > 0
         if not self.rank0:
