@@ -70,6 +70,10 @@ setup_py311() {
         stage "install torch==$TORCH_VERSION" "$vpy" -m pip install -q "torch==$TORCH_VERSION"
     fi
     stage "install this package [dev]" "$vpy" -m pip install -q -e ".[dev]"
+    # the [ft] extra without its deprecated pynvml shim, whose import-time FutureWarning torch.cuda would
+    # print in every process (nvidia-ml-py, also a dependency, provides the pynvml module itself)
+    stage "install nvidia-resiliency-ext (--no-deps)" "$vpy" -m pip install -q --no-deps "nvidia-resiliency-ext==0.4.1"
+    stage "install its dependencies" "$vpy" -m pip install -q defusedxml nvidia-ml-py psutil
 }
 
 setup_py312() {

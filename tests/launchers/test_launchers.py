@@ -3,6 +3,7 @@ and how the launchers read their environment. Under a real Slurm controller: tes
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import re
@@ -77,6 +78,34 @@ def test_sbatch_header(script):
     assert text.rfind("#SBATCH") < first_command
 
 
+def elastic_index(command: list[str]) -> int:
+    """Where the elastic launcher starts in the launch command."""
+    return next(i for i, a in enumerate(command) if a in ("torchrun", "ft_launcher"))
+
+
+def test_the_elastic_launcher_is_ft_launcher_where_installed_else_torchrun(tmp_path):
+    """ELASTIC_LAUNCHER chooses; without it, ft_launcher if nvidia-resiliency-ext imports; MAX_RESTARTS is checked."""
+    for chosen in ("torchrun", "ft_launcher"):
+        command, _, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], launcher_env(tmp_path, ELASTIC_LAUNCHER=chosen))
+        assert command[elastic_index(command)] == chosen
+    command, _, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], launcher_env(tmp_path, MAX_RESTARTS="0"))
+    assert command[command.index("--max-restarts") + 1] == "0"
+    installed = importlib.util.find_spec("nvidia_resiliency_ext") is not None
+    command, _, _ = run_dry("pretrain_1p7b_fixedcode.sh", [], launcher_env(tmp_path))
+    assert command[elastic_index(command)] == ("ft_launcher" if installed else "torchrun")
+    bad = subprocess.run(
+        ["bash", str(EXAMPLES / "pretrain_1p7b_fixedcode.sh"), "--dry-run"],
+        env=launcher_env(tmp_path, MAX_RESTARTS="two"),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert bad.returncode == 2 and bad.stderr.strip().splitlines()[-1] == (
+        "error: MAX_RESTARTS=two: give a whole number (0: no in-job restart)"
+    )
+
+
 @pytest.mark.parametrize("script,args,recipe_name", LAUNCHERS, ids=[f"{s}:{'-'.join(a)}" for s, a, _ in LAUNCHERS])
 def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsys, script, args, recipe_name):
     from megatron_fixedcode.pretrain import main
@@ -86,14 +115,15 @@ def test_dry_run_command_is_accepted_by_the_trainer(tmp_path, monkeypatch, capsy
         del env["DATA_PATH"], env["VALID_DATA_PATH"]
     command, printed, stderr = run_dry(script, args, env)
     assert "would be refused" not in stderr, stderr
-    assert command[:1] == ["srun"] and "torchrun" in command
-    torchrun = command[command.index("torchrun") :]
-    for flag in ("--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id"):
+    assert command[:1] == ["srun"]
+    torchrun = command[elastic_index(command) :]  # ft_launcher (nvidia-resiliency-ext installed) or torchrun
+    for flag in ("--nnodes", "--nproc_per_node", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id", "--max-restarts"):
         assert flag in torchrun
     assert torchrun[torchrun.index("--rdzv_backend") + 1] == "c10d"
     assert torchrun[torchrun.index("--nproc_per_node") + 1] == "8"
+    assert torchrun[torchrun.index("--max-restarts") + 1] == "3"  # MAX_RESTARTS' default
     # srun gives the node's one task its CPUs (srun does not inherit sbatch's --cpus-per-task)
-    srun = command[: command.index("torchrun")]
+    srun = command[: elastic_index(command)]
     cpus = [a for a in srun if a.startswith("--cpus-per-task=")]
     assert len(cpus) == 1 and int(cpus[0].split("=")[1]) >= 1
 
@@ -143,7 +173,7 @@ def test_dry_run_cpus_per_task_and_cuda_requirement(tmp_path):
     assert out.returncode == 0, out.stderr
     lines = out.stdout.splitlines()
     command = shlex.split(lines[lines.index("# command:") + 1])
-    assert "--cpus-per-task=64" in command[: command.index("torchrun")]
+    assert "--cpus-per-task=64" in command[: elastic_index(command)]
     assert "cpus_per_task=64" in lines[0]
     # the trainer's environment: a rank without a visible GPU refuses to start (exported by default)
     assert "MFC_REQUIRE_CUDA=1" in out.stdout and "OMP_NUM_THREADS=8" in out.stdout
