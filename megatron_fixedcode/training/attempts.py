@@ -175,8 +175,17 @@ class Attempts:
         if len(before) >= 2 and all(self._failed(r) for r in before[-2:]):
             a, b = before[-2:]
             if self.failed_step(a) == self.failed_step(b):
+                if all((r["ended"] or {}).get("code") == 16 for r in (a, b)):
+                    return 16, self.rerun_again_text(self.failed_step(b))
                 return 1, self.same_step_text(self.failed_step(b), a["attempt"], b["attempt"])
         return None
+
+    @staticmethod
+    def rerun_again_text(step: int) -> str:
+        return (
+            f"the rerun state machine asked again, after an in-job restart on the same GPUs, to re-run step {step} "
+            "elsewhere (exit 16): not restarting in the job; the launcher requeues it"
+        )
 
     @staticmethod
     def same_step_text(step: int, first: int, second: int) -> str:
@@ -310,8 +319,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     code = (last["ended"] or {}).get("code")
     failed = [r for r in attempts.records if attempts._failed(r)]
-    if code in NO_RESTART_CODES:
-        return 0  # the trainer's own line says it
+    if code in NO_RESTART_CODES or code == 16:
+        return 0  # the trainer's own line says it (16: the launcher requeues, saying why)
     if len(failed) >= 2 and attempts.failed_step(failed[-1]) == attempts.failed_step(failed[-2]):
         prev = failed[-2]
         print(f"failed: {attempts.same_step_text(attempts.failed_step(last), prev['attempt'], last['attempt'])}")

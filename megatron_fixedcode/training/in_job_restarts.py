@@ -277,6 +277,11 @@ class InJobRestarts:
     def end(self, code: int, last_word) -> None:
         """The goodput line (log, TensorBoard, W&B through ``sink``), the exit record's fields."""
         now = time.time()
+        if code == 16 and self.attempts.fails_again(self.attempt, self.trainer.step + 1) is not None:
+            reason = Attempts.rerun_again_text(self.trainer.step + 1)  # the same GPUs again: they cannot decide
+            if self.rank0:
+                logger.warning("%s", reason)
+            request_no_restart(reason)
         if self.rank0:
             self.attempts.end(code, getattr(last_word, "error", None) if code else None, now)
             share = self.attempts.goodput(now)

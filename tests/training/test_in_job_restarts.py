@@ -56,6 +56,14 @@ def test_the_same_step_failing_in_two_attempts_in_a_row_is_not_restarted_again()
     assert Attempts(None, killed[:1]).fails_again(1, 12) == 0 and Attempts(None, killed[:1]).fails_again(1, 13) is None
 
 
+def test_a_rerun_exit_16_resumes_in_the_job_once_then_goes_to_the_launchers_requeue():
+    rerun = {"code": 16, "error": None, "at": 5.0}
+    once = Attempts(None, [_attempt(0, 0, 7, 1.0, ended=rerun)])
+    assert once.refusal(1) is None  # resumed in the job, without waiting for a requeue
+    code, reason = Attempts(None, [_attempt(0, 0, 7, 1.0, ended=rerun), _attempt(1, 7, 7, 0.0, ended=rerun)]).refusal(2)
+    assert code == 16 and "re-run step 8 elsewhere (exit 16)" in reason and "the launcher requeues it" in reason
+
+
 def test_goodput_counts_each_kept_step_once_and_the_restart_costs():
     # attempt 0: steps 1-11 in 11 s, checkpoint at 8 (8 s); killed; attempt 1 resumes from 8, runs 9-20 in 12 s
     a = Attempts(
@@ -216,21 +224,24 @@ def test_ft_launcher_ends_a_rank_that_overstays_its_step_section_and_the_group_r
 
 
 @pytest.mark.slow
-def test_a_plain_torchrun_launch_with_max_restarts_resumes_after_a_killed_rank(corpus, straight, tmp_path):
-    """torchrun --max-restarts 2 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as docs/training.md says): rank 1 killed at
-    step 7 of attempt 0; attempt 1 resumes from step 4 and ends as the straight run; the record sits beside the
-    checkpoints."""
+def test_a_plain_torchrun_restart_resumes_from_the_newer_non_persistent_checkpoint(corpus, straight, tmp_path):
+    """torchrun --max-restarts 2 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as docs/training.md says), persistent saves
+    every 4 steps and non-persistent every 3: rank 1 killed at step 8 of attempt 0; attempt 1 resumes from the
+    non-persistent step 6 (newer than the persistent 4) and ends as the straight run, each step once; the record
+    sits beside the checkpoints."""
     metrics = tmp_path / "m.jsonl"
     proc = _elastic(
         ["-m", "torch.distributed.run"],
-        [*_run_args(corpus, tmp_path), "--metrics-file", str(metrics)],
-        {"MFC_SIM_FAULT": "rank_killed;1;7;0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        [*_run_args(corpus, tmp_path), "--metrics-file", str(metrics)]
+        + ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "global"],
+        {"MFC_SIM_FAULT": "rank_killed;1;8;0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
+    assert f"resumed from {tmp_path / 'ckpt' / 'non_persistent'}" in log, log[-5000:]
     got = read_metrics(metrics)
     assert [r["step"] for r in got] == list(range(1, 13))
     assert_same_steps(straight, got)
     (record,) = (tmp_path / "ckpt").glob("attempts-*.json")
     attempts = json.loads(record.read_text())["attempts"]
-    assert [(a["attempt"], a["resumed_from"]) for a in attempts] == [(0, 0), (1, 4)], attempts
+    assert [(a["attempt"], a["resumed_from"]) for a in attempts] == [(0, 0), (1, 6)], attempts
