@@ -16,7 +16,8 @@ trap '' TERM USR1 "${exit_signal#SIG}"
 # What reaches the Slurm output leaves out torchrun's own ~40-line ChildFailedError report (a traceback of
 # torchrun, then the failed ranks' exit codes, which the launcher's last lines say in one) and torch's C++
 # "[enforce fail at inline_container.cc...]" after a checkpoint write the trainer already reported (a full
-# disk); the node log keeps both. A rank's own traceback ("[rankN]: ...") passes untouched.
+# disk), and ft_launcher's INFO records (its configuration, rendezvous rounds); the node log keeps them all.
+# A rank's own traceback ("[rankN]: ...") passes untouched; the launcher's warnings and errors pass too.
 slurm_output_filter() {
     awk -v log_note="${1:-}" '
     function flush() { printf "%s", buf; buf = ""; n = 0 }
@@ -29,6 +30,9 @@ slurm_output_filter() {
                      print "torchrun: a worker failed; its report is" log_note; fflush() }
                  next }
     /enforce fail at inline_container\.cc/ && !/Error: / { next }
+    cont && (/^  [a-z_]+ +: / || /^$/) { next }
+    { cont = 0 }
+    /^\[[0-9: ,-]+\] \[INFO\] \[(ft_launcher|RankMonServer)/ { cont = 1; next }
     { print; fflush() }
     END { flush() }'
 }

@@ -135,8 +135,8 @@ def test_a_scancel_during_an_async_save_cancels_with_that_checkpoint_complete(sl
 
 
 def test_a_rerun_exit_past_max_requeues_says_to_resume_on_another_node(slurm, shards, tmp_path):
-    """A persistent fault (injected): exit 16 with a checkpoint; with no requeue left the last line says the
-    rerun state machine asks for a resume on another GPU, naming the node, not 'stopped at step ?'."""
+    """A persistent fault (injected): exit 16 with a checkpoint, resumed in the job, 16 again; with no requeue left
+    the last line says the rerun state machine asks for a resume on another GPU, naming the node."""
     job = sbatch(
         tmp_path,
         launcher_env(shards, tmp_path, MAX_REQUEUES="0"),
@@ -163,3 +163,8 @@ def test_a_rerun_exit_past_max_requeues_says_to_resume_on_another_node(slurm, sh
         f"{step + 1} on another GPU than {host} (device"
     ), last
     assert f"--exclude={host})" in last
+    # exit 16 resumed in the job first (an in-job restart, without waiting for a requeue); 16 again on the same
+    # GPUs is not restarted in the job: the launcher's requeue is the way to other GPUs
+    attempts = json.loads((tmp_path / "logs" / f"attempts-{job}.json").read_text())["attempts"]
+    assert [(a["attempt"], a["ended"]["code"]) for a in attempts] == [(0, 16), (1, 16)], attempts
+    assert "after an in-job restart on the same GPUs, to re-run step" in out
