@@ -215,7 +215,7 @@ def test_a_refusal_only_the_ranks_see_ends_the_job_with_its_line_last_and_exit_2
     assert "ChildFailedError" not in out
     if "ft_launcher" in node_log:  # exit 2 is not restarted: the rank asked ft_launcher to stop; one attempt ran
         assert "req=WorkloadControlRequest(action=WorkloadAction.ShutdownWorkload, description=exit 2: " in out
-        assert node_log.count("MFC_REQUIRE_CUDA=1 (set by the Slurm launchers) but torch sees no CUDA GPU") == 1
+        assert node_log.count("ERROR:megatron_fixedcode.training.loop:MFC_REQUIRE_CUDA=1 (set by") == 1
     else:  # torchrun's own report stays in the node log, out of the Slurm output
         assert "torchrun: a worker failed; its report is in" in out and "ChildFailedError" in node_log
 
