@@ -130,7 +130,7 @@ print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
 # The attempts' record (training/attempts.py): the goodput and, when the in-job restarts end the job, why.
 mfc_attempts_summary() {
     [[ -s ${MFC_ATTEMPTS_FILE:-} ]] || return 0
-    python -m megatron_fixedcode.training.attempts "$MFC_ATTEMPTS_FILE" --max-restarts "${MAX_RESTARTS:-3}" >&2 || true
+    python -m megatron_fixedcode.cli.attempts_summary "$MFC_ATTEMPTS_FILE" --max-restarts "${MAX_RESTARTS:-3}" >&2 || true
 }
 
 # After srun: requeue only after a time-limit checkpoint that completed (or the rerun state machine's exit 16),

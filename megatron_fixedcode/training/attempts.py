@@ -19,7 +19,6 @@ Pure bookkeeping (JSON and arithmetic): no torch, no process groups; the loop fe
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -303,36 +302,27 @@ def silent_ranks(attempts: Attempts, attempt: int, world_size: int) -> list[str]
     return [f"rank {r} ({attempts.rank_host(attempt, r)})" for r in range(world_size) if r not in reported]
 
 
-def main(argv: list[str] | None = None) -> int:
+def summary_lines(attempts: Attempts, max_restarts: int) -> list[str]:
     """The launcher's last lines after the training ended: the goodput and, when the job ends FAILED
     because of it, that the in-job restarts were used up or that a step failed twice."""
-    p = argparse.ArgumentParser(description=main.__doc__)
-    p.add_argument("file")
-    p.add_argument("--max-restarts", type=int, required=True)
-    a = p.parse_args(argv)
-    attempts = Attempts.read(a.file)
     if not attempts.records:
-        return 0
+        return []
     last = attempts.current
-    print(attempts.goodput_line((last["ended"] or {}).get("at") or last["at"] or time.time()))
+    lines = [attempts.goodput_line((last["ended"] or {}).get("at") or last["at"] or time.time())]
     if not attempts._failed(last):
-        return 0
+        return lines
     code = (last["ended"] or {}).get("code")
     failed = [r for r in attempts.records if attempts._failed(r)]
     if code in NO_RESTART_CODES or code == 16:
-        return 0  # the trainer's own line says it (16: the launcher requeues, saying why)
+        return lines  # the trainer's own line says it (16: the launcher requeues, saying why)
     if len(failed) >= 2 and attempts.failed_step(failed[-1]) == attempts.failed_step(failed[-2]):
         prev = failed[-2]
-        print(f"failed: {attempts.same_step_text(attempts.failed_step(last), prev['attempt'], last['attempt'])}")
-    elif last["attempt"] >= a.max_restarts:
+        lines.append(f"failed: {attempts.same_step_text(attempts.failed_step(last), prev['attempt'], last['attempt'])}")
+    elif last["attempt"] >= max_restarts:
         steps = ", ".join(str(attempts.failed_step(r)) for r in failed)
-        print(
-            f"failed: the in-job restarts are used up (MAX_RESTARTS={a.max_restarts}): attempt {last['attempt']} "
+        lines.append(
+            f"failed: the in-job restarts are used up (MAX_RESTARTS={max_restarts}): attempt {last['attempt']} "
             f"failed too (failed steps: {steps}); not restarting again: the newest complete checkpoint loads "
             "when the same command is submitted again"
         )
-    return 0
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())
+    return lines

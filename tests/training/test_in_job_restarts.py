@@ -15,7 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from megatron_fixedcode.training.attempts import Attempts, attempts_path, main as attempts_main, silent_ranks
+from megatron_fixedcode.cli.attempts_summary import main as attempts_main
+from megatron_fixedcode.training.attempts import Attempts, attempts_path, silent_ranks
 from megatron_fixedcode.training.attempts import write_failure_report
 from megatron_fixedcode.training.in_job_restarts import is_collective_failure, refuse_restart
 from tests.helpers import REPO
