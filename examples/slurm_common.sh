@@ -384,8 +384,9 @@ mfc_launch() {
     [[ ${MAX_RESTARTS:-3} =~ ^[0-9]+$ ]] || mfc_die "MAX_RESTARTS=$MAX_RESTARTS: give a whole number (0: no in-job restart)"
     local -a elastic_args=(--max-restarts "${MAX_RESTARTS:-3}")
     if [[ $elastic == ft_launcher ]]; then
+        # a restart stops the healthy ranks with TERM: their peers are gone, so 15 s (not 30) before the SIGKILL
         elastic_args+=(--ft-rank-section-timeouts "${FT_SECTION_TIMEOUTS:-setup:1800,step:600,checkpointing:1200}"
-            --ft-rank-out-of-section-timeout "${FT_OUT_OF_SECTION_TIMEOUT:-1200}")
+            --ft-rank-out-of-section-timeout "${FT_OUT_OF_SECTION_TIMEOUT:-1200}" --workers-stop-timeout 15)
         [[ ${MFC_REQUIRE_CUDA:-1} == 0 ]] && elastic_args+=(--ft-enable-nic-monitor false)   # CPU runs: no NICs to watch
     fi
     local -a launch=(srun --nodes "$num_nodes" --ntasks-per-node 1 --cpus-per-task="$cpus_per_task"

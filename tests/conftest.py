@@ -78,6 +78,8 @@ LONGEST_FIRST = (
     "launchers/test_slurm_saves_and_evals.py",
     "launchers/test_slurm_downstream.py",
     "training/test_megatron_log_checks.py",
+    "launchers/test_slurm_restarts.py",
+    "training/test_in_job_restarts.py",
 )
 
 

@@ -135,6 +135,8 @@ class Attempts:
         self.write()
 
     def end(self, code: int, error: str | None, now: float) -> None:
+        if not self.records or self.current["ended"] is not None:
+            return  # no attempt began here (an evaluation-only run), or it already ended
         self.current["ended"] = {"code": code, "error": error, "at": now}
         self.write()
 

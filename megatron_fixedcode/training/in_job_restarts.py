@@ -203,6 +203,7 @@ class InJobRestarts:
         self.attempt = self.attempts.next_attempt
         self.faults = _sim_faults(self.rank, self.attempt)
         self._step_began = None
+        self.began = False  # start() ran: this process trains (not an evaluation-only run)
 
     def start(self) -> None:
         host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # the name sbatch --exclude takes
@@ -212,6 +213,7 @@ class InJobRestarts:
             torch.distributed.all_gather_object(hosts, host)
         if self.client is not None:
             self.client.loaded_persistent = self.trainer.step > 0
+        self.began = True
         if not self.rank0:
             return
         if self.attempt > 0 and self.attempts.records:
@@ -282,7 +284,7 @@ class InJobRestarts:
             if self.rank0:
                 logger.warning("%s", reason)
             request_no_restart(reason)
-        if self.rank0:
+        if self.rank0 and self.began:
             self.attempts.end(code, getattr(last_word, "error", None) if code else None, now)
             share = self.attempts.goodput(now)
             if share is not None:
