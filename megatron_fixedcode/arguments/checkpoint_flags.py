@@ -5,6 +5,7 @@ and exporting checkpoints, what a resume restores, and the exit conditions of a 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import dataclasses
 import os
 import signal
@@ -140,8 +141,9 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         "--non-persistent-ckpt-type",
         choices=("global", "local"),
         default=None,
-        help="global: a directory of its own on the shared filesystem (the one type here); local "
-        "(nvidia-resiliency-ext's node-local manager) is refused for now",
+        help="global: a directory of its own on the shared filesystem; local: each rank's file in node-local "
+        "storage (--non-persistent-local-ckpt-dir, nvidia-resiliency-ext's manager), which a restart on the same "
+        "nodes loads",
     )
     g.add_argument(
         "--non-persistent-global-ckpt-dir",
@@ -149,13 +151,16 @@ def add_checkpoint_args(p: argparse.ArgumentParser) -> None:
         help="where global non-persistent checkpoints go (default SAVE/non_persistent, as Megatron-LM)",
     )
     g.add_argument(
-        "--non-persistent-local-ckpt-dir", default=None, help="local non-persistent checkpoints' node-local directory"
+        "--non-persistent-local-ckpt-dir",
+        default=None,
+        help="local non-persistent checkpoints' node-local directory (each rank writes DIR/RANK/)",
     )
     g.add_argument(
         "--non-persistent-local-ckpt-algo",
         choices=("fully_parallel", "atomic"),
         default="fully_parallel",
-        help="local non-persistent checkpoints' save algorithm",
+        help="local non-persistent checkpoints: fully_parallel spreads the replicated tensors over the data-parallel "
+        "ranks (one copy in all); atomic: each rank saves all it holds",
     )
 
 
@@ -164,25 +169,29 @@ NON_PERSISTENT_SUBDIR = "non_persistent"  # Megatron-LM's _NON_PERSISTENT_CKPT_S
 
 def refuse_non_persistent(a: argparse.Namespace, p: argparse.ArgumentParser) -> None:
     """The non-persistent flags together (before anything starts)."""
-    if a.non_persistent_ckpt_type == "local":
-        p.error(
-            "--non-persistent-ckpt-type local (nvidia-resiliency-ext's node-local checkpoints) is not wired here "
-            "yet: use --non-persistent-ckpt-type global (a directory on the shared filesystem)"
-        )
-    if a.non_persistent_local_ckpt_dir is not None:
-        p.error("--non-persistent-local-ckpt-dir acts with --non-persistent-ckpt-type local, not available here")
     if a.non_persistent_save_interval is None:
-        if a.non_persistent_ckpt_type or a.non_persistent_global_ckpt_dir:
+        if a.non_persistent_ckpt_type or a.non_persistent_global_ckpt_dir or a.non_persistent_local_ckpt_dir:
             p.error(
-                "--non-persistent-ckpt-type/--non-persistent-global-ckpt-dir act with --non-persistent-save-interval"
+                "--non-persistent-ckpt-type/--non-persistent-global-ckpt-dir/--non-persistent-local-ckpt-dir act "
+                "with --non-persistent-save-interval"
             )
         return
     if a.non_persistent_save_interval < 1:
         p.error(f"--non-persistent-save-interval must be >= 1, got {a.non_persistent_save_interval}")
-    if a.non_persistent_ckpt_type != "global":
-        p.error("--non-persistent-save-interval needs --non-persistent-ckpt-type global (Megatron-LM's flag pair)")
+    if a.non_persistent_ckpt_type is None:
+        p.error("--non-persistent-save-interval needs --non-persistent-ckpt-type global or local (Megatron-LM's pair)")
     if not a.save:
         p.error("--non-persistent-save-interval saves checkpoints: it needs --save")
+    if a.non_persistent_ckpt_type == "global" and a.non_persistent_local_ckpt_dir:
+        p.error("--non-persistent-local-ckpt-dir acts with --non-persistent-ckpt-type local, not global")
+    if a.non_persistent_ckpt_type != "local":
+        return
+    if a.non_persistent_global_ckpt_dir:
+        p.error("--non-persistent-global-ckpt-dir acts with --non-persistent-ckpt-type global, not local")
+    if not a.non_persistent_local_ckpt_dir:  # Megatron-LM's assertion
+        p.error("--non-persistent-ckpt-type local needs --non-persistent-local-ckpt-dir (node-local storage)")
+    if importlib.util.find_spec("nvidia_resiliency_ext") is None:  # Megatron-LM's RuntimeError, before any rank
+        p.error("--non-persistent-ckpt-type local needs nvidia-resiliency-ext (pip install 'megatron-fixedcode[ft]')")
 
 
 def _signal_name(value) -> str:
@@ -213,9 +222,9 @@ class CheckpointConfig:
     hf_export_interval: int | None = None  # a Hugging Face export of every N-th checkpoint, in the background
     hf_export_dir: str | None = None
     non_persistent_save_interval: int | None = None  # cheap checkpoints between persistent ones, newest kept
-    non_persistent_ckpt_type: str | None = None  # "global" (the one type here)
+    non_persistent_ckpt_type: str | None = None  # "global" (shared filesystem) or "local" (node-local, per rank)
     non_persistent_global_ckpt_dir: str | None = None  # default SAVE/non_persistent
-    non_persistent_local_ckpt_dir: str | None = None  # refused (local type)
+    non_persistent_local_ckpt_dir: str | None = None  # the local type's node-local directory
     non_persistent_local_ckpt_algo: str = "fully_parallel"
 
     @classmethod

@@ -21,6 +21,7 @@ verifies (``--ckpt-step N``).
 * :mod:`.verify` — checksums recorded and verified; :mod:`.save`, :mod:`.load` — every rank;
 * :mod:`.resume_scope` — what a resume keeps on another layout (pure);
 * :mod:`.save_checks`, :mod:`.load_checks` — ``--save`` probes and readable write failures; loaded weights finite;
+* :mod:`.local` — ``--non-persistent-ckpt-type local``: each rank's file in node-local storage (nvidia-resiliency-ext);
 * :mod:`.single_process` — any checkpoint into a TP=1/PP=1 model in one process, and one saved from it.
 """
 
@@ -42,7 +43,10 @@ _EXPORTS = {
         ],
         "paths",
     ),
-    **dict.fromkeys(["RNG_BY_MODEL_PARALLEL_RANK", "model_sharded_state", "optimizer_format", "unwrap"], "state"),
+    **dict.fromkeys(
+        ["RNG_BY_MODEL_PARALLEL_RANK", "layout_of", "model_sharded_state", "optimizer_format", "unwrap"], "state"
+    ),
+    "LocalCheckpoints": "local",
     **dict.fromkeys(
         [
             "CHECKSUMS_CLAIM",

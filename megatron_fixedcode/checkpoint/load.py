@@ -97,18 +97,23 @@ def load_checkpoint(
     if scope.scheduler:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
     logger.info("resumed from %s (step %d)", target, trainer_state["step"])
-    if rank0:  # Megatron-LM's line, word for word: users' scripts wait for it
-        r = _ranks()
-        logger.info(
-            "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %d",
-            root,
-            r["tp_rank"] + 1,
-            r["tp_size"],
-            r["pp_rank"] + 1,
-            r["pp_size"],
-            trainer_state["step"],
-        )
+    if rank0:
+        log_loaded(root, trainer_state["step"])
     return trainer_state
+
+
+def log_loaded(root, step: int) -> None:
+    """Megatron-LM's line, word for word: users' scripts wait for it."""
+    r = _ranks()
+    logger.info(
+        "  successfully loaded checkpoint from %s [ t %d/%d, p %d/%d ] at iteration %d",
+        root,
+        r["tp_rank"] + 1,
+        r["tp_size"],
+        r["pp_rank"] + 1,
+        r["pp_size"],
+        step,
+    )
 
 
 def _current_layout(saved: dict) -> dict:

@@ -35,16 +35,16 @@ def _os_reason(e: OSError) -> str:
     return (e.strerror or os.strerror(e.errno or 0) or str(e)).lower() if e.errno else str(e)
 
 
-def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
-    """Create ``save_dir`` if needed and prove a file can be written, synced and removed there."""
+def check_save_dir_writable(save_dir: str | os.PathLike, flag: str = "--save") -> Path:
+    """Create ``save_dir`` (``flag``'s directory) if needed and prove a file can be written, synced and removed there."""
     path = Path(save_dir)
     try:
         path.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
-        raise ValueError(f"--save {path}: exists and is not a directory") from None
+        raise ValueError(f"{flag} {path}: exists and is not a directory") from None
     except OSError as e:
         where = f" ({e.filename})" if e.filename and str(e.filename) != str(path) else ""
-        raise ValueError(f"--save {path}: cannot create the directory: {_os_reason(e)}{where}") from None
+        raise ValueError(f"{flag} {path}: cannot create the directory: {_os_reason(e)}{where}") from None
     probe = path / f".mfc_write_probe_{os.getpid()}_{uuid.uuid4().hex[:8]}"
     try:
         with open(probe, "wb") as f:
@@ -52,7 +52,7 @@ def check_save_dir_writable(save_dir: str | os.PathLike) -> Path:
             f.flush()
             os.fsync(f.fileno())
     except OSError as e:
-        raise ValueError(f"--save {path}: not writable: {_os_reason(e)}") from None
+        raise ValueError(f"{flag} {path}: not writable: {_os_reason(e)}") from None
     finally:
         try:
             probe.unlink()
@@ -194,11 +194,12 @@ def checkpoint_write_error(path: str | os.PathLike, exc: BaseException) -> Value
     return ValueError(f"cannot write checkpoint {name}: {reason}; the last complete checkpoint is kept")
 
 
-def check_save_dir(save: str, rank0: bool) -> None:
+def check_save_dir(save: str, rank0: bool, flag: str = "--save") -> None:
     """The first rank of every node proves it can write to ``--save`` (each node writes its
-    ranks' shards there); rank 0 reports for its node, another node's first rank for its own."""
+    ranks' shards there; ``flag``: --non-persistent-local-ckpt-dir, each node's own storage); rank 0 reports
+    for its node, another node's first rank for its own."""
     try:
-        check_save_dir_writable(save)
+        check_save_dir_writable(save, flag)
     except ValueError as e:
         if not rank0:
             logger.error("node %s: %s", os.environ.get("GROUP_RANK", "?"), e)

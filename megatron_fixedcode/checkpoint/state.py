@@ -56,6 +56,13 @@ def _model_parallel_rng_object(ranks: dict, data: Any = None) -> ShardedObject:
     )
 
 
+LAYOUT_KEYS = ("world_size", "tp_size", "pp_size", "dp_size")  # a checkpoint's "layout": what a resume compares
+
+
+def layout_of(ranks: dict) -> dict:
+    return {k: ranks[k] for k in LAYOUT_KEYS}
+
+
 def _data_parallel_group():
     from megatron.core import parallel_state
 

@@ -187,13 +187,14 @@ def _clip_grad_by_total_norm_cpu(parameters, max_norm, total_norm, use_decoupled
 # megatron methods that treat every tensor as a CUDA tensor: they compare ``Tensor.type()`` with
 # 'torch.cuda.*Tensor' names (the optimizers sort parameters by it, and refuse others) or move
 # tensors with ``.cuda()`` before a collective (gathers of the distributed optimizer's state, the
-# fully parallel load's exchange, the tied table's first all-reduce between pipeline stages). They
+# fully parallel load's exchange, local checkpoints' too, the tied table's first all-reduce between pipeline stages). They
 # run under :func:`_tensors_act_as_cuda`.
 _METHODS_ASSUMING_CUDA_TENSORS = (
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "__init__"),
     ("megatron.core.optimizer.distrib_optimizer", "DistributedOptimizer", "get_parameter_state_dp_zero"),
     ("megatron.core.optimizer.optimizer", "Float16OptimizerWithFloat16Params", "__init__"),
     ("megatron.core.dist_checkpointing.strategies.fully_parallel", "FullyParallelLoadStrategyWrapper", "load"),
+    ("megatron.core.dist_checkpointing.tensor_aware_state_dict", "MCoreTensorAwareStateDict", "to_state_dict"),
     (
         "megatron.core.models.common.language_module.language_module",
         "LanguageModule",

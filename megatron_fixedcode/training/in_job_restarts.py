@@ -101,7 +101,7 @@ class ResiliencyClient:
         self.state_path = os.path.join(save_dir, "ft_state.json")
         self.warmup_steps, self.calc_timeouts = warmup_steps, calc_timeouts
         self.asynchronous_saves, self.rank0 = asynchronous_saves, rank0
-        self.steps = self.saves = 0
+        self.steps = self.saves = self.eval_steps = 0
         self.loaded_persistent = False
         if os.path.exists(self.state_path):
             with open(self.state_path) as f:
@@ -123,6 +123,19 @@ class ResiliencyClient:
         if self.steps >= self.warmup_steps:
             self.client.end_section("step")
         self.steps += 1
+        self.eval_steps = 0  # Megatron-LM: each evaluation counts its own warmup batches
+
+    def eval_step_start(self) -> None:
+        if self.setup_open:  # an evaluation before any training step
+            self.client.end_section("setup")
+            self.setup_open = False
+        if self.eval_steps >= self.warmup_steps:
+            self.client.start_section("step")
+
+    def eval_step_end(self) -> None:
+        if self.eval_steps >= self.warmup_steps:
+            self.client.end_section("step")
+        self.eval_steps += 1
 
     @contextlib.contextmanager
     def checkpointing(self):
@@ -212,7 +225,8 @@ class InJobRestarts:
             hosts = [None] * self.world
             torch.distributed.all_gather_object(hosts, host)
         if self.client is not None:
-            self.client.loaded_persistent = self.trainer.step > 0
+            local = self.trainer.local_checkpoints  # a local checkpoint's fast load must not set "setup"'s timeout
+            self.client.loaded_persistent = self.trainer.step > 0 and not (local and local.loaded_step)
         self.began = True
         if not self.rank0:
             return
@@ -250,6 +264,15 @@ class InJobRestarts:
             if len(self.attempts.records) > 1 and self.trainer.step == self.attempts.current["resumed_from"] + 1:
                 cost = self.attempts.restart_costs()[-1]
                 logger.info("in-job restart %d cost: %s", cost.attempt, cost.text())
+
+    @contextlib.contextmanager
+    def evaluation_batch(self):
+        """Around each evaluation batch: Megatron-LM's "step" section, after the warmup batches."""
+        if self.client is not None:
+            self.client.eval_step_start()
+        yield
+        if self.client is not None:
+            self.client.eval_step_end()
 
     @contextlib.contextmanager
     def saving(self):

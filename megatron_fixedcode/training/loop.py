@@ -94,6 +94,8 @@ def _run_pretraining(cfg: PretrainConfig, last_word: ExitRecord) -> int:
             check_save_dir(
                 cfg.checkpoint.save, rank0
             )  # a read-only filesystem or a path under a file: now, not at the first save
+            if cfg.checkpoint.non_persistent_ckpt_type == "local":
+                check_save_dir(cfg.checkpoint.non_persistent_local_ckpt_dir, rank0, "--non-persistent-local-ckpt-dir")
         if rank0 and cfg.checkpoint.save:
             # One job writes a --save directory at a time: a second one is refused naming the holder;
             # the kernel drops the lock of a killed run, so the next run takes it over.
@@ -241,7 +243,8 @@ def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobR
         health.after_step(record)
         restarts.after_step(record)
         if _evaluation_due(trainer):
-            record.update(health.evaluate(stop=lambda: any_rank(exit_request.flag, trainer.device)))
+            stop = lambda: any_rank(exit_request.flag, trainer.device)  # noqa: E731
+            record.update(health.evaluate(stop=stop, around_batch=restarts.evaluation_batch))
         sink.record(record)
         if trainer.step % cfg.logging.log_interval == 0 and rank0:
             sink.scalars({"goodput": restarts.goodput()}, trainer.step)

@@ -238,15 +238,12 @@ def checkpoint_state() -> dict:
     return {"ranks": ranks}
 
 
-def restore_from(trainer, plan) -> RerunDataIterator:
-    """After the trainer's load: the state saved with the checkpoint (none for a fresh start or a
-    --finetune), and the data iterator from the trainer's step on."""
-    from megatron_fixedcode import checkpoint
-
-    ck, saved = trainer.cfg.checkpoint, None
-    if plan.load_step is not None and not ck.finetune:
-        state = checkpoint.read_trainer_state(ck.load, plan.load_step) or {}
-        saved, layout = state.get("rerun"), state.get("layout")
+def restore_from(trainer, resumed: dict | None) -> RerunDataIterator:
+    """After the trainer's load: the state saved with the checkpoint resumed from (``resumed``, its trainer state:
+    None for a fresh start or a --finetune), and the data iterator from the trainer's step on."""
+    saved = None
+    if resumed:
+        saved, layout = resumed.get("rerun"), resumed.get("layout")
         if saved and layout and layout != {k: trainer.ranks[k] for k in layout}:
             # Megatron-LM's rule: on another world size, TP/PP or DP size the machine's state is ignored
             if trainer.ranks["rank"] == 0:

@@ -4,6 +4,7 @@ optimizer and scheduler, the train and validation datasets, and the resume of a 
 
 from __future__ import annotations
 
+import logging
 import uuid
 
 import torch
@@ -14,7 +15,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.save_checks import find_os_error
-from megatron_fixedcode.compat import runtime_device
+from megatron_fixedcode.compat import parallel_ranks, runtime_device
 from megatron_fixedcode.data import build_datasets
 from megatron_fixedcode.models import build_transformer_config
 from megatron_fixedcode.models.builder import use_transformer_engine
@@ -24,9 +25,18 @@ from megatron_fixedcode.training.forward_backward import loss_config_fields
 from megatron_fixedcode.training.gpu_features import fusion_settings, settle_gelu_approximation, te_wgrad_fusion
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.lr_schedule import scheduler_settings
-from megatron_fixedcode.training.run_plan import RunPlan
+from megatron_fixedcode.training.run_plan import RunPlan, stream_identity
 from megatron_fixedcode.utils.files import DiskFull, is_disk_full
 from megatron_fixedcode.utils.rank_agreement import raise_if_any_rank_failed
+
+logger = logging.getLogger(__name__)
+
+
+def local_checkpoints(ck):
+    """``--non-persistent-ckpt-type local``: this rank's node-local checkpoints (after the process groups)."""
+    if ck.non_persistent_ckpt_type != "local":
+        return None
+    return checkpoint.LocalCheckpoints(ck.non_persistent_local_ckpt_dir, ck.non_persistent_local_ckpt_algo, ck.verify)
 
 
 def build_chunks(cfg: PretrainConfig, plan: RunPlan, pg) -> tuple[list[torch.nn.Module], dict]:
@@ -181,46 +191,71 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
         ) from None
 
 
-def resume(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler) -> tuple[int, int]:
-    """Load ``plan.load_step`` into the parts; returns (step, prediction targets) to continue from
-    ((0, 0) for a fresh start or a --finetune)."""
+def resume(
+    cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler, local=None
+) -> tuple[int, int, dict | None]:
+    """Load ``plan.load_step`` into the parts, then, with ``--non-persistent-ckpt-type local`` (``local``: the rank's
+    :class:`~megatron_fixedcode.checkpoint.local.LocalCheckpoints`), the newest local checkpoint instead when it is
+    newer (Megatron-LM's choice). Returns (step, prediction targets, the trainer state resumed from) to continue
+    from: (0, 0, None) for a fresh start; (0, 0, None) after a --finetune load."""
     ck, o = cfg.checkpoint, cfg.optim
-    if plan.load_step is None:
-        return 0, 0
-    rank, world = dist.get_rank(), dist.get_world_size()
-    target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
-    error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
-    raise_if_any_rank_failed(
-        error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
-        runtime_device(),
-        checkpoint.CorruptCheckpoint,
-    )
-    state = checkpoint.load_checkpoint(
-        ck.load,
-        chunks,
-        optimizer,
-        scheduler,
-        plan.load_step,
-        scope=plan.resume,
-    )
-    if ck.finetune:
-        return 0, 0
+    state = None
+    if plan.load_step is not None:
+        rank, world = dist.get_rank(), dist.get_world_size()
+        target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
+        error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
+        raise_if_any_rank_failed(
+            error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
+            runtime_device(),
+            checkpoint.CorruptCheckpoint,
+        )
+        state = checkpoint.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, scope=plan.resume)
+    if local is not None:
+        state = _resume_local(cfg, plan, chunks, optimizer, scheduler, local) or state
+    if state is None or ck.finetune:
+        return 0, 0, None
     if ck.override_opt_param_scheduler:
         decoupled = (o.decoupled_lr, o.min_lr if o.decoupled_min_lr is None else o.decoupled_min_lr)
         for group in optimizer.param_groups:  # megatron-core >= 0.17 reads them per group
             peak, final = (o.lr, o.min_lr) if group.get("default_config", True) else decoupled
             group.update({k: v for k, v in (("max_lr", peak), ("min_lr", final)) if k in group})
         scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
-    return state["step"], state["tokens"]
+    return state["step"], state["tokens"], state
 
 
-def wandb_run_id(cfg: PretrainConfig, plan: RunPlan) -> str | None:
+def _resume_local(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler, local) -> dict | None:
+    """The newest local checkpoint when it is newer than what loaded and the run resumes all of it (no --ckpt-step,
+    --finetune, --no-load-optim, --no-load-rng); otherwise the local ones are forgotten (a restart must not take up a timeline this run left)."""
+    ck = cfg.checkpoint
+    newest = local.newest_step()  # every rank: the steps every rank holds intact
+    loaded = plan.load_step if plan.load_step is not None else 0
+    resumes_all = not (ck.finetune or ck.no_load_optim or ck.no_load_rng)  # a local one resumes everything
+    usable = newest is not None and ck.load_step is None and resumes_all and bool(ck.load)
+    if usable and newest > loaded:
+        if dist.get_rank() == 0:
+            logger.info(
+                "Loading from a non-persistent checkpoint (non-persistent iter %d): %s", newest, local.directory.parent
+            )
+        this_run = {
+            "identity": plan.identity,
+            "layout": checkpoint.layout_of(parallel_ranks()),
+            **stream_identity(cfg, plan.global_batch, plan.max_steps),
+        }
+        state = local.load(chunks, optimizer, scheduler, this_run)
+        if state is not None:
+            return state
+    elif newest is not None and usable and dist.get_rank() == 0:
+        logger.warning("non-persistent checkpoints are older than persistent checkpoint")  # Megatron-LM's line
+    if newest is not None:
+        local.forget()
+    return None
+
+
+def wandb_run_id(cfg: PretrainConfig, resumed: dict | None) -> str:
     """The W&B run of this training run: the checkpoint's on a resume (a requeued job continues
     it), a new one otherwise (also for --finetune, a new run)."""
     if not cfg.logging.wandb_project:
         return None
-    if plan.load_step is not None and not cfg.checkpoint.finetune:
-        saved = checkpoint.read_trainer_state(cfg.checkpoint.load, plan.load_step) or {}
-        if saved.get("wandb_run_id"):
-            return saved["wandb_run_id"]
+    if resumed and resumed.get("wandb_run_id"):
+        return resumed["wandb_run_id"]
     return uuid.uuid4().hex[:8]

@@ -17,6 +17,7 @@ The parts, in the order :class:`Trainer` builds them (each decided once, in ``ru
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import math
@@ -56,6 +57,7 @@ from megatron_fixedcode.training.run_parts import (
     build_scheduler,
     canonical_lr,
     decoupled_lr,
+    local_checkpoints,
     resume,
     wandb_run_id,
 )
@@ -106,9 +108,12 @@ class Trainer:
         self.optimizer_kind = describe_optimizer(self.optimizer, use_fused_adamw(self.optimizer))
         self.scheduler = build_scheduler(cfg, self.optimizer, self.max_steps, self.global_batch)
         self.train_ds, self.valid_ds = build_run_datasets(cfg, self.tokenizer, self.max_steps, self.global_batch)
-        self.step, self.tokens = resume(cfg, plan, self.chunks, self.optimizer, self.scheduler)
-        self.wandb_run_id = wandb_run_id(cfg, plan)
-        self.train_iter = restore_from(self, plan)  # the rerun data iterator; the spike statistics saved
+        self.local_checkpoints = local_checkpoints(cfg.checkpoint)  # --non-persistent-ckpt-type local, else None
+        self.step, self.tokens, resumed = resume(
+            cfg, plan, self.chunks, self.optimizer, self.scheduler, self.local_checkpoints
+        )
+        self.wandb_run_id = wandb_run_id(cfg, resumed)
+        self.train_iter = restore_from(self, resumed)  # the rerun data iterator; the spike statistics saved
 
     def _stream_identity(self) -> dict:
         return stream_identity(self.cfg, self.global_batch, self.max_steps)
@@ -128,7 +133,7 @@ class Trainer:
             "wandb_run_id": self.wandb_run_id,
             "rerun": checkpoint_state(),
             "optimizer_format": checkpoint.optimizer_format(self.optimizer, self.cfg.checkpoint.fully_reshardable),
-            "layout": {k: r[k] for k in ("world_size", "tp_size", "pp_size", "dp_size")},
+            "layout": checkpoint.layout_of(r),
         }
 
     def _microbatches(self, dataset, step: int) -> list[dict]:
@@ -189,10 +194,11 @@ class Trainer:
         }
 
     @torch.no_grad()
-    def evaluate(self, stop=None) -> dict:
+    def evaluate(self, stop=None, around_batch=contextlib.nullcontext) -> dict:
         """Mean NLL on the first ``eval_iters`` global batches of the validation stream (always the same).
         ``stop`` (asked before each batch, alike on every rank) abandons it: a signal's checkpoint must not
-        wait for a long evaluation inside the time limit's warning; nothing is recorded then."""
+        wait for a long evaluation inside the time limit's warning; nothing is recorded then. ``around_batch``:
+        a context around each batch (the resiliency package's "step" section)."""
         for chunk in self.chunks:
             chunk.eval()
         totals = []
@@ -201,7 +207,8 @@ class Trainer:
                 if stop is not None and stop():
                     break
                 try:
-                    totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
+                    with around_batch():
+                        totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
                 except RuntimeError as e:
                     raise as_non_finite(
                         e,
@@ -279,6 +286,22 @@ class Trainer:
         self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
         logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
 
+    def _save_local(self, timer: str) -> None:
+        """--non-persistent-ckpt-type local: every rank its file in node-local storage (checkpoint/local.py)."""
+        t0 = time.perf_counter()
+        with params_synced(self.chunks), timed(self.timers, timer, 0, barrier=True):
+            where = self.local_checkpoints.save(
+                self.step, self.chunks, self.optimizer, self.scheduler, self.trainer_state()
+            )
+        if self.ranks["rank"] == 0:
+            logger.info(
+                "saved non-persistent local checkpoint of step %d in %s in %.1f s",
+                self.step,
+                where.parent,
+                time.perf_counter() - t0,
+            )
+        log_timers(self.timers, [timer], rank0=self.ranks["rank"] == 0)
+
     def save(self, final: bool = False, keep=None, async_saves=None, non_persistent: bool = False) -> None:
         """``keep(step)``: an older checkpoint that --ckpt-keep-last / --save-retain-interval must not prune yet;
         ``async_saves``: the run's --async-save queue (None: a synchronous save); ``non_persistent``: into the
@@ -288,6 +311,8 @@ class Trainer:
         root = ck.non_persistent_dir() if non_persistent else ck.save
         timer = "save-checkpoint-non-persistent" if non_persistent else "save-checkpoint"  # Megatron-LM's names
         self.wait_for_export()
+        if non_persistent and self.local_checkpoints is not None:
+            return self._save_local(timer)
         t0 = time.perf_counter()
         target, error = checkpoint.checkpoint_dir(root, self.step), None
         try:

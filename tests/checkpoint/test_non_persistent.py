@@ -1,11 +1,13 @@
-"""Megatron-LM's non-persistent checkpoints (``--non-persistent-save-interval`` with
-``--non-persistent-ckpt-type global``): cheap saves between persistent ones into SAVE/non_persistent (or
-``--non-persistent-global-ckpt-dir``), only the newest kept, and a resume that loads the newest complete one of
-the persistent and non-persistent checkpoints, exactly."""
+"""Megatron-LM's non-persistent checkpoints (``--non-persistent-save-interval``): cheap saves between persistent
+ones, ``global`` into SAVE/non_persistent (or ``--non-persistent-global-ckpt-dir``), ``local`` into each rank's
+node-local directory (nvidia-resiliency-ext's manager, checkpoint/local.py), only the newest kept, and a resume
+that loads the newest complete one of the persistent and non-persistent checkpoints, exactly."""
 
 from __future__ import annotations
 
+import hashlib
 import shutil
+from pathlib import Path
 
 import pytest
 
@@ -84,11 +86,131 @@ def test_a_kill_during_the_non_persistent_write_leaves_the_previous_one_and_an_o
     assert "at iteration 7" in proc.stderr, proc.stderr[-3000:]
 
 
+def _local_files(local) -> dict[str, list[str]]:
+    return {rank.name: sorted(p.name for p in rank.iterdir()) for rank in sorted(local.iterdir())}
+
+
+@pytest.mark.slow
+def test_local_checkpoints_a_kill_mid_write_leaves_the_previous_one_and_a_changed_file_is_passed_over(corpus, tmp_path):
+    """Two ranks, persistent saves every 4 steps, local ones every 3. A kill while step 9's local files were written
+    (rank 0's complete, rank 1's half): the restart loads local step 6 (newer than the persistent 4), saves 9 over
+    the remains and ends as the straight run, each step once. Then rank 1's file of step 9 changed on disk: not
+    used (its checksum), the persistent step 8 loads, and the run again ends as the straight run."""
+    pytest.importorskip("nvidia_resiliency_ext")
+    local, ckpt, metrics = tmp_path / "local", tmp_path / "ckpt", tmp_path / "m.jsonl"
+    flags = ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "local"]
+    flags += ["--non-persistent-local-ckpt-dir", str(local), "--train-iters", "10"]
+
+    def run(save, m, *extra):
+        return pretrain(
+            *data_args(corpus, "gpt"),
+            "--save",
+            str(save),
+            "--load",
+            str(save),
+            "--save-interval",
+            "4",
+            "--metrics-file",
+            str(m),
+            "--eval-interval",
+            "1000",
+            *extra,
+            nproc=2,
+        )
+
+    straight = tmp_path / "straight.jsonl"
+    run(tmp_path / "straight", straight, "--train-iters", "10")
+    first = run(ckpt, metrics, *flags, "--exit-interval", "8")
+    assert "saved non-persistent local checkpoint of step 6" in first.stderr, first.stderr[-3000:]
+    six = "iter_0000006_{}_local.pt"
+    assert _local_files(local) == {r: [six.format(r), six.format(r) + ".sha256"] for r in "01"}  # 3 went at 6
+    # killed while step 9 was written: rank 0's file complete (renamed, its checksum beside it), rank 1's half
+    for suffix in ("", ".sha256"):
+        shutil.copy(local / "0" / (six.format(0) + suffix), local / "0" / f"iter_0000009_0_local.pt{suffix}")
+    (local / "1" / "iter_0000009_1_local.dirty.pt").write_bytes((local / "1" / six.format(1)).read_bytes()[:999])
+    shutil.rmtree(checkpoint.checkpoint_dir(ckpt, 8))
+    (ckpt / checkpoint.LATEST_MARKER).write_text("4")
+    second = run(ckpt, metrics, *flags)
+    assert "Loading from a non-persistent checkpoint (non-persistent iter 6)" in second.stderr, second.stderr[-3000:]
+    assert "at iteration 6" in second.stderr
+    resumed = read_metrics(metrics)
+    assert [r["step"] for r in resumed] == list(range(1, 11))  # each step recorded once
+    assert_same_steps(read_metrics(straight), resumed)  # loss, grad norm, LR, tokens: bit for bit
+    nine = "iter_0000009_{}_local.pt"
+    assert _local_files(local) == {r: [nine.format(r), nine.format(r) + ".sha256"] for r in "01"}
+    # rank 1's step-9 file changed since it was written; the persistent 10 is gone, 8 is the newest
+    changed = bytearray((local / "1" / nine.format(1)).read_bytes())
+    changed[-100] ^= 0xFF
+    (local / "1" / nine.format(1)).write_bytes(bytes(changed))
+    shutil.rmtree(checkpoint.checkpoint_dir(ckpt, 10))
+    (ckpt / checkpoint.LATEST_MARKER).write_text("8")
+    third = run(ckpt, metrics, *flags)
+    assert "its bytes changed since it was written (checksum): not used" in third.stderr, third.stderr[-3000:]
+    assert "at iteration 8" in third.stderr and "non-persistent iter" not in third.stderr
+    resumed = read_metrics(metrics)
+    assert [r["step"] for r in resumed] == list(range(1, 11))
+    assert_same_steps(read_metrics(straight), resumed)
+    # the changed file was forgotten with the rest; step 9 saved again, intact
+    assert _local_files(local) == {r: [nine.format(r), nine.format(r) + ".sha256"] for r in "01"}
+    again = local / "1" / nine.format(1)
+    assert hashlib.sha256(again.read_bytes()).hexdigest() == Path(f"{again}.sha256").read_text()
+
+
+@pytest.mark.slow
+def test_another_runs_local_checkpoint_is_passed_over_and_forgotten(corpus, tmp_path):
+    """A local directory holding another run's checkpoint (another seed): the new run says so, starts at step 1
+    instead of loading it, and its own local saves replace it."""
+    pytest.importorskip("nvidia_resiliency_ext")
+    local = tmp_path / "local"
+    flags = ["--non-persistent-save-interval", "2", "--non-persistent-ckpt-type", "local"]
+    flags += ["--non-persistent-local-ckpt-dir", str(local), "--save-interval", "100", "--train-iters", "3"]
+    for seed, run in (("1234", "a"), ("99", "b")):
+        ckpt = tmp_path / run
+        proc = pretrain(
+            *data_args(corpus, "gpt"),
+            *flags,
+            "--seed",
+            seed,
+            "--save",
+            str(ckpt),
+            "--load",
+            str(ckpt),
+            "--metrics-file",
+            str(tmp_path / f"{run}.jsonl"),
+            nproc=2,
+        )
+    assert f"local checkpoint of step 2 in {local} was saved by another run (differs: seed): not used" in proc.stderr, (
+        proc.stderr[-3000:]
+    )
+    assert [r["step"] for r in read_metrics(tmp_path / "b.jsonl")] == [1, 2, 3]
+    assert sorted(p.name for p in local.glob("*/*.pt")) == ["iter_0000002_0_local.pt", "iter_0000002_1_local.pt"]
+
+
 @pytest.mark.parametrize(
     "flags, needle",
     [
-        (["--non-persistent-ckpt-type", "local", "--non-persistent-save-interval", "2"], "not wired here yet"),
-        (["--non-persistent-save-interval", "2"], "needs --non-persistent-ckpt-type global"),
+        (
+            ["--non-persistent-ckpt-type", "local", "--non-persistent-save-interval", "2"],
+            "needs --non-persistent-local-ckpt-dir",
+        ),
+        (
+            [
+                "--non-persistent-ckpt-type",
+                "local",
+                "--non-persistent-save-interval",
+                "2",
+                "--non-persistent-local-ckpt-dir",
+                "/l",
+                "--non-persistent-global-ckpt-dir",
+                "/g",
+            ],
+            "acts with --non-persistent-ckpt-type global, not local",
+        ),
+        (
+            NON_PERSISTENT + ["--non-persistent-local-ckpt-dir", "/l"],
+            "acts with --non-persistent-ckpt-type local, not global",
+        ),
+        (["--non-persistent-save-interval", "2"], "needs --non-persistent-ckpt-type global or local"),
         (["--non-persistent-ckpt-type", "global"], "act with --non-persistent-save-interval"),
         (NON_PERSISTENT[:1] + ["0"] + NON_PERSISTENT[2:], "must be >= 1"),
         (NON_PERSISTENT, "it needs --save"),

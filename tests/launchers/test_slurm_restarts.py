@@ -66,10 +66,15 @@ def _assert_exact_and_once(run: Path, straight: list[dict]) -> None:
 
 
 def test_a_killed_rank_restarts_the_group_in_the_job_and_ends_as_the_straight_run(slurm, shards, straight, tmp_path):
-    """SIGKILL of rank 1 (node 2) at step 6: the group restarts from the step-4 checkpoint in the same allocation
-    (no requeue: Slurm's restart count stays 0), every step equal to the straight run's and recorded once; the
-    new attempt names the failed step and the log has the goodput line."""
-    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=TWO_NODES)
+    """SIGKILL of rank 1 (node 2) once step 6 is logged, with persistent checkpoints every 4 steps and local
+    non-persistent ones every 3 (each rank's node-local directory): the group restarts from the newest complete
+    checkpoint (the persistent 4, or the local 6 unless the kill came during its write) in the same allocation (no
+    requeue: Slurm's restart count stays 0), every step equal to the straight run's and recorded once; the new
+    attempt names the failed step and the log has the goodput line."""
+    local = tmp_path / "local"
+    np_flags = ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "local"]
+    np_flags += ["--non-persistent-local-ckpt-dir", str(local)]
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, *np_flags, sbatch_opts=TWO_NODES)
     wait_for_step(tmp_path, 6, job)
     os.kill(_rank_pid(tmp_path, 1), signal.SIGKILL)
     info = wait_done(job, tmp_path, 300)
@@ -77,7 +82,15 @@ def test_a_killed_rank_restarts_the_group_in_the_job_and_ends_as_the_straight_ru
     assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0"), out[-4000:]
     _assert_exact_and_once(tmp_path, straight)
     attempts = _attempts(tmp_path, job)
-    assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["resumed_from"] >= 4, attempts
+    assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["resumed_from"] in (4, 6), attempts
+    if attempts[1]["resumed_from"] == 6:
+        assert "Loading from a non-persistent checkpoint (non-persistent iter 6)" in out, out[-4000:]
+    assert sorted(p.name for p in local.glob("*/iter_*")) == [  # 15 the newest local one (16: persistent)
+        "iter_0000015_0_local.pt",
+        "iter_0000015_0_local.pt.sha256",
+        "iter_0000015_1_local.pt",
+        "iter_0000015_1_local.pt.sha256",
+    ]
     assert f"in-job restart 1: attempt 0 failed at step {attempts[0]['step'] + 1}" in out, out[-4000:]
     assert "goodput: " in out and "1 in-job restart: #1 after step" in out, out[-3000:]
     record = json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())

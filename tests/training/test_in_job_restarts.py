@@ -18,7 +18,7 @@ import pytest
 from megatron_fixedcode.cli.attempts_summary import main as attempts_main
 from megatron_fixedcode.training.attempts import Attempts, attempts_path, silent_ranks
 from megatron_fixedcode.training.attempts import write_failure_report
-from megatron_fixedcode.training.in_job_restarts import is_collective_failure, refuse_restart
+from megatron_fixedcode.training.in_job_restarts import ResiliencyClient, is_collective_failure, refuse_restart
 from tests.helpers import REPO
 from tests.helpers.errors import parse_refused
 from tests.helpers.pretrain import TINY, assert_same_steps, data_args, pretrain, read_metrics, write_corpus
@@ -145,6 +145,44 @@ def test_the_fault_tolerance_flags_are_refused_apart_in_one_line(capsys):
     assert "--calc-ft-timeouts acts with --enable-ft-package" in parse_refused(
         [*TINY, "--train-iters", "4", "--mock-data", "--calc-ft-timeouts"], capsys
     )
+
+
+class _RecordingMonitor:
+    def __init__(self):
+        self.calls = []
+
+    def start_section(self, name):
+        self.calls.append(f"+{name}")
+
+    def end_section(self, name):
+        self.calls.append(f"-{name}")
+
+
+def test_the_sections_open_as_megatron_lms_ft_integration_opens_them():
+    """ "setup" until the first training or evaluation batch; "step" around each training step and each evaluation
+    batch after the warmup ones (2 here; an evaluation counts its own, from 0 after each training step)."""
+    client = object.__new__(ResiliencyClient)
+    client.client, client.warmup_steps, client.setup_open = _RecordingMonitor(), 2, True
+    client.steps = client.eval_steps = 0
+    for _ in range(3):
+        client.step_start()
+        client.step_end()
+    assert client.client.calls == ["-setup", "+step", "-step"]
+    client.client.calls.clear()
+    for _ in range(3):
+        client.eval_step_start()
+        client.eval_step_end()
+    client.step_start()
+    client.step_end()
+    for _ in range(3):
+        client.eval_step_start()
+        client.eval_step_end()
+    assert client.client.calls == ["+step", "-step", "+step", "-step", "+step", "-step"]
+    evaluation_first = object.__new__(ResiliencyClient)
+    evaluation_first.client, evaluation_first.warmup_steps, evaluation_first.setup_open = _RecordingMonitor(), 0, True
+    evaluation_first.steps = evaluation_first.eval_steps = 0
+    evaluation_first.eval_step_start()
+    assert evaluation_first.client.calls == ["-setup", "+step"]
 
 
 def _free_port() -> int:

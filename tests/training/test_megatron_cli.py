@@ -937,14 +937,12 @@ def test_megatron_log_line_tensorboard_tags_and_mfu_peak(caplog, monkeypatch):
 
 
 def test_wandb_run_id_is_kept_with_the_checkpoint(monkeypatch):
-    from megatron_fixedcode import checkpoint
     from megatron_fixedcode.training import metrics, run_parts
     from megatron_fixedcode.arguments.logging_flags import LoggingConfig
 
     cfg = parse_pretrain_args([*TINY, "--train-iters", "2", "--dry-run", "--wandb-project", "p", "--load", "/ckpt"])
-    monkeypatch.setattr(checkpoint, "read_trainer_state", lambda root, step: {"wandb_run_id": "run42"})
-    assert run_parts.wandb_run_id(cfg, types.SimpleNamespace(load_step=3)) == "run42"
-    fresh = run_parts.wandb_run_id(cfg, types.SimpleNamespace(load_step=None))
+    assert run_parts.wandb_run_id(cfg, {"step": 3, "wandb_run_id": "run42"}) == "run42"  # the state resumed from
+    fresh = run_parts.wandb_run_id(cfg, None)  # a fresh start (or --finetune)
     assert fresh and fresh != "run42"
     calls = []
     monkeypatch.setitem(sys.modules, "wandb", types.SimpleNamespace(init=lambda **kw: calls.append(kw)))
