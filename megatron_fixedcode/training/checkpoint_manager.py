@@ -28,6 +28,7 @@ class CheckpointManager:
         self.async_saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
         self.async_saves.on_finalized = self._async_complete
         self.saved_at = trainer.step  # the step of the newest checkpoint this run has (or resumed from)
+        self._non_persistent_in_flight = None  # the step of a non-persistent save written in the background
 
     @property
     def asynchronous(self) -> bool:
@@ -54,10 +55,14 @@ class CheckpointManager:
 
     def save_non_persistent(self) -> None:
         """``--non-persistent-save-interval``: a checkpoint of the trainer's step into the non-persistent directory,
-        where only the newest stays; written synchronously, after the persistent save in flight (if any) is
-        finalized. No export, evaluation or progress line: it is for restarts only (Megatron-LM's meaning)."""
+        where only the newest stays, after the save in flight (if any) is finalized; ``global`` with --async-save
+        is written in the background as the persistent ones, ``local`` synchronously (checkpoint/local.py). No
+        export, evaluation or progress line: it is for restarts only (Megatron-LM's meaning)."""
         self.async_saves.finalize(blocking=True)
-        self.trainer.save(non_persistent=True)
+        background = self.asynchronous and self.trainer.local_checkpoints is None
+        if background:
+            self._non_persistent_in_flight = self.trainer.step
+        self.trainer.save(non_persistent=True, async_saves=self.async_saves if background else None)
 
     def non_persistent_due(self) -> bool:
         interval = self.trainer.cfg.checkpoint.non_persistent_save_interval
@@ -72,5 +77,8 @@ class CheckpointManager:
         self.async_saves.close()
 
     def _async_complete(self, step: int) -> None:
+        if step == self._non_persistent_in_flight:  # no progress line or evaluation for a non-persistent save
+            self._non_persistent_in_flight = None
+            return
         self.progress.async_saved(step)
         self.downstream.saved(step)

@@ -50,15 +50,25 @@ def _crashed_after_step_6(ckpt) -> None:
 
 
 @pytest.mark.slow
-def test_a_newer_non_persistent_checkpoint_is_the_one_a_restart_resumes_from_exactly(corpus, tmp_path):
+@pytest.mark.parametrize("written", ["synchronously", "in_the_background"])
+def test_a_newer_non_persistent_checkpoint_is_the_one_a_restart_resumes_from_exactly(corpus, tmp_path, written):
+    """--async-save writes the non-persistent checkpoints in the background too (Megatron-LM), without a progress
+    line or evaluation of their own."""
     straight = tmp_path / "straight.jsonl"
     _run(corpus, tmp_path / "straight", straight)
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
-    first = _run(corpus, ckpt, metrics, *NON_PERSISTENT)
+    background = (
+        ["--async-save", "--use-persistent-ckpt-worker", "--log-progress"] if written != "synchronously" else []
+    )
+    first = _run(corpus, ckpt, metrics, *NON_PERSISTENT, *background)
+    if background:
+        assert f"writing checkpoint {ckpt / 'non_persistent' / 'iter_0000006'} in the background" in first.stderr
+        progress = (ckpt / "progress.txt").read_text()
+        assert "Iteration: 4" in progress and "Iteration: 6" not in progress and "Iteration: 2" not in progress
     np_dir = ckpt / "non_persistent"
     assert sorted(p.name for p in np_dir.glob("iter_*")) == ["iter_0000006"]  # 2 and 6 saved, the newest kept
     assert sorted(p.name for p in ckpt.glob("iter_*")) == ["iter_0000004", "iter_0000008"]  # 4 and 8: persistent
-    assert "saved non-persistent checkpoint" in first.stderr
+    assert f"{'started' if background else 'saved'} non-persistent checkpoint" in first.stderr
     _crashed_after_step_6(ckpt)
     second = _run(corpus, ckpt, metrics, *NON_PERSISTENT)
     assert "Loading from a non-persistent checkpoint (non-persistent iter 6)" in second.stderr, second.stderr[-3000:]
