@@ -16,6 +16,7 @@ import logging
 import shutil
 
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
+from megatron_fixedcode.training.in_job_restarts import is_collective_failure
 from megatron_fixedcode.training.errors import SaveFailed
 
 logger = logging.getLogger(__name__)
@@ -54,7 +55,7 @@ class AsyncSaves:
         try:
             done = self.queue.finalize(blocking=blocking)
         except BaseException as e:  # torch's CheckpointException is a BaseException
-            if not is_write_failure(e):
+            if not is_write_failure(e) or is_collective_failure(e):  # a lost peer: the group restarts
                 raise
             error = checkpoint_write_error(target, e)
         else:

@@ -42,15 +42,21 @@ _MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UP
 
 def is_collective_failure(error: BaseException) -> bool:
     """A collective that failed because a peer died or stopped answering (gloo's or NCCL's error, or
-    torch's DistError), anywhere in the exception's chain."""
+    torch's DistError), anywhere in the exception's chain or among the ranks' failures that torch's
+    CheckpointException (a BaseException) gathers from a save or load."""
     seen = set()
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if isinstance(error, getattr(torch.distributed, "DistError", ())):
             return True
-        text = str(error)
         if isinstance(error, RuntimeError) and any(
-            s in text for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
+            s in str(error)
+            for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
+        ):
+            return True
+        failures = getattr(error, "failures", None)  # {rank: (exception, traceback)}
+        if isinstance(failures, dict) and any(
+            is_collective_failure(f[0] if isinstance(f, tuple) else f) for f in failures.values()
         ):
             return True
         error = error.__cause__ or error.__context__
@@ -192,13 +198,16 @@ def start_resiliency_client(cfg) -> ResiliencyClient | None:
     )
 
 
+SIM_FAULT_KINDS = ("rank_killed", "rank_hung", "rank_killed_saving")  # the last: as the step's save begins
+
+
 def _sim_faults(rank: int, attempt: int) -> dict[int, str]:
     """``MFC_SIM_FAULT`` (tests only, as Megatron-LM's FT_SIM_FAULT_DESC but at a step): step -> fault."""
     faults = {}
     for desc in os.environ.get(SIM_FAULT_ENV, "").split():
         kind, fault_rank, step, *only = desc.split(";")
-        if kind not in ("rank_killed", "rank_hung"):
-            raise ValueError(f"{SIM_FAULT_ENV}: unknown fault {kind!r} (rank_killed or rank_hung)")
+        if kind not in SIM_FAULT_KINDS:
+            raise ValueError(f"{SIM_FAULT_ENV}: unknown fault {kind!r} ({', '.join(SIM_FAULT_KINDS)})")
         if int(fault_rank) == rank and (not only or int(only[0]) == attempt):
             faults[int(step)] = kind
     return faults
@@ -247,14 +256,17 @@ class InJobRestarts:
     def before_step(self) -> None:
         step = self.trainer.step + 1
         fault = self.faults.get(step)
-        if fault:
-            logger.warning("%s: simulating %s on rank %d at step %d", SIM_FAULT_ENV, fault, self.rank, step)
-            os.kill(os.getpid(), signal.SIGKILL if fault == "rank_killed" else signal.SIGSTOP)
+        if fault in ("rank_killed", "rank_hung"):
+            self._simulate(fault, step)
         if self.client is not None:
             self.client.step_start()
         self._step_began = time.time()
         if self.rank0:
             self.attempts.step_started(self._step_began)
+
+    def _simulate(self, fault: str, step: int) -> None:
+        logger.warning("%s: simulating %s on rank %d at step %d", SIM_FAULT_ENV, fault, self.rank, step)
+        os.kill(os.getpid(), signal.SIGKILL if fault == "rank_killed" else signal.SIGSTOP)
 
     def after_step(self, record: dict) -> None:
         if self.client is not None:
@@ -278,6 +290,8 @@ class InJobRestarts:
     def saving(self):
         """Around a save (the resiliency package's "checkpointing" section); a complete one is a point an
         attempt can resume from."""
+        if self.faults.get(self.trainer.step) == "rank_killed_saving":
+            self._simulate("rank_killed", self.trainer.step)
         with self.client.checkpointing() if self.client is not None else contextlib.nullcontext():
             yield
         if self.rank0:

@@ -198,8 +198,8 @@ def train(
     restarts = InJobRestarts(trainer, client, attempts)  # attempts, goodput, the resiliency package's sections
     try:
         code = _train_loop(trainer, last_word, restarts)
-    except Exception as e:
-        if not is_collective_failure(e):
+    except BaseException as e:  # torch's CheckpointException from a save is a BaseException
+        if isinstance(e, (KeyboardInterrupt, SystemExit)) or not is_collective_failure(e):
             raise
         code = restarts.failed(e)
     restarts.end(code, last_word)

@@ -41,6 +41,7 @@ from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
 from megatron_fixedcode.training.forward_backward import forward_backward
+from megatron_fixedcode.training.in_job_restarts import is_collective_failure
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
@@ -332,7 +333,7 @@ class Trainer:
                     None if non_persistent else keep,
                 )
         except BaseException as e:  # torch's CheckpointException is a BaseException
-            if not is_write_failure(e):
+            if not is_write_failure(e) or is_collective_failure(e):  # a lost peer: the group restarts
                 raise
             error = checkpoint_write_error(target, e)  # before the partial directory frees its space
         if error is not None:  # raised outside the handler: nothing keeps the writer's failure alive

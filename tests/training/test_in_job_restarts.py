@@ -136,6 +136,11 @@ def test_failed_collectives_are_told_from_other_errors():
     except ValueError as wrapped:
         assert is_collective_failure(wrapped)
     assert not is_collective_failure(RuntimeError("shape mismatch"))
+    from torch.distributed.checkpoint.api import CheckpointException
+
+    # a peer lost during a save: torch gathers each rank's failure into a CheckpointException (a BaseException)
+    assert is_collective_failure(CheckpointException("save failed", {0: (gloo, None), 1: (OSError(28, "full"), None)}))
+    assert not is_collective_failure(CheckpointException("save failed", {1: (OSError(28, "No space left"), None)}))
 
 
 def test_the_fault_tolerance_flags_are_refused_apart_in_one_line(capsys):
@@ -265,19 +270,21 @@ def test_ft_launcher_ends_a_rank_that_overstays_its_step_section_and_the_group_r
 @pytest.mark.slow
 def test_a_plain_torchrun_restart_resumes_from_the_newer_non_persistent_checkpoint(corpus, straight, tmp_path):
     """torchrun --max-restarts 2 (TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1, as docs/training.md says), persistent saves
-    every 4 steps and non-persistent every 3: rank 1 killed at step 8 of attempt 0; attempt 1 resumes from the
-    non-persistent step 6 (newer than the persistent 4) and ends as the straight run, each step once; the record
+    every 4 steps and non-persistent every 3: rank 1 killed as step 8's persistent save begins (rank 0's save
+    fails on the lost peer: a restart, not a write failure); attempt 1 resumes from the non-persistent step 6
+    (newer than the persistent 4, the 8 incomplete) and ends as the straight run, each step once; the record
     sits beside the checkpoints."""
     metrics = tmp_path / "m.jsonl"
     proc = _elastic(
         ["-m", "torch.distributed.run"],
         [*_run_args(corpus, tmp_path), "--metrics-file", str(metrics)]
         + ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "global"],
-        {"MFC_SIM_FAULT": "rank_killed;1;8;0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
+        {"MFC_SIM_FAULT": "rank_killed_saving;1;8;0", "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1"},
     )
     log = proc.stdout + proc.stderr
     assert proc.returncode == 0, log[-5000:]
     assert f"resumed from {tmp_path / 'ckpt' / 'non_persistent'}" in log, log[-5000:]
+    assert "cannot write checkpoint" not in log, log[-5000:]
     got = read_metrics(metrics)
     assert [r["step"] for r in got] == list(range(1, 13))
     assert_same_steps(straight, got)
