@@ -101,7 +101,10 @@ def _local_files(local) -> dict[str, list[str]]:
 
 
 @pytest.mark.slow
-def test_local_checkpoints_a_kill_mid_write_leaves_the_previous_one_and_a_changed_file_is_passed_over(corpus, tmp_path):
+@pytest.mark.parametrize("optimizer", ["adam", "distributed"])
+def test_local_checkpoints_a_kill_mid_write_leaves_the_previous_one_and_a_changed_file_is_passed_over(
+    corpus, tmp_path, optimizer
+):
     """Two ranks, persistent saves every 4 steps, local ones every 3. A kill while step 9's local files were written
     (rank 0's complete, rank 1's half): the restart loads local step 6 (newer than the persistent 4), saves 9 over
     the remains and ends as the straight run, each step once. Then rank 1's file of step 9 changed on disk: not
@@ -124,6 +127,7 @@ def test_local_checkpoints_a_kill_mid_write_leaves_the_previous_one_and_a_change
             str(m),
             "--eval-interval",
             "1000",
+            *(["--use-distributed-optimizer"] if optimizer == "distributed" else []),  # local: dp_reshardable
             *extra,
             nproc=2,
         )
