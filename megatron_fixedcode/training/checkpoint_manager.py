@@ -7,9 +7,13 @@ step and :meth:`close` before the process may exit; nothing else saves.
 
 from __future__ import annotations
 
+import logging
+
 from megatron_fixedcode.training.async_saves import AsyncSaves
 from megatron_fixedcode.training.downstream_evals import DownstreamEvals
 from megatron_fixedcode.training.progress_log import ProgressLog
+
+logger = logging.getLogger(__name__)
 
 
 class CheckpointManager:
@@ -29,6 +33,11 @@ class CheckpointManager:
         self.async_saves.on_finalized = self._async_complete
         self.saved_at = trainer.step  # the step of the newest checkpoint this run has (or resumed from)
         self._non_persistent_in_flight = None  # the step of a non-persistent save written in the background
+        if self.asynchronous and trainer.local_checkpoints is not None and trainer.ranks["rank"] == 0:
+            logger.info(
+                "--async-save: local non-persistent checkpoints are still written synchronously (nvidia-resiliency-"
+                "ext's asynchronous local save needs CUDA streams; node-local writes are short)"
+            )
 
     @property
     def asynchronous(self) -> bool:

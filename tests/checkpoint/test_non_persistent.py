@@ -134,8 +134,10 @@ def test_local_checkpoints_a_kill_mid_write_leaves_the_previous_one_and_a_change
 
     straight = tmp_path / "straight.jsonl"
     run(tmp_path / "straight", straight, "--train-iters", "10")
-    first = run(ckpt, metrics, *flags, "--exit-interval", "8")
+    background = ["--async-save", "--use-persistent-ckpt-worker"] if optimizer == "distributed" else []
+    first = run(ckpt, metrics, *flags, "--exit-interval", "8", *background)
     assert "saved non-persistent local checkpoint of step 6" in first.stderr, first.stderr[-3000:]
+    assert ("local non-persistent checkpoints are still written synchronously" in first.stderr) == bool(background)
     six = "iter_0000006_{}_local.pt"
     assert _local_files(local) == {r: [six.format(r), six.format(r) + ".sha256"] for r in "01"}  # 3 went at 6
     # killed while step 9 was written: rank 0's file complete (renamed, its checksum beside it), rank 1's half
