@@ -125,7 +125,6 @@ class LocalCheckpoints:
     def __init__(self, root: str, algo: str = "fully_parallel", verify: bool = True):
         self.algo = algo
         self.manager = _manager_class()(root, verify=verify)
-        self._cached_distribution = None  # megatron's shard distribution, reused by the saves that follow
         self.loaded_step: int | None = None  # the step this run resumed from a local checkpoint
 
     @property
@@ -156,11 +155,10 @@ class LocalCheckpoints:
         from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
 
         state = self._state(chunks, optimizer, True, scheduler, trainer_state)
-        tensor_aware, self._cached_distribution = MCoreTensorAwareStateDict.from_state_dict(
-            state,
-            algo=self.algo,
-            parallelization_group=_data_parallel_group(),
-            cached_metadata=self._cached_distribution,
+        # the shard distribution computed afresh each save (Megatron-LM reuses it only under
+        # --ckpt-assume-constant-structure, which is inert here)
+        tensor_aware, _ = MCoreTensorAwareStateDict.from_state_dict(
+            state, algo=self.algo, parallelization_group=_data_parallel_group()
         )
         self.manager.save(tensor_aware, step, is_async=False)
         return self.directory
