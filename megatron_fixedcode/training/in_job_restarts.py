@@ -119,29 +119,31 @@ class ResiliencyClient:
         self.setup_open = True
 
     def step_start(self) -> None:
-        if self.setup_open:
-            self.client.end_section("setup")
-            self.setup_open = False
-        if self.steps >= self.warmup_steps:
-            self.client.start_section("step")
+        self._batch_start(self.steps)
 
     def step_end(self) -> None:
-        if self.steps >= self.warmup_steps:
-            self.client.end_section("step")
+        self._batch_end(self.steps)
         self.steps += 1
         self.eval_steps = 0  # Megatron-LM: each evaluation counts its own warmup batches
 
     def eval_step_start(self) -> None:
-        if self.setup_open:  # an evaluation before any training step
-            self.client.end_section("setup")
-            self.setup_open = False
-        if self.eval_steps >= self.warmup_steps:
-            self.client.start_section("step")
+        self._batch_start(self.eval_steps)
 
     def eval_step_end(self) -> None:
-        if self.eval_steps >= self.warmup_steps:
-            self.client.end_section("step")
+        self._batch_end(self.eval_steps)
         self.eval_steps += 1
+
+    def _batch_start(self, seen: int) -> None:
+        """A training step or evaluation batch begins: "setup" ends at the first; "step" opens after the warmup."""
+        if self.setup_open:
+            self.client.end_section("setup")
+            self.setup_open = False
+        if seen >= self.warmup_steps:
+            self.client.start_section("step")
+
+    def _batch_end(self, seen: int) -> None:
+        if seen >= self.warmup_steps:
+            self.client.end_section("step")
 
     @contextlib.contextmanager
     def checkpointing(self):
