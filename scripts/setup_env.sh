@@ -70,10 +70,16 @@ setup_py311() {
         stage "install torch==$TORCH_VERSION" "$vpy" -m pip install -q "torch==$TORCH_VERSION"
     fi
     stage "install this package [dev]" "$vpy" -m pip install -q -e ".[dev]"
-    # the [ft] extra without its deprecated pynvml shim, whose import-time FutureWarning torch.cuda would
-    # print in every process (nvidia-ml-py, also a dependency, provides the pynvml module itself)
-    stage "install nvidia-resiliency-ext (--no-deps)" "$vpy" -m pip install -q --no-deps "nvidia-resiliency-ext==0.4.1"
-    stage "install its dependencies" "$vpy" -m pip install -q defusedxml nvidia-ml-py psutil
+    install_ft "$vpy"
+}
+
+# The [ft] extra without its deprecated pynvml shim, whose import-time FutureWarning torch.cuda would print in
+# every process (nvidia-ml-py, also a dependency, provides the pynvml module itself). Both legs: megatron-core
+# 0.19 meets 0.4.1 through compat/nvrx_release.py, and the 3.12 leg tests that it does.
+NVRX_VERSION=0.4.1
+install_ft() {
+    stage "install nvidia-resiliency-ext==$NVRX_VERSION (--no-deps)" "$1" -m pip install -q --no-deps "nvidia-resiliency-ext==$NVRX_VERSION"
+    stage "install its dependencies" "$1" -m pip install -q defusedxml nvidia-ml-py psutil
 }
 
 setup_py312() {
@@ -98,12 +104,13 @@ setup_py312() {
     fi
     # reinstall only when pyproject.toml, the pins or the checkout's location changed since the last run
     local stamp="$venv/.mfc-installed" want
-    want="$(sha256sum pyproject.toml | cut -c1-64) $MCORE_PY312 $TORCH_VERSION $PWD"
+    want="$(sha256sum pyproject.toml | cut -c1-64) $MCORE_PY312 $TORCH_VERSION nvrx$NVRX_VERSION $PWD"
     if [ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ]; then
         echo "setup_env: this package [dev] already installed from $PWD (pyproject.toml unchanged)" >&2
     else
         stage "install this package [dev] with megatron-core==$MCORE_PY312" \
             "$vpy" -m pip install -q -e ".[dev]" "megatron-core==$MCORE_PY312" "torch==$TORCH_VERSION"
+        install_ft "$vpy"
         echo "$want" > "$stamp"
     fi
     # a reused venv keeps its megatron-core unless asked: pick up a newer release of the series
@@ -111,7 +118,7 @@ setup_py312() {
     "$vpy" - <<'PYEOF' >&2
 import importlib.metadata as md, sys
 print(f"setup_env: py3.12 env: Python {sys.version.split()[0]}, torch {md.version('torch')}, "
-      f"megatron-core {md.version('megatron-core')}")
+      f"megatron-core {md.version('megatron-core')}, nvidia-resiliency-ext {md.version('nvidia-resiliency-ext')}")
 PYEOF
     echo "$venv"
 }

@@ -19,7 +19,11 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
         sub = exports.get(name)
         if sub is None:
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
-        value = getattr(importlib.import_module(f"{package}.{sub}"), name)
+        try:
+            module = importlib.import_module(f"{package}.{sub}")
+        except AttributeError as e:  # else Python's `from pkg import name` reports "cannot import name": the cause hidden
+            raise ImportError(f"{package}.{sub} (which exports {name}) failed to import: {type(e).__name__}: {e}") from e
+        value = getattr(module, name)
         namespace[name] = value
         return value
 

@@ -170,3 +170,31 @@ def test_torch_adam_patches_apply_without_te_or_apex():
         cls = distrib_optimizer.DistributedOptimizer
         assert hasattr(cls.state_dict, "__wrapped__")
         assert all(hasattr(getattr(cls, n), "__wrapped__") for n in _STATE_LOADERS if hasattr(cls, n))
+
+
+_CHECKPOINTING_IMPORT = """
+import importlib.metadata as md, json, sys
+import megatron_fixedcode  # noqa: F401  settles the resiliency package's release first (compat/nvrx_release.py)
+from megatron_fixedcode.checkpoint import CorruptCheckpoint  # noqa: F401  what failed on megatron-core 0.19
+import megatron.core.dist_checkpointing.strategies.torch as strategies
+try:
+    nvrx = md.version("nvidia-resiliency-ext")
+except md.PackageNotFoundError:
+    nvrx = None
+print(json.dumps({"nvrx": nvrx, "core": md.version("megatron-core"), "have_nvrx": getattr(strategies, "HAVE_NVRX", None),
+                  "patched": "megatron.core.dist_checkpointing.strategies.nvrx" in sys.modules}))
+"""
+
+
+def test_checkpointing_imports_beside_the_installed_resiliency_release():
+    """megatron-core 0.19 asserted nvidia-resiliency-ext >= 0.6 at import, through a ``__version__`` that 0.4.1
+    (the release served) lacks: with the [ft] extra installed nothing trained on Python 3.12. Both legs install
+    it (scripts/setup_env.sh); on 0.19 megatron-core then uses its own asynchronous save."""
+    from megatron_fixedcode.compat.nvrx_release import _release
+
+    out = subprocess.run([sys.executable, "-c", _CHECKPOINTING_IMPORT], capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-2000:]
+    seen = json.loads(out.stdout.strip().splitlines()[-1])
+    assert seen["nvrx"] is not None, "the test environments install the [ft] extra (scripts/setup_env.sh)"
+    if _release(seen["core"]) >= (0, 19) and _release(seen["nvrx"]) < (0, 6):
+        assert seen["patched"] and seen["have_nvrx"] is False
