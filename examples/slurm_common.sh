@@ -433,8 +433,9 @@ print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).n
     export MFC_NODE_LOG_DIR=$log_dir   # slurm_node.sh: $LOG_DIR/node<N>.log on every node
     export MFC_EXIT_RECORD=$log_dir/exit-$job_id.json   # the trainer's last word (rank 0), read by mfc_finish
     export MFC_STOP_FILE=$log_dir/stop-$job_id          # written on USR1, read by ranks as they start
-    export MFC_ATTEMPTS_FILE=$log_dir/attempts-$job_id.json   # this allocation's attempts (training/attempts.py)
-    rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE" "$MFC_ATTEMPTS_FILE" "$MFC_ATTEMPTS_FILE".attempt*
+    # the run's attempts, every allocation's (requeues, resubmissions): kept, so that goodput is the run's
+    export MFC_ATTEMPTS_FILE=$log_dir/attempts.json   # (training/attempts.py; a run started at step 0 begins it anew)
+    rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE"
     if ((MFC_CANCELLED)); then
         mfc_log "cancelled before the training started: not starting it"
         exit 0

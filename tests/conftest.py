@@ -5,6 +5,9 @@ from pathlib import Path
 
 import pytest
 
+import megatron_fixedcode  # noqa: F401  first, as the package's users do: it settles megatron-core 0.19 with the
+# [ft] extra's release before any test module imports megatron-core (compat/nvrx_release.py)
+
 # The library's study data and the local evaluation tasks read $MFC_SHARED_DATA: in tests, always the
 # repository's tests/assets (never a data directory of the machine), also for every subprocess.
 os.environ["MFC_SHARED_DATA"] = str(Path(__file__).resolve().parent / "assets")

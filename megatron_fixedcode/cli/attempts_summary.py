@@ -1,11 +1,12 @@
 """The Slurm launchers' last lines about in-job restarts (examples/slurm_common.sh, after the training):
-``python -m megatron_fixedcode.cli.attempts_summary $LOG_DIR/attempts-<job>.json --max-restarts N``."""
+``python -m megatron_fixedcode.cli.attempts_summary $LOG_DIR/attempts.json --max-restarts N``."""
 
 from __future__ import annotations
 
 import argparse
 
-from megatron_fixedcode.training.attempts import Attempts, summary_lines
+from megatron_fixedcode.training.attempt_reports import summary_lines
+from megatron_fixedcode.training.attempts import Attempts
 
 
 def main(argv: list[str] | None = None) -> int:

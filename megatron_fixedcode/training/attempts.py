@@ -2,17 +2,23 @@
 
 An elastic launcher (the resiliency package's ``ft_launcher``, or torchrun) restarts the whole worker
 group when a rank dies or hangs (``--max-restarts``); each start of the group is an *attempt*, numbered
-from this record (every rank reads it before any rank of the new attempt writes it). Rank 0 keeps one JSON file per job (``$MFC_ATTEMPTS_FILE``, set by
-the Slurm launchers; under a plain torchrun ``SAVE/attempts-<rdzv id>.json``), rewritten whole after
-every step: when the attempt started, the step it resumed from, its last completed step and the step
-time it had spent, and how it ended. From it:
+from this record (every rank reads it before any rank of the new attempt writes it). Rank 0 keeps one JSON
+file per run (``$MFC_ATTEMPTS_FILE``, set by the Slurm launchers to ``LOG_DIR/attempts.json``, kept across
+requeues and resubmissions; under a plain torchrun ``SAVE/attempts-<rdzv id>.json``), rewritten whole after
+every step: the allocation the attempt ran in, when it started (recorded as soon as its process group
+exists, before its load: an attempt that fails in start-up counts), the step it resumed from, its last
+completed step and the step time it had spent, and how it ended. From it:
 
 - the next attempt names the step that failed (the one after the last completed), what the restart
   cost (time to detect, time to restart, steps recomputed) and the ranks that stopped answering;
 - a step that failed in two attempts in a row is not restarted again (a restart cannot fix it);
+- the restart budget (the launcher's ``--max-restarts``) is the allocation's, not each node agent's: an
+  agent counts only its own workers' failures, so with N nodes the agents together would restart up to
+  N times the budget; an attempt past it refuses to start and the failing one asks not to be restarted;
 - an exit the user must fix (2) or Megatron's exit 17 is not restarted;
-- goodput: the share of the allocation's wall-clock time that produced steps that were kept (a step
-  recomputed after a restart counts once, in the attempt that kept it).
+- goodput: the share of the allocations' wall-clock time (summed over the run's allocations, the queue
+  waits between them left out) that produced steps that were kept (a step recomputed after a restart
+  counts once, in the attempt that kept it).
 
 Pure bookkeeping (JSON and arithmetic): no torch, no process groups; the loop feeds it.
 """
@@ -43,6 +49,21 @@ def attempts_path(save_dir: str | None, environ: dict[str, str] | None = None) -
     return None
 
 
+def allocation_id(environ: dict[str, str] | None = None) -> str:
+    """The allocation an attempt runs in: Slurm's job id and requeue count (a requeue is a new allocation
+    under the same id), else the elastic launch's rendezvous id."""
+    env = os.environ if environ is None else environ
+    if env.get("SLURM_JOB_ID"):
+        return f"{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT') or 0}"
+    return env.get("TORCHELASTIC_RUN_ID") or "local"
+
+
+def max_restarts(environ: dict[str, str] | None = None) -> int | None:
+    """The launcher's ``--max-restarts`` (torchrun and ft_launcher give it to their workers); None outside one."""
+    value = (os.environ if environ is None else environ).get("TORCHELASTIC_MAX_RESTARTS")
+    return int(value) if value and value.isdigit() else None
+
+
 def process_start_time() -> float:
     """This process's start (Unix time): the restart cost includes the interpreter's start-up. Its age is
     read against the boot clock (``btime`` of /proc/stat is rounded and drifts on virtual machines)."""
@@ -57,11 +78,15 @@ def process_start_time() -> float:
 @dataclass
 class RestartCost:
     attempt: int  # the attempt that restarted (1 = the first restart)
-    failed_step: int  # the step the attempt before it did not complete
+    failed_step: int | None  # the step the attempt before it did not complete (None: it failed in start-up)
     detect_s: float  # from that attempt's last completed step to its failure being seen
     restart_s: float | None  # from then to this attempt's first step (start-up, rendezvous, load)
     steps_recomputed: int
     silent_ranks: list[str]  # "rank R (host)" that reported nothing: died or hung
+
+    @property
+    def what_failed(self) -> str:
+        return "start-up" if self.failed_step is None else f"step {self.failed_step}"
 
     def text(self) -> str:
         detect = f"{self.detect_s:.1f} s"
@@ -86,25 +111,52 @@ class Attempts:
         return cls(path)
 
     # -- writing (rank 0) -------------------------------------------------------------------------------
-    def begin(self, attempt: int, started: float, resumed_from: int, hosts: list[str]) -> None:
-        """A new attempt; an earlier record with the same number (a launch restarted by hand under the
-        same id) is replaced, with everything after it."""
+    def start(self, attempt: int, started: float, hosts: list[str], allocation: str = "local") -> None:
+        """A new attempt whose process group exists, before its load: from here it counts toward the budget.
+        An earlier record with the same number (a launch restarted by hand under the same id) is replaced,
+        with everything after it."""
         self.records = [r for r in self.records if r["attempt"] < attempt]
         self.records.append(
             {
                 "attempt": attempt,
+                "allocation": allocation,
                 "started": started,
-                "resumed_from": resumed_from,
-                "step": resumed_from,
+                "resumed_from": None,  # None until its load is done (an attempt that failed in start-up)
+                "step": None,
                 "at": None,
                 "first_step_at": None,
                 "step_seconds": 0.0,
                 "checkpoints": {},
                 "hosts": _runs(hosts),
                 "ended": None,
+                "passed_over": [],
             }
         )
         self.write()
+
+    def resumed(self, step: int, loaded: dict | None = None) -> None:
+        """The current attempt loaded (``loaded``: its store and directory) or started fresh at ``step``. The first
+        attempt of an allocation that starts a run at step 0 begins the run's record: earlier allocations'
+        attempts were another run's."""
+        cur = self.current
+        cur["resumed_from"] = cur["step"] = step
+        cur["loaded"] = loaded
+        if step == 0 and not any(r.get("allocation") == cur.get("allocation") for r in self.records[:-1]):
+            self.records = [cur]
+        self.write()
+
+    def passed_over(self, entries: list[dict]) -> None:
+        """Checkpoints the resume passed over (damaged, or of another run), with why: kept in the record."""
+        if self.records:
+            self.current.setdefault("passed_over", []).extend(entries)
+            self.write()
+
+    def begin(
+        self, attempt: int, started: float, resumed_from: int, hosts: list[str], allocation: str = "local"
+    ) -> None:
+        """:meth:`start` and :meth:`resumed` at once."""
+        self.start(attempt, started, hosts, allocation)
+        self.resumed(resumed_from)
 
     @property
     def next_attempt(self) -> int:
@@ -153,16 +205,46 @@ class Attempts:
 
     # -- reading -------------------------------------------------------------------------------------
     @staticmethod
-    def failed_step(record: dict) -> int:
-        return record["step"] + 1
+    def failed_step(record: dict) -> int | None:
+        """The step an attempt did not complete; None when it failed in start-up (before its load was done)."""
+        return None if record["step"] is None else record["step"] + 1
+
+    def started_in(self, allocation: str) -> int:
+        """How many attempts have started in ``allocation``: the one starting now is restart number that many."""
+        return sum(r.get("allocation", "local") == allocation for r in self.records)
+
+    def budget_refusal(self, allocation: str, max_restarts: int | None) -> tuple[int, str] | None:
+        """An attempt starting now would be one restart more than the allocation's budget: (exit 1, the line)."""
+        started = self.started_in(allocation)
+        if max_restarts is None or started <= max_restarts:
+            return None
+        return 1, self.budget_text(max_restarts, started - 1)
+
+    def budget_text(self, max_restarts: int, attempt: int) -> str:
+        failed = [r for r in self.records if self._failed(r) and r["attempt"] <= attempt]
+        steps = ", ".join(str(self.failed_step(r) or "start-up") for r in failed[-(max_restarts + 1) :])
+        return (
+            f"the in-job restarts are used up (MAX_RESTARTS={max_restarts}): attempt {attempt} failed too (failed "
+            f"steps: {steps}); the budget is the allocation's, every node together; not restarting again: the "
+            "newest complete checkpoint loads when the same command is submitted again"
+        )
 
     def _failed(self, record: dict) -> bool:
         return record["ended"] is None or record["ended"]["code"] != 0
 
-    def refusal(self, attempt: int) -> tuple[int, str] | None:
-        """Why attempt ``attempt`` must not run (exit code, one line), or None: the attempt before it
-        ended with an exit a restart cannot fix, or the two before it failed at the same step."""
-        before = [r for r in self.records if r["attempt"] < attempt]
+    def _before(self, attempt: int, allocation: str | None) -> list[dict]:
+        """The attempts before ``attempt``, of ``allocation`` only (None: all): the rules are the in-job restarts'."""
+        return [
+            r
+            for r in self.records
+            if r["attempt"] < attempt and (allocation is None or r.get("allocation", "local") == allocation)
+        ]
+
+    def refusal(self, attempt: int, allocation: str | None = None) -> tuple[int, str] | None:
+        """Why attempt ``attempt`` must not run (exit code, one line), or None: the attempt before it (in this
+        allocation: a resubmission after a user error is the fix) ended with an exit a restart cannot fix, or
+        the two before it failed at the same step."""
+        before = self._before(attempt, allocation)
         if not before:
             return None
         last = before[-1]
@@ -175,7 +257,7 @@ class Attempts:
             )
         if len(before) >= 2 and all(self._failed(r) for r in before[-2:]):
             a, b = before[-2:]
-            if self.failed_step(a) == self.failed_step(b):
+            if self.failed_step(a) is not None and self.failed_step(a) == self.failed_step(b):
                 if all((r["ended"] or {}).get("code") == 16 for r in (a, b)):
                     return 16, self.rerun_again_text(self.failed_step(b))
                 return 1, self.same_step_text(self.failed_step(b), a["attempt"], b["attempt"])
@@ -196,16 +278,18 @@ class Attempts:
             "stays the one that loads)"
         )
 
-    def fails_again(self, attempt: int, step: int) -> int | None:
+    def fails_again(self, attempt: int, step: int | None, allocation: str | None = None) -> int | None:
         """Attempt ``attempt`` failing at ``step``: the attempt before it, if it failed at that step too."""
-        before = [r for r in self.records if r["attempt"] < attempt]
-        if before and self._failed(before[-1]) and self.failed_step(before[-1]) == step:
+        before = self._before(attempt, allocation)
+        if before and self._failed(before[-1]) and step is not None and self.failed_step(before[-1]) == step:
             return before[-1]["attempt"]
         return None
 
     def restart_costs(self, silent: dict[int, list[str]] | None = None) -> list[RestartCost]:
         costs = []
         for prev, cur in zip(self.records, self.records[1:]):
+            if cur.get("allocation") != prev.get("allocation"):
+                continue  # a requeue or a resubmission: not an in-job restart
             last = prev["at"] or prev["started"]
             # the failure seen: a rank's report of it, else the new attempt's start (teardown included)
             seen = (prev["ended"] or {}).get("at") or cur["started"]
@@ -217,7 +301,7 @@ class Attempts:
                     failed_step=self.failed_step(prev),
                     detect_s=detect,
                     restart_s=restart,
-                    steps_recomputed=max(prev["step"] - cur["resumed_from"], 0),
+                    steps_recomputed=max((prev["step"] or 0) - (cur["resumed_from"] or 0), 0),
                     silent_ranks=(silent or {}).get(prev["attempt"], []),
                 )
             )
@@ -227,7 +311,8 @@ class Attempts:
         """Step time of the steps that were kept: an attempt's steps after the checkpoint the next one
         resumed from were recomputed, and count in the next one only."""
         total = 0.0
-        for rec, nxt in zip(self.records, self.records[1:] + [None]):
+        loaded = [r for r in self.records if r["resumed_from"] is not None]  # those failed in start-up ran no step
+        for rec, nxt in zip(loaded, loaded[1:] + [None]):
             if nxt is None:
                 total += rec["step_seconds"]
                 continue
@@ -241,20 +326,37 @@ class Attempts:
             total += mark
         return total
 
+    def wall_seconds(self, now: float) -> float:
+        """The allocations' wall-clock time: each from its first attempt's start to its last attempt's end
+        (``now`` for the last allocation); the time a requeued job waited in the queue is not the run's."""
+        spans: dict[str, list[float]] = {}
+        for r in self.records:
+            end = (r["ended"] or {}).get("at") or r["at"] or r["started"]
+            span = spans.setdefault(r.get("allocation", "local"), [r["started"], end])
+            span[0], span[1] = min(span[0], r["started"]), max(span[1], end)
+        if spans:
+            spans[self.current.get("allocation", "local")][1] = max(
+                now, spans[self.current.get("allocation", "local")][1]
+            )
+        return sum(end - start for start, end in spans.values())
+
     def goodput(self, now: float) -> tuple[float, float] | None:
         """(share of the wall-clock time that produced kept steps, that wall-clock time in seconds)."""
         if not self.records:
             return None
-        wall = max(now - self.records[0]["started"], 1e-9)
+        wall = max(self.wall_seconds(now), 1e-9)
         return min(self.kept_seconds() / wall, 1.0), wall
 
     def goodput_line(self, now: float) -> str:
         share, wall = self.goodput(now) or (0.0, 0.0)
         costs = self.restart_costs()
         line = f"goodput: {100 * share:.1f}% of {wall:.0f} s wall-clock produced steps that were kept"
+        allocations = len({r.get("allocation", "local") for r in self.records})
+        if allocations > 1:
+            line += f" (over {allocations} allocations)"
         if costs:
             line += f"; {len(costs)} in-job restart{'s' if len(costs) > 1 else ''}: " + "; ".join(
-                f"#{c.attempt} after step {c.failed_step} failed ({c.text()})" for c in costs
+                f"#{c.attempt} after {c.what_failed} failed ({c.text()})" for c in costs
             )
         return line
 
@@ -275,56 +377,3 @@ def _runs(hosts: list[str]) -> list[list]:
         else:
             runs.append([host, rank, rank])
     return runs
-
-
-# -- failure reports: each rank that saw its attempt fail says so; a rank that did not, died or hung ----
-def report_path(attempts_file: str, attempt: int, rank: int) -> str:
-    return f"{attempts_file}.attempt{attempt}.rank{rank}"
-
-
-def write_failure_report(attempts_file: str | None, attempt: int, rank: int, step: int, error: str) -> None:
-    if not attempts_file:
-        return
-    try:
-        Path(report_path(attempts_file, attempt, rank)).write_text(
-            json.dumps({"rank": rank, "step": step, "error": error, "at": time.time()}) + "\n"
-        )
-    except OSError:
-        pass
-
-
-def silent_ranks(attempts: Attempts, attempt: int, world_size: int) -> list[str]:
-    """The ranks of ``attempt`` that left no failure report, when at least one rank left one (a rank
-    that saw its peers fail reports; one that was killed or stopped cannot)."""
-    if not attempts.path:
-        return []
-    reported = {r for r in range(world_size) if os.path.exists(report_path(attempts.path, attempt, r))}
-    if not reported:
-        return []
-    return [f"rank {r} ({attempts.rank_host(attempt, r)})" for r in range(world_size) if r not in reported]
-
-
-def summary_lines(attempts: Attempts, max_restarts: int) -> list[str]:
-    """The launcher's last lines after the training ended: the goodput and, when the job ends FAILED
-    because of it, that the in-job restarts were used up or that a step failed twice."""
-    if not attempts.records:
-        return []
-    last = attempts.current
-    lines = [attempts.goodput_line((last["ended"] or {}).get("at") or last["at"] or time.time())]
-    if not attempts._failed(last):
-        return lines
-    code = (last["ended"] or {}).get("code")
-    failed = [r for r in attempts.records if attempts._failed(r)]
-    if code in NO_RESTART_CODES or code == 16:
-        return lines  # the trainer's own line says it (16: the launcher requeues, saying why)
-    if len(failed) >= 2 and attempts.failed_step(failed[-1]) == attempts.failed_step(failed[-2]):
-        prev = failed[-2]
-        lines.append(f"failed: {attempts.same_step_text(attempts.failed_step(last), prev['attempt'], last['attempt'])}")
-    elif last["attempt"] >= max_restarts:
-        steps = ", ".join(str(attempts.failed_step(r)) for r in failed)
-        lines.append(
-            f"failed: the in-job restarts are used up (MAX_RESTARTS={max_restarts}): attempt {last['attempt']} "
-            f"failed too (failed steps: {steps}); not restarting again: the newest complete checkpoint loads "
-            "when the same command is submitted again"
-        )
-    return lines

@@ -28,11 +28,12 @@ import torch
 
 from megatron_fixedcode.training.attempts import (
     Attempts,
+    allocation_id,
     attempts_path,
+    max_restarts,
     process_start_time,
-    silent_ranks,
-    write_failure_report,
 )
+from megatron_fixedcode.training.attempt_reports import silent_ranks, write_failure_report
 
 logger = logging.getLogger(__name__)
 
@@ -85,9 +86,11 @@ def read_attempts(save_dir: str | None) -> Attempts:
 
 
 def refuse_restart(attempts: Attempts, rank0: bool) -> int | None:
-    """Before anything is built: an attempt that must not run (the one before it exited 2 or 17, or the
-    two before it failed at the same step) exits at once with a code, its reason on rank 0."""
-    refusal = attempts.refusal(attempts.next_attempt)
+    """Before anything is built: an attempt that must not run (the one before it exited 2 or 17, the two
+    before it failed at the same step, or the allocation's restart budget is spent) exits at once with a
+    code, its reason on rank 0."""
+    allocation = allocation_id()
+    refusal = attempts.refusal(attempts.next_attempt, allocation) or attempts.budget_refusal(allocation, max_restarts())
     if refusal is None:
         return None
     code, reason = refusal
@@ -216,44 +219,67 @@ def _sim_faults(rank: int, attempt: int) -> dict[int, str]:
 
 
 class InJobRestarts:
-    """``start`` after the load, ``before_step``/``after_step`` around each step, ``saving`` around each save,
-    ``failed`` when a collective fails, ``end`` at the exit."""
+    """``process_group_ready`` as soon as the process group exists (the attempt counts from there),
+    ``start`` after the load, ``before_step``/``after_step`` around each step, ``saving`` around each save,
+    ``failed`` when a collective fails (also in start-up), ``end`` at the exit."""
 
-    def __init__(self, trainer, client: ResiliencyClient | None, attempts: Attempts | None = None):
-        self.trainer, self.client = trainer, client
-        self.rank, self.world = trainer.ranks["rank"], trainer.ranks["world_size"]
+    def __init__(self, client: ResiliencyClient | None, attempts: Attempts, rank: int, world: int):
+        self.trainer, self.client = None, client
+        self.rank, self.world = rank, world
         self.rank0 = self.rank == 0
-        self.attempts = attempts if attempts is not None else read_attempts(trainer.cfg.checkpoint.save)
+        self.attempts = attempts
         self.attempt = self.attempts.next_attempt
+        self.allocation = allocation_id()
+        self.max_restarts = max_restarts()
+        # restarts this allocation had before this attempt (the records every rank read at its start)
+        self.restarts_before = self.attempts.started_in(self.allocation)
         self.faults = _sim_faults(self.rank, self.attempt)
         self._step_began = None
-        self.began = False  # start() ran: this process trains (not an evaluation-only run)
+        self.began = False  # process_group_ready() ran: this attempt is in the record
 
-    def start(self) -> None:
+    def process_group_ready(self) -> None:
+        """Every rank, right after the process group exists (each has read the record: the barrier of the
+        gather): rank 0 records the attempt, so that one failing in start-up counts toward the budget."""
+        if not self.attempts.path:
+            return
         host = os.environ.get("SLURMD_NODENAME") or socket.gethostname()  # the name sbatch --exclude takes
         hosts = [host] * self.world
-        if self.attempts.path and torch.distributed.is_initialized() and self.world > 1:
+        if torch.distributed.is_initialized() and self.world > 1:
             hosts = [None] * self.world
             torch.distributed.all_gather_object(hosts, host)
-        if self.client is not None:
-            local = self.trainer.local_checkpoints  # a local checkpoint's fast load must not set "setup"'s timeout
-            self.client.loaded_persistent = self.trainer.step > 0 and not (local and local.loaded_step)
         self.began = True
+        if self.rank0:
+            self.attempts.start(self.attempt, process_start_time(), hosts, self.allocation)
+
+    def start(self, trainer) -> None:
+        """After the load: the step this attempt resumed from, and the restart line."""
+        self.trainer = trainer
+        if self.client is not None:
+            local = trainer.local_checkpoints  # a local checkpoint's fast load must not set "setup"'s timeout
+            self.client.loaded_persistent = trainer.step > 0 and not (local and local.loaded_step)
+        if not self.began:  # no record kept (a single attempt): its goodput still is
+            self.attempts.start(self.attempt, process_start_time(), [], self.allocation)
+            self.began = True
         if not self.rank0:
             return
-        if self.attempt > 0 and self.attempts.records:
-            prev = self.attempts.records[-1]
+        before = [r for r in self.attempts.records if r["attempt"] < self.attempt]
+        if self.attempt > 0 and before and before[-1].get("allocation", "local") == self.allocation:
+            prev = before[-1]
             silent = silent_ranks(self.attempts, prev["attempt"], self.world)
+            failed = Attempts.failed_step(prev)
             logger.warning(
-                "in-job restart %d: attempt %d failed at step %d%s; resuming from step %d (%d steps to recompute)",
+                "in-job restart %d: attempt %d failed %s%s; resuming from step %d (%d steps to recompute)",
                 self.attempt,
                 prev["attempt"],
-                Attempts.failed_step(prev),
+                "in start-up" if failed is None else f"at step {failed}",
                 f" ({', '.join(silent)} stopped answering: hung or died)" if silent else "",
-                self.trainer.step,
-                max(prev["step"] - self.trainer.step, 0),
+                trainer.step,
+                max((prev["step"] or 0) - trainer.step, 0),
             )
-        self.attempts.begin(self.attempt, process_start_time(), self.trainer.step, hosts)
+        self.attempts.resumed(trainer.step, getattr(trainer, "loaded_from", None))
+        passed = getattr(trainer, "passed_over", None)
+        if passed:
+            self.attempts.passed_over(passed)
 
     def before_step(self) -> None:
         step = self.trainer.step + 1
@@ -300,16 +326,22 @@ class InJobRestarts:
             self.attempts.checkpoint_saved(self.trainer.step)
 
     def failed(self, error: BaseException) -> int:
-        """A collective failed: a peer died or stopped answering. Report it (the next attempt names the
-        ranks that did not), and if the attempt before failed at this same step, ask not to restart."""
-        step = self.trainer.step + 1
+        """A collective failed: a peer died or stopped answering (in a step, a save or the start-up). Report
+        it (the next attempt names the ranks that did not), and ask not to restart when the attempt before
+        failed at this same step or the allocation's restart budget is spent (the line says which)."""
+        step = None if self.trainer is None else self.trainer.step + 1
+        where = "start-up" if step is None else f"step {step}"
         first = str(error).splitlines()[0] if str(error) else type(error).__name__
         write_failure_report(self.attempts.path, self.attempt, self.rank, step, first)
         if self.rank0:
-            logger.error("step %d: a collective failed: a rank died or stopped answering (%s)", step, first)
-        before = self.attempts.fails_again(self.attempt, step)
+            logger.error("%s: a collective failed: a rank died or stopped answering (%s)", where, first)
+        before = self.attempts.fails_again(self.attempt, step, self.allocation)
+        reason = None
         if before is not None:
             reason = Attempts.same_step_text(step, before, self.attempt)
+        elif self.max_restarts is not None and self.restarts_before >= self.max_restarts:
+            reason = self.attempts.budget_text(self.max_restarts, self.attempt)
+        if reason is not None:
             if self.rank0:
                 logger.error("%s", reason)
             request_no_restart(reason)
@@ -318,7 +350,11 @@ class InJobRestarts:
     def end(self, code: int, last_word) -> None:
         """The goodput line (log, TensorBoard, W&B through ``sink``), the exit record's fields."""
         now = time.time()
-        if code == 16 and self.attempts.fails_again(self.attempt, self.trainer.step + 1) is not None:
+        if (
+            code == 16
+            and self.trainer
+            and self.attempts.fails_again(self.attempt, self.trainer.step + 1, self.allocation) is not None
+        ):
             reason = Attempts.rerun_again_text(self.trainer.step + 1)  # the same GPUs again: they cannot decide
             if self.rank0:
                 logger.warning("%s", reason)

@@ -123,12 +123,26 @@ def _train(
     attempts: Attempts | None = None,
 ) -> int:
     rank0 = int(os.environ.get("RANK", "0")) == 0
+    restarts = InJobRestarts(  # attempts, goodput, the resiliency package's sections
+        client,
+        attempts if attempts is not None else read_attempts(cfg.checkpoint.save),
+        int(os.environ.get("RANK", "0")),
+        int(os.environ.get("WORLD_SIZE", "1")),
+    )
     try:
         start_memory_history(cfg.watch)  # --record-memory-history: before the model is built (profiling.py)
-        trainer = Trainer(cfg, plan)
+        try:
+            ready = None if cfg.schedule.skip_train else restarts.process_group_ready
+            trainer = Trainer(cfg, plan, on_process_group=ready)
+        except BaseException as e:  # a peer lost while starting (loading): this attempt fails, counted
+            if isinstance(e, (KeyboardInterrupt, SystemExit)) or not is_collective_failure(e):
+                raise
+            code = restarts.failed(e)
+            restarts.end(code, last_word)
+            return code
         if not rank0:
             logging.getLogger().setLevel(logging.WARNING)
-        return train(trainer, last_word, client, attempts)
+        return train(trainer, last_word, restarts=restarts)
     except (DataError, SaveFailed, CorruptCheckpoint) as e:  # every rank raises them alike (see where they are raised)
         if rank0:
             logger.error("%s", e, exc_info=traceback_requested())
@@ -186,16 +200,13 @@ def _evaluation_due(trainer: Trainer) -> bool:
     )
 
 
-def train(
-    trainer: Trainer,
-    last_word: ExitRecord | None = None,
-    client: ResiliencyClient | None = None,
-    attempts: Attempts | None = None,
-) -> int:
+def train(trainer: Trainer, last_word: ExitRecord | None = None, restarts: InJobRestarts | None = None) -> int:
     """Step until the budget (``max_steps``), a signal, ``--exit-duration-in-mins`` or
     ``--exit-interval``; evaluate and save on their intervals and always at the end. A collective that
     fails (a peer died or hung) ends this attempt with exit 1: the elastic launcher restarts the group."""
-    restarts = InJobRestarts(trainer, client, attempts)  # attempts, goodput, the resiliency package's sections
+    if restarts is None:  # one attempt, no launcher: its goodput only
+        r = trainer.ranks
+        restarts = InJobRestarts(None, read_attempts(trainer.cfg.checkpoint.save), r["rank"], r["world_size"])
     try:
         code = _train_loop(trainer, last_word, restarts)
     except BaseException as e:  # torch's CheckpointException from a save is a BaseException
@@ -224,7 +235,7 @@ def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobR
     exit_request = ExitRequest(ck.exit_signal_handler, ck.exit_signal)
     watch = RunWatch(trainer, flops_per_token)  # straggler detector, weight hashes, profiler (run_watch.py)
     watch.start()
-    restarts.start()
+    restarts.start(trainer)
     started = time.time()
     while trainer.step < trainer.max_steps:
         saves.poll()

@@ -14,6 +14,7 @@ from megatron.core.optimizer_param_scheduler import OptimizerParamScheduler
 
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
+from megatron_fixedcode.checkpoint.resume_source import set_aside
 from megatron_fixedcode.checkpoint.save_checks import find_os_error
 from megatron_fixedcode.compat import parallel_ranks, runtime_device
 from megatron_fixedcode.data import build_datasets
@@ -25,9 +26,9 @@ from megatron_fixedcode.training.forward_backward import loss_config_fields
 from megatron_fixedcode.training.gpu_features import fusion_settings, settle_gelu_approximation, te_wgrad_fusion
 from megatron_fixedcode.training.model_chunks import build_model_chunks
 from megatron_fixedcode.training.lr_schedule import scheduler_settings
-from megatron_fixedcode.training.run_plan import RunPlan, stream_identity
+from megatron_fixedcode.training.run_plan import RunPlan, check_resume_compatible, stream_identity
 from megatron_fixedcode.utils.files import DiskFull, is_disk_full
-from megatron_fixedcode.utils.rank_agreement import raise_if_any_rank_failed
+from megatron_fixedcode.utils.rank_agreement import first_rank_error
 
 logger = logging.getLogger(__name__)
 
@@ -201,15 +202,12 @@ def resume(
     ck, o = cfg.checkpoint, cfg.optim
     state = None
     if plan.load_step is not None:
-        rank, world = dist.get_rank(), dist.get_world_size()
-        target = checkpoint.checkpoint_dir(ck.load, plan.load_step)
-        error = checkpoint.verify_checkpoint_share(target, rank, world) if ck.verify else None
-        raise_if_any_rank_failed(
-            error and checkpoint.corrupt_message(ck.load, plan.load_step, error),
-            runtime_device(),
-            checkpoint.CorruptCheckpoint,
+        _settle_verified_source(cfg, plan)
+        if dist.get_rank() == 0 and not cfg.schedule.skip_train:
+            set_aside(plan.source.passed_over)
+        state = checkpoint.load_checkpoint(
+            plan.load_dir, chunks, optimizer, scheduler, plan.load_step, scope=plan.resume
         )
-        state = checkpoint.load_checkpoint(ck.load, chunks, optimizer, scheduler, plan.load_step, scope=plan.resume)
     if local is not None:
         state = _resume_local(cfg, plan, chunks, optimizer, scheduler, local) or state
     if state is None or ck.finetune:
@@ -221,6 +219,40 @@ def resume(
             group.update({k: v for k, v in (("max_lr", peak), ("min_lr", final)) if k in group})
         scheduler.step(increment=0)  # the LR of the next step from the overridden schedule
     return state["step"], state["tokens"], state
+
+
+def _settle_verified_source(cfg: PretrainConfig, plan: RunPlan) -> None:
+    """The ranks hash a share each of the chosen checkpoint's files. One that fails is refused when the user named
+    it; otherwise it is passed over (kept on disk) for the next newest that verifies, re-planned as the first was
+    (compatibility, what the load keeps), until one verifies or none is left (refused, exit 2)."""
+    ck = cfg.checkpoint
+    rank, world = dist.get_rank(), dist.get_world_size()
+    while True:
+        source = plan.source
+        error = checkpoint.verify_checkpoint_share(source.target, rank, world) if ck.verify else None
+        error = first_rank_error(error, runtime_device())
+        if error is None:
+            return
+        message = checkpoint.corrupt_message(source.root, source.step, error)
+        following = None if source.pinned else source.pass_over(error, rank == 0)
+        if following is None:
+            raise checkpoint.CorruptCheckpoint(message)
+        schedule_before = plan.checkpoint_schedule
+        plan.source, plan.load_step = following, following.step
+        try:  # pure: the same refusals and resume scope for the older one
+            check_resume_compatible(cfg, plan)
+        except ValueError as e:
+            raise checkpoint.CorruptCheckpoint(f"{message}; the next older checkpoint cannot be resumed: {e}") from None
+        if _built_with(plan.checkpoint_schedule) != _built_with(schedule_before):  # the optimizer's groups differ
+            raise checkpoint.CorruptCheckpoint(
+                f"{message}; the newest older checkpoint that verifies, {following.target}, has another LR "
+                f"schedule than the one this run was built for: resume from it with --ckpt-step {following.step}"
+            )
+
+
+def _built_with(schedule: dict | None) -> dict:
+    """What :func:`build_optimizer` took from a checkpoint's schedule."""
+    return {k: (schedule or {}).get(k) for k in ("max_lr", "min_lr", "decoupled_lr", "decoupled_min_lr")}
 
 
 def _resume_local(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler, local) -> dict | None:

@@ -22,6 +22,7 @@ from pathlib import Path
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER, ResumeScope, resume_scope
+from megatron_fixedcode.checkpoint.resume_source import ResumeSource, choose_resume_source, same_dir
 from megatron_fixedcode.data.config import is_blend_weight
 from megatron_fixedcode.tokenizers import checkpoint_tokenizer_files, tokenizer_from_args
 from megatron_fixedcode.training.lr_schedule import reconcile_schedule, scheduler_settings
@@ -136,17 +137,22 @@ class RunPlan:
     checkpoint_schedule: dict | None = None  # the scheduler state being resumed (not with --finetune)
     resume: ResumeScope | None = None  # what the load of load_step keeps (checkpoint/resume_scope.py)
     stream_change: str | None = None  # a resume whose sample stream does not continue exactly: what changes
+    source: ResumeSource | None = None  # where load_step lives (its store; the fallbacks when its hashes fail)
+
+    @property
+    def load_dir(self) -> str | None:
+        return self.source.root if self.source else None
 
 
 def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     """``check_machine=False``: skip what depends on the machine (CUDA, TE), for a launcher's batch shell."""
-    if cfg.checkpoint.load:
-        take_newer_non_persistent(cfg)
     ck, data = cfg.checkpoint, cfg.data
+    rank0 = int(os.environ.get("RANK", "0")) == 0
+    source = resume_source(cfg, rank0) if ck.load else None  # the one decision of what a resume loads
     if check_machine:
         check_runtime(cfg)
     if ck.load and not (cfg.tokenizer.names_file() or cfg.tokenizer.vocab_size):
-        take_checkpoint_tokenizer(cfg)
+        take_checkpoint_tokenizer(cfg, source)
     # Without a tokenizer (pre-tokenized data, --vocab-size): EOD is taken as id 0 (megatron's
     # GPT index reads it; our datasets never mask on it).
     vocab_size = cfg.tokenizer.vocab_size
@@ -185,8 +191,8 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
         schedule=schedule,
         schedule_source="command line",
     )
-    if ck.load:
-        plan.load_step = resolve_load_step(cfg)
+    if source is not None:
+        plan.source, plan.load_step = source, source.step
     check_save_holds_no_other_run(cfg)
     if plan.load_step is not None:
         saved_model = check_resume_compatible(cfg, plan)
@@ -195,44 +201,12 @@ def plan_run(cfg: PretrainConfig, check_machine: bool = True) -> RunPlan:
     return plan
 
 
-def take_newer_non_persistent(cfg: PretrainConfig) -> None:
-    """Megatron-LM's choice at a resume with ``--non-persistent-ckpt-type global``: the newest complete checkpoint
-    of --load and its non-persistent directory; a non-persistent one at the same step or newer wins, and the
-    run then loads it as ``--load NP_DIR --ckpt-step N`` (every reader of --load reads it from there). One that
-    does not verify is passed over with a warning (the persistent one loads). An explicit --ckpt-step, and a
-    --finetune, name a persistent checkpoint."""
-    ck = cfg.checkpoint
-    if ck.non_persistent_ckpt_type != "global" or ck.load_step is not None or ck.finetune:
-        return
-    np_dir = ck.non_persistent_dir(ck.load)
-    rank0 = int(os.environ.get("RANK", "0")) == 0
-    try:
-        np_step = checkpoint.verified_step(np_dir, None, hash_files=False, verify=ck.verify)
-    except checkpoint.CorruptCheckpoint as e:
-        if rank0:
-            logger.warning("non-persistent checkpoint passed over: %s", e)
-        return
-    if np_step is None:
-        return
-    try:
-        step = checkpoint.latest_step(ck.load) if Path(ck.load).is_dir() else None
-    except ValueError:
-        step = None  # an unreadable marker: the non-persistent checkpoint is the one left to load
-    if step is not None and np_step < step:
-        if rank0:
-            logger.warning("non-persistent checkpoints are older than persistent checkpoint")  # Megatron-LM's line
-        return
-    if rank0:
-        logger.info("Loading from a non-persistent checkpoint (non-persistent iter %d): %s", np_step, np_dir)
-    cfg.checkpoint = dataclasses.replace(ck, load=np_dir, load_step=np_step)
-
-
-def take_checkpoint_tokenizer(cfg: PretrainConfig) -> None:
+def take_checkpoint_tokenizer(cfg: PretrainConfig, source: ResumeSource | None) -> None:
     """``--load`` and no tokenizer flag (nor --vocab-size): the checkpoint's own tokenizer, from the copy
     it carries (else the path it recorded), set on the flags, so that this run records and carries it too."""
     load = cfg.checkpoint.load
-    step = resolve_load_step(cfg)
-    record = (checkpoint.read_trainer_state(load, step).get("tokenizer") or {}) if step is not None else {}
+    step = None if source is None else source.step
+    record = (checkpoint.read_trainer_state(source.root, step).get("tokenizer") or {}) if step is not None else {}
     model, merges = checkpoint_tokenizer_files(record, load, f"--load {load}")
     if model is None:
         what = "holds no checkpoint yet" if step is None else "names no tokenizer (trained on pre-tokenized ids)"
@@ -269,19 +243,15 @@ def check_save_holds_no_other_run(cfg: PretrainConfig) -> None:
     )
 
 
-def same_dir(x: str | None, y: str | None) -> bool:
-    return x is not None and y is not None and os.path.realpath(x) == os.path.realpath(y)
-
-
-def resolve_load_step(cfg: PretrainConfig) -> int | None:
-    """The verified checkpoint step to load; None only for Megatron-LM's auto-resume convention
+def resume_source(cfg: PretrainConfig, rank0: bool = True) -> ResumeSource | None:
+    """The checkpoint to load (checkpoint/resume_source.py); None only for Megatron-LM's auto-resume convention
     ``--load X --save X`` with nothing in X yet."""
     ck = cfg.checkpoint
     # Presence and sizes here; the trainer's ranks hash a share of the files each once the process
-    # group exists (checkpoint.verify_checkpoint_share).
-    step = checkpoint.verified_step(ck.load, ck.load_step, hash_files=False, verify=ck.verify)
-    if step is not None:
-        return step
+    # group exists (checkpoint.verify_checkpoint_share), and pass over one that fails.
+    source = choose_resume_source(ck, rank0, evaluation=cfg.schedule.skip_train)
+    if source is not None:
+        return source
     if ck.finetune:
         raise ValueError(f"--finetune: no complete checkpoint in --load {ck.load}")
     if same_dir(ck.load, ck.save):
@@ -300,7 +270,7 @@ def resolve_load_step(cfg: PretrainConfig) -> int | None:
 def check_resume_compatible(cfg: PretrainConfig, plan: RunPlan) -> dict:
     """Refuse a resume that would not continue the checkpoint's run, naming what differs; the checkpoint's
     model config."""
-    load, tok = cfg.checkpoint.load, cfg.tokenizer
+    load, tok = plan.load_dir, cfg.tokenizer
     saved = checkpoint.read_trainer_state(load, plan.load_step)
     where = f"--load {checkpoint.checkpoint_dir(load, plan.load_step)}"
     now_model = dataclasses.asdict(plan.model_cfg)

@@ -73,12 +73,16 @@ class Trainer:
     """The parts of one run on this rank, and what they do together: a step, an evaluation, a save.
     The loop that decides when to do each is :func:`megatron_fixedcode.training.loop.train`."""
 
-    def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None):
+    def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None, on_process_group=None):
+        """``on_process_group``: called on every rank once the process group exists (the in-job restarts
+        record the attempt there, so that one failing while it loads counts)."""
         self.cfg = cfg
         self.plan = plan = plan or plan_run(cfg)
         self.pg = initialize_distributed(
             cfg.layout, seed=cfg.schedule.seed, timeout_s=60 * cfg.health.distributed_timeout_minutes
         )
+        if on_process_group is not None:
+            on_process_group()
         self.iterations_to_skip = start_rerun(cfg.health)  # megatron-core's rerun state machine (rerun.py)
         self.timers = build_timers(cfg.logging)  # megatron-core's Timers, at --timing-log-level (training/timers.py)
         self.ranks = parallel_ranks()
@@ -113,6 +117,12 @@ class Trainer:
         self.step, self.tokens, resumed = resume(
             cfg, plan, self.chunks, self.optimizer, self.scheduler, self.local_checkpoints
         )
+        # what the resume loaded and from which store, what it passed over and why (the attempts' record keeps them)
+        source = plan.source if resumed is not None and plan.load_step == self.step else None
+        self.loaded_from = None if source is None else {"store": source.store, "checkpoint": str(source.target)}
+        if self.local_checkpoints is not None and self.local_checkpoints.loaded_step:
+            self.loaded_from = {"store": "local", "checkpoint": str(self.local_checkpoints.directory)}
+        self.passed_over = list(plan.source.passed_over) if plan.source else []
         self.wandb_run_id = wandb_run_id(cfg, resumed)
         self.train_iter = restore_from(self, resumed)  # the rerun data iterator; the spike statistics saved
 

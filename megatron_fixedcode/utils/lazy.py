@@ -21,8 +21,12 @@ def lazy_exports(package: str, exports: dict[str, str]) -> tuple[Callable[[str],
             raise AttributeError(f"module {package!r} has no attribute {name!r}")
         try:
             module = importlib.import_module(f"{package}.{sub}")
-        except AttributeError as e:  # else Python's `from pkg import name` reports "cannot import name": the cause hidden
-            raise ImportError(f"{package}.{sub} (which exports {name}) failed to import: {type(e).__name__}: {e}") from e
+        except (
+            AttributeError
+        ) as e:  # else Python's `from pkg import name` reports "cannot import name": the cause hidden
+            raise ImportError(
+                f"{package}.{sub} (which exports {name}) failed to import: {type(e).__name__}: {e}"
+            ) from e
         value = getattr(module, name)
         namespace[name] = value
         return value

@@ -25,8 +25,15 @@ def raise_if_any_rank_failed(error: str | None, device: torch.device, exc_type: 
     """Ranks read different samples, so one may find bad data alone; the others would wait in the
     next collective. Every rank learns it here (one all-reduce per call) and raises ``exc_type``
     with the lowest failing rank's message, which rank 0 reports."""
+    agreed = first_rank_error(error, device)
+    if agreed is not None:
+        raise exc_type(agreed)
+
+
+def first_rank_error(error: str | None, device: torch.device) -> str | None:
+    """The lowest failing rank's message on every rank, or None when no rank failed (one all-reduce)."""
     if not any_rank(error is not None, device):
-        return
+        return None
     messages: list[str | None] = [None] * dist.get_world_size()
     dist.all_gather_object(messages, error)
-    raise exc_type(next(m for m in messages if m))
+    return next(m for m in messages if m)

@@ -107,12 +107,38 @@ def corrupt(trained, tmp_path):
     return ckpt, shard
 
 
-def test_corrupt_latest_checkpoint_is_refused_naming_file_and_way_forward(corrupt, trained, corpus):
+def test_corrupt_latest_checkpoint_is_passed_over_at_a_resume_and_refused_where_named(corrupt, trained, corpus):
+    """A resume the user did not pin takes the newest checkpoint that verifies in full: step 2's changed bytes (found
+    when the ranks hash their shares) are passed over with a warning naming the file, and kept on disk; step 1 loads.
+    Named (--ckpt-step 2), or evaluated (--skip-train: what is evaluated is the newest), it is refused in one line
+    naming the file and the way forward."""
     ckpt, shard = corrupt
-    for extra in (["--train-iters", "3", "--save", str(ckpt)], ["--train-iters", "2", "--skip-train"]):
+    evaluation = ["--train-iters", "2", "--skip-train"]
+    for extra in (evaluation, ["--train-iters", "3", "--save", str(ckpt), "--ckpt-step", "2"]):
         proc = pretrain(*extra, "--load", str(ckpt), "--tokenizer-model", trained["tok"], *_common(corpus), check=False)
         refused(proc, str(shard), "--ckpt-step 1", str(checkpoint.checkpoint_dir(ckpt, 1)))
     assert checkpoint.verified_step(ckpt, 1) == 1  # the way forward verifies
+    resumed = ckpt.parent / "resumed"
+    shutil.copytree(ckpt, resumed)
+    proc = pretrain(
+        "--train-iters",
+        "3",
+        "--load",
+        str(resumed),
+        "--save",
+        str(resumed),
+        "--tokenizer-model",
+        trained["tok"],
+        *_common(corpus),
+    )
+    out = proc.stdout + proc.stderr
+    damaged = checkpoint.checkpoint_dir(resumed, 2)
+    assert "checkpoint passed over (kept on disk for inspection)" in out and f"{damaged}/{shard.name}" in out, out[
+        -3000:
+    ]
+    assert f"resumed from {checkpoint.checkpoint_dir(resumed, 1)} (step 1)" in out, out[-3000:]
+    (kept,) = resumed.glob("passed_over-iter_0000002-*")  # kept as found, out of the way of step 2's new save
+    assert latest_step(resumed) == 3 and (kept / shard.name).read_bytes() == shard.read_bytes()
 
 
 def test_corrupt_checkpoint_is_refused_by_converter_and_evaluate(corrupt, tmp_path, capsys):
@@ -443,8 +469,9 @@ def test_finetune_into_a_directory_with_checkpoints_is_refused(trained, corpus, 
     assert latest_step(tmp_path / "ft") == 1
 
 
-def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpus, tmp_path):
-    """The marker is read as bytes; non-ASCII is one line naming the file."""
+def test_binary_garbage_in_the_latest_marker_is_passed_over_naming_it(trained, corpus, tmp_path):
+    """The marker is read as bytes; non-ASCII is a warning naming the file, and the resume takes the newest
+    checkpoint that verifies (step 2); a --ckpt-step resume is not affected by it."""
     ckpt, _ = _copy(trained, tmp_path)
     marker = ckpt / checkpoint.LATEST_MARKER
     marker.write_bytes(b"\xff\xfe\x00\x9c garbage")
@@ -458,9 +485,10 @@ def test_binary_garbage_in_the_latest_marker_is_refused_naming_it(trained, corpu
         "--tokenizer-model",
         trained["tok"],
         *_common(corpus),
-        check=False,
     )
-    refused(proc, str(marker), "binary data", "--ckpt-step 2")
+    out = proc.stdout + proc.stderr
+    assert f"{marker}: expected an iteration number, found binary data" in out, out[-3000:]
+    assert f"resumed from {checkpoint.checkpoint_dir(ckpt, 2)} (step 2)" in out and latest_step(ckpt) == 3
 
 
 def test_evaluate_refuses_another_tokenizer_and_records_its_own(trained, tmp_path, capsys):

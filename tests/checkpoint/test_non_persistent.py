@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from megatron_fixedcode import checkpoint
-from tests.helpers.errors import parse_refused
+from tests.helpers.errors import parse_refused, refused
 from tests.helpers.pretrain import assert_same_steps, data_args, pretrain, read_metrics, write_corpus
 
 NON_PERSISTENT = ["--non-persistent-save-interval", "2", "--non-persistent-ckpt-type", "global"]
@@ -77,6 +77,41 @@ def test_a_newer_non_persistent_checkpoint_is_the_one_a_restart_resumes_from_exa
     assert [r["step"] for r in resumed] == list(range(1, 9))  # each step recorded once
     assert_same_steps(read_metrics(straight), resumed)  # loss, grad norm, LR, tokens: bit for bit
     assert checkpoint.latest_step(ckpt) == 8
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoints_are_passed_over_for_the_newest_that_verifies(corpus, tmp_path):
+    """The newest persistent checkpoint (8) with a shard gone, the non-persistent one (6) with a changed byte (its
+    sizes match: found when the ranks hash their shares): a resubmission passes over both with a warning naming
+    each and why, keeps them on disk, loads the persistent 4 and ends as the straight run, each step once."""
+    straight = tmp_path / "straight.jsonl"
+    _run(corpus, tmp_path / "straight", straight)
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    _run(corpus, ckpt, metrics, *NON_PERSISTENT)
+    gone = sorted(checkpoint.checkpoint_dir(ckpt, 8).glob("*.distcp"))[0]
+    gone.unlink()
+    changed = sorted(checkpoint.checkpoint_dir(ckpt / "non_persistent", 6).glob("*.distcp"))[0]
+    data = bytearray(changed.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    changed.write_bytes(bytes(data))
+    proc = _run(corpus, ckpt, metrics, *NON_PERSISTENT)
+    out = proc.stderr
+    passed = [line for line in out.splitlines() if "checkpoint passed over (kept on disk for inspection)" in line]
+    assert len(passed) == 2 and f"{gone}: missing" in passed[0] and f"{changed}: SHA-256 differs" in passed[1], out[
+        -3000:
+    ]
+    assert "at iteration 4" in out, out[-3000:]
+    resumed = read_metrics(metrics)
+    assert [r["step"] for r in resumed] == list(range(1, 9))
+    assert_same_steps(read_metrics(straight), resumed)
+    (kept,) = (ckpt / "non_persistent").glob("passed_over-iter_0000006-*")  # kept as found, for inspection
+    assert (kept / changed.name).read_bytes() == bytes(data) and f"kept for inspection as {kept}" in out
+    assert len(list(ckpt.glob("passed_over-iter_0000008-*"))) == 1
+    # named (--ckpt-step), a damaged one is a one-line refusal naming the file, never passed over
+    gone = sorted(checkpoint.checkpoint_dir(ckpt, 8).glob("*.distcp"))[0]
+    gone.unlink()
+    proc = _run(corpus, tmp_path / "other", tmp_path / "o.jsonl", "--load", str(ckpt), "--ckpt-step", "8", check=False)
+    refused(proc, f"{gone}: missing", "--ckpt-step 4")
 
 
 @pytest.mark.slow

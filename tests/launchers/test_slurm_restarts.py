@@ -56,7 +56,7 @@ def _rank_pid(run: Path, rank: int) -> int:
 
 
 def _attempts(run: Path, job: str) -> list[dict]:
-    return json.loads((run / "logs" / f"attempts-{job}.json").read_text())["attempts"]
+    return json.loads((run / "logs" / "attempts.json").read_text())["attempts"]
 
 
 def _assert_exact_and_once(run: Path, straight: list[dict]) -> None:

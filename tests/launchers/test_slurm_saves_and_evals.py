@@ -165,6 +165,6 @@ def test_a_rerun_exit_past_max_requeues_says_to_resume_on_another_node(slurm, sh
     assert f"--exclude={host})" in last
     # exit 16 resumed in the job first (an in-job restart, without waiting for a requeue); 16 again on the same
     # GPUs is not restarted in the job: the launcher's requeue is the way to other GPUs
-    attempts = json.loads((tmp_path / "logs" / f"attempts-{job}.json").read_text())["attempts"]
+    attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
     assert [(a["attempt"], a["ended"]["code"]) for a in attempts] == [(0, 16), (1, 16)], attempts
     assert "after an in-job restart on the same GPUs, to re-run step" in out

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from megatron_fixedcode.cli.attempts_summary import main as attempts_main
-from megatron_fixedcode.training.attempts import Attempts, attempts_path, silent_ranks
-from megatron_fixedcode.training.attempts import write_failure_report
+from megatron_fixedcode.training.attempt_reports import silent_ranks, write_failure_report
+from megatron_fixedcode.training.attempts import Attempts, attempts_path
 from megatron_fixedcode.training.in_job_restarts import ResiliencyClient, is_collective_failure, refuse_restart
 from tests.helpers import REPO
 from tests.helpers.errors import parse_refused
@@ -115,6 +115,57 @@ def test_an_attempt_after_exit_2_exits_at_once_with_it(tmp_path, caplog):
     Attempts(str(path), [_attempt(0, 0, 0, 0.0, ended={"code": 2, "error": "bad flag", "at": 1.0})]).write()
     assert refuse_restart(Attempts.read(str(path)), rank0=True) == 2
     assert "attempt 0 ended with a user error (exit 2): not restarted (bad flag)" in caplog.text
+
+
+def test_the_restart_budget_is_the_allocations_not_each_node_agents(tmp_path, caplog):
+    """Each node's agent counts only its own workers' failures: a crash on node 2, then one on node 1, was two
+    restarts under MAX_RESTARTS=1. The record counts the allocation's attempts, an attempt that failed in
+    start-up (recorded before its load, resumed_from None) included."""
+    crashed = {"code": 1, "error": "Connection reset", "at": 5.0}
+    a = Attempts(None, [_attempt(0, 0, 5, 5.0, ended=crashed), _attempt(1, 4, 9, 5.0, ended=crashed)])
+    assert a.budget_refusal("local", 2) is None and a.budget_refusal("local", None) is None
+    code, line = a.budget_refusal("local", 1)
+    assert code == 1 and line.startswith("the in-job restarts are used up (MAX_RESTARTS=1): attempt 1 failed too")
+    assert "failed steps: 6, 10" in line and "every node together" in line
+    # another allocation of the same run (a requeue) has its own budget
+    assert a.budget_refusal("42.1", 1) is None
+    startup = _attempt(1, None, None, 0.0, ended=None)  # killed while loading
+    b = Attempts(None, [_attempt(0, 0, 5, 5.0, ended=crashed), startup])
+    assert b.refusal(2) is None  # not "the same step twice": start-up has no step
+    assert "(failed steps: 6, start-up)" in b.budget_refusal("local", 1)[1]
+    assert b.kept_seconds() == 5.0  # the start-up attempt ran no step: attempt 0's count until one resumes
+    path = tmp_path / "attempts.json"
+    b.path = str(path)
+    b.write()
+    env = {"TORCHELASTIC_MAX_RESTARTS": "1"}
+    with pytest.MonkeyPatch.context() as mp:
+        for k, v in env.items():
+            mp.setenv(k, v)
+        for k in ("SLURM_JOB_ID", "TORCHELASTIC_RUN_ID"):
+            mp.delenv(k, raising=False)
+        assert refuse_restart(Attempts.read(str(path)), rank0=True) == 1
+    assert "the in-job restarts are used up (MAX_RESTARTS=1)" in caplog.text
+
+
+def test_the_record_and_goodput_continue_across_requeues():
+    """A requeue is a new allocation of the same run: its attempts join the record; the goodput's wall-clock is the
+    allocations' (the queue wait between them is not the run's); a run started afresh at step 0 begins a new record."""
+    a = Attempts(None)
+    a.begin(0, 100.0, 0, ["n1"], allocation="7.0")
+    a.step_done(10, 10.0, 112.0)
+    a.checkpoint_saved(10)
+    a.end(0, None, 115.0)  # the time limit's checkpoint: requeued
+    a.start(a.next_attempt, 1000.0, ["n1"], allocation="7.1")  # 885 s in the queue
+    a.resumed(10)
+    a.step_done(20, 10.0, 1012.0)
+    a.end(0, None, 1015.0)
+    assert [r["attempt"] for r in a.records] == [0, 1] and a.restart_costs() == []  # a requeue is no in-job restart
+    share, wall = a.goodput(1015.0)
+    assert wall == 15.0 + 15.0 and share == 20.0 / 30.0
+    assert "(over 2 allocations)" in a.goodput_line(1015.0)
+    a.start(a.next_attempt, 2000.0, ["n1"], allocation="8.0")  # the same LOG_DIR, a new run from scratch
+    a.resumed(0)
+    assert [r["attempt"] for r in a.records] == [2]
 
 
 def test_where_the_attempts_are_kept():
