@@ -140,6 +140,12 @@ mfc_finish() {
     local counter=$log_dir/requeues-$job_id max=${MAX_REQUEUES:-20} used
     mfc_read_exit_record "$log_dir/exit-$job_id.json"
     [[ -n $MFC_EXIT_CODE && $MFC_EXIT_CODE != 0 ]] && rc=$MFC_EXIT_CODE   # torchrun says 1 whatever the ranks returned
+    # the run finished (rank 0's last word) though srun did not say 0 (a node's launcher agent lost after its
+    # ranks went on): the job's state is what the run did, so that afterok dependants run
+    if ((rc != 0)) && [[ $MFC_EXIT_CODE == 0 && -n $MFC_EXIT_STEP && -n $MFC_EXIT_LAST ]] && ((MFC_EXIT_STEP >= MFC_EXIT_LAST)); then
+        mfc_log "srun exited with code $rc, but the training finished at step $MFC_EXIT_STEP of $MFC_EXIT_LAST (its exit record, code 0): the job completed"
+        rc=0
+    fi
     mfc_attempts_summary
     if ((MFC_CANCELLED)); then
         mfc_log "training exited with code $rc (cancelled: not requeued)"

@@ -37,7 +37,7 @@ from megatron_fixedcode.training.attempt_reports import silent_ranks, write_fail
 
 logger = logging.getLogger(__name__)
 
-SIM_FAULT_ENV = "MFC_SIM_FAULT"  # tests only: "rank_killed|rank_hung;RANK;STEP[;ATTEMPT]", several space-separated
+SIM_FAULT_ENV = "MFC_SIM_FAULT"  # tests only: "rank_killed|rank_hung;RANK|@NODE;STEP[;ATTEMPT]", space-separated
 _MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
 
 
@@ -213,7 +213,11 @@ def _sim_faults(rank: int, attempt: int) -> dict[int, str]:
         kind, fault_rank, step, *only = desc.split(";")
         if kind not in SIM_FAULT_KINDS:
             raise ValueError(f"{SIM_FAULT_ENV}: unknown fault {kind!r} ({', '.join(SIM_FAULT_KINDS)})")
-        if int(fault_rank) == rank and (not only or int(only[0]) == attempt):
+        if fault_rank.startswith("@"):  # "@NODE": the first rank on that Slurm node (ranks move between attempts)
+            mine = fault_rank[1:] == os.environ.get("SLURMD_NODENAME") and os.environ.get("LOCAL_RANK", "0") == "0"
+        else:
+            mine = int(fault_rank) == rank
+        if mine and (not only or int(only[0]) == attempt):
             faults[int(step)] = kind
     return faults
 

@@ -130,3 +130,14 @@ def test_the_slurm_output_leaves_out_torchruns_report_and_keeps_every_rank_line(
         raised,
         "srun: error: task 0: Exited with exit code 2",
     ]
+
+
+def test_a_run_that_finished_completes_the_job_whatever_srun_said(tmp_path):
+    """A node's launcher agent killed (kill -9) while its ranks went on to the last step with their peers: srun
+    says 137, the trainer's exit record says code 0 at the last step. The job's state is what the run did
+    (COMPLETED, so that afterok dependants run); an unfinished run keeps srun's code."""
+    proc, calls = _finish(tmp_path, 137, {"code": 0, "step": 30, "max_steps": 30, "error": None})
+    assert proc.returncode == 0 and calls == "", proc.stderr
+    assert "srun exited with code 137, but the training finished at step 30 of 30" in proc.stderr
+    proc, _ = _finish(tmp_path, 137, {"code": 0, "step": 12, "max_steps": 30, "error": None})
+    assert proc.returncode == 137, proc.stderr

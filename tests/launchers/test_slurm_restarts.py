@@ -120,10 +120,15 @@ def test_a_stopped_rank_is_found_by_the_collective_timeout_and_the_group_restart
 
 
 def test_a_restart_budget_of_one_and_two_crashes_end_failed_saying_so(slurm, shards, tmp_path):
-    """MAX_RESTARTS=1: rank 1 dies at step 5 (attempt 0) and at step 7 (attempt 1): the job ends FAILED, its
-    output saying the in-job restarts are used up."""
+    """MAX_RESTARTS=1: a rank on node 2 dies at step 5 (attempt 0), one on node 1 at step 7 (attempt 1): the job
+    ends FAILED, its output saying the in-job restarts are used up. (Each node's agent counts only its own
+    workers' failures: before the budget was the allocation's, this job restarted twice and COMPLETED.)"""
     env = launcher_env(
-        shards, tmp_path, SAVE_INTERVAL="4", MAX_RESTARTS="1", MFC_SIM_FAULT="rank_killed;1;5;0 rank_killed;1;7;1"
+        shards,
+        tmp_path,
+        SAVE_INTERVAL="4",
+        MAX_RESTARTS="1",
+        MFC_SIM_FAULT="rank_killed;@mfc-node2;5;0 rank_killed;@mfc-node1;7;1",
     )
     job = sbatch(tmp_path, env, *RUN, sbatch_opts=TWO_NODES)
     info = wait_done(job, tmp_path, 300)
