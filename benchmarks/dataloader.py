@@ -15,6 +15,9 @@ is samples/s ≥ 10 × consumption, on one CPU core per rank.
 
 from __future__ import annotations
 
+import megatron_fixedcode  # noqa: F401  (first: its megatron-core compatibility patches, compat/)
+
+# isort: split
 import argparse
 import sys
 import tempfile

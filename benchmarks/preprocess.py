@@ -15,6 +15,9 @@ Megatron-LM's tool does), with start-up (``-h``, and ``python -c pass``) reporte
 Run: ``python benchmarks/preprocess.py`` (defaults to ../shared/data beside the checkout, else tests/assets).
 """
 
+import megatron_fixedcode  # noqa: F401  (first: its megatron-core compatibility patches, compat/)
+
+# isort: split
 import argparse
 import json
 import multiprocessing

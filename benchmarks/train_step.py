@@ -20,6 +20,9 @@ Run: ``python benchmarks/train_step.py [--recipe tiny mid] [--json] [--repeats N
 
 from __future__ import annotations
 
+import megatron_fixedcode  # noqa: F401  (first: its megatron-core compatibility patches, compat/)
+
+# isort: split
 import argparse
 import importlib.util
 import sys

@@ -7,6 +7,9 @@ mode ``compare``: on one rank, load two gradient checkpoints (any layout) and re
 largest relative difference per variant. Megatron's resharding does the gathering.
 """
 
+import megatron_fixedcode  # noqa: F401  (first: its megatron-core compatibility patches, compat/)
+
+# isort: split
 import argparse
 import json
 from pathlib import Path
