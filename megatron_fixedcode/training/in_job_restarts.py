@@ -1,5 +1,5 @@
 """The training loop's side of in-job restarts: the resiliency package's sections, the attempts' record
-and goodput, what a rank does when its attempt fails, and the test faults.
+and goodput, what a rank does when its attempt fails (the tests' faults: recovery/fault_injection.py).
 
 The restart itself is the elastic launcher's (``ft_launcher`` of nvidia-resiliency-ext, or torchrun
 ``--max-restarts``): it restarts the worker group when a rank exits non-zero or is ended by its rank
@@ -20,7 +20,6 @@ import contextlib
 import json
 import logging
 import os
-import signal
 import socket
 import time
 
@@ -33,11 +32,11 @@ from megatron_fixedcode.training.attempts import (
     max_restarts,
     process_start_time,
 )
+from megatron_fixedcode.recovery.fault_injection import FaultInjection
 from megatron_fixedcode.training.attempt_reports import silent_ranks, write_failure_report
 
 logger = logging.getLogger(__name__)
 
-SIM_FAULT_ENV = "MFC_SIM_FAULT"  # tests only: "rank_killed|rank_hung;RANK|@NODE;STEP[;ATTEMPT]", space-separated
 _MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
 
 
@@ -203,25 +202,6 @@ def start_resiliency_client(cfg) -> ResiliencyClient | None:
     )
 
 
-SIM_FAULT_KINDS = ("rank_killed", "rank_hung", "rank_killed_saving")  # the last: as the step's save begins
-
-
-def _sim_faults(rank: int, attempt: int) -> dict[int, str]:
-    """``MFC_SIM_FAULT`` (tests only, as Megatron-LM's FT_SIM_FAULT_DESC but at a step): step -> fault."""
-    faults = {}
-    for desc in os.environ.get(SIM_FAULT_ENV, "").split():
-        kind, fault_rank, step, *only = desc.split(";")
-        if kind not in SIM_FAULT_KINDS:
-            raise ValueError(f"{SIM_FAULT_ENV}: unknown fault {kind!r} ({', '.join(SIM_FAULT_KINDS)})")
-        if fault_rank.startswith("@"):  # "@NODE": the first rank on that Slurm node (ranks move between attempts)
-            mine = fault_rank[1:] == os.environ.get("SLURMD_NODENAME") and os.environ.get("LOCAL_RANK", "0") == "0"
-        else:
-            mine = int(fault_rank) == rank
-        if mine and (not only or int(only[0]) == attempt):
-            faults[int(step)] = kind
-    return faults
-
-
 class InJobRestarts:
     """``process_group_ready`` as soon as the process group exists (the attempt counts from there),
     ``start`` after the load, ``before_step``/``after_step`` around each step, ``saving`` around each save,
@@ -237,7 +217,7 @@ class InJobRestarts:
         self.max_restarts = max_restarts()
         # restarts this allocation had before this attempt (the records every rank read at its start)
         self.restarts_before = self.attempts.started_in(self.allocation)
-        self.faults = _sim_faults(self.rank, self.attempt)
+        self.faults = FaultInjection(self.rank, self.attempt)  # nothing unless MFC_SIM_FAULT is set
         self._step_began = None
         self.began = False  # process_group_ready() ran: this attempt is in the record
 
@@ -254,6 +234,7 @@ class InJobRestarts:
         self.began = True
         if self.rank0:
             self.attempts.start(self.attempt, process_start_time(), hosts, self.allocation)
+        self.faults.at_start()
 
     def start(self, trainer) -> None:
         """After the load: the step this attempt resumed from, and the restart line."""
@@ -286,19 +267,12 @@ class InJobRestarts:
             self.attempts.passed_over(passed)
 
     def before_step(self) -> None:
-        step = self.trainer.step + 1
-        fault = self.faults.get(step)
-        if fault in ("rank_killed", "rank_hung"):
-            self._simulate(fault, step)
+        self.faults.before_step(self.trainer.step + 1)
         if self.client is not None:
             self.client.step_start()
         self._step_began = time.time()
         if self.rank0:
             self.attempts.step_started(self._step_began)
-
-    def _simulate(self, fault: str, step: int) -> None:
-        logger.warning("%s: simulating %s on rank %d at step %d", SIM_FAULT_ENV, fault, self.rank, step)
-        os.kill(os.getpid(), signal.SIGKILL if fault == "rank_killed" else signal.SIGSTOP)
 
     def after_step(self, record: dict) -> None:
         if self.client is not None:
@@ -322,8 +296,7 @@ class InJobRestarts:
     def saving(self):
         """Around a save (the resiliency package's "checkpointing" section); a complete one is a point an
         attempt can resume from."""
-        if self.faults.get(self.trainer.step) == "rank_killed_saving":
-            self._simulate("rank_killed", self.trainer.step)
+        self.faults.at_save(self.trainer.step)
         with self.client.checkpointing() if self.client is not None else contextlib.nullcontext():
             yield
         if self.rank0:
