@@ -138,6 +138,12 @@ mfc_attempts_summary() {
 mfc_finish() {
     local rc=$1 job_id=$2 ckpt_dir=$3 log_dir=$4
     local counter=$log_dir/requeues-$job_id max=${MAX_REQUEUES:-20} used
+    # rank 0 killed (or its node lost) in the attempt that ended the job left no last word: written here from the
+    # attempts' record (code 1, the step, what failed), not srun's 128+signal, which reads as a cancel
+    if ((rc != 0)) && [[ ! -s $log_dir/exit-$job_id.json && -s ${MFC_ATTEMPTS_FILE:-} ]] && ((!MFC_CANCELLED)); then
+        python -m megatron_fixedcode.cli.attempts_summary "$MFC_ATTEMPTS_FILE" --max-restarts "${MAX_RESTARTS:-3}" \
+            --lost-exit-record "$log_dir/exit-$job_id.json" --launcher-code "$rc" >/dev/null 2>&1 || true
+    fi
     mfc_read_exit_record "$log_dir/exit-$job_id.json"
     [[ -n $MFC_EXIT_CODE && $MFC_EXIT_CODE != 0 ]] && rc=$MFC_EXIT_CODE   # torchrun says 1 whatever the ranks returned
     # the run finished (rank 0's last word) though srun did not say 0 (a node's launcher agent lost after its

@@ -59,3 +59,24 @@ def summary_lines(attempts: Attempts, max_restarts: int) -> list[str]:
     elif attempts.started_in(last.get("allocation", "local")) > max_restarts:
         lines.append(f"failed: {attempts.budget_text(max_restarts, last['attempt'])}")
     return lines
+
+
+def lost_last_word(attempts: Attempts, launcher_code: int) -> dict:
+    """The exit record the launcher writes when rank 0 left none (it was killed, or its node lost, in the
+    attempt that ended the job): code 1 (a rank failed; not the launcher's 128+signal, which reads as a
+    cancel), the step reached, and one line saying what the attempts' record knows."""
+    last = attempts.current if attempts.records else None
+    if last is None:
+        where, step = "before any attempt was recorded", None
+    else:
+        failed = attempts.failed_step(last)
+        where = f"attempt {last['attempt']} " + ("in start-up" if failed is None else f"at step {failed}")
+        step = last["step"]
+        silent = silent_ranks(attempts, last["attempt"], 1 + max((h[2] for h in last.get("hosts") or []), default=0))
+        if silent:
+            where += f" ({', '.join(silent)} stopped answering: hung or died)"
+    error = (
+        f"rank 0 ended without its last word (killed, or its node lost; the launcher exited {launcher_code}): "
+        f"the training failed {where}; the attempts' record: {attempts.path}"
+    )
+    return {"code": 1, "error": error, "step": step, "max_steps": None, "stopped_by": None, "written_by": "launcher"}

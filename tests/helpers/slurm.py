@@ -165,6 +165,31 @@ def sbatch(run: Path, env: dict, *flags: str, sbatch_opts=SMALL, script=LAUNCHER
     return res.stdout.strip().split(";")[0]
 
 
+def job_processes(job: str) -> dict[int, str]:
+    """The live processes of Slurm job ``job`` on this machine (both test nodes run here): pid -> command line.
+    Every process a step starts inherits SLURM_JOB_ID, re-parented or not."""
+    needle, found = f"SLURM_JOB_ID={job}".encode(), {}
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if needle in (entry / "environ").read_bytes().split(b"\0"):
+                stat = (entry / "stat").read_text()
+                if stat[stat.rindex(")") + 2] != "Z":
+                    found[int(entry.name)] = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()[:120]
+        except OSError:
+            continue
+    return found
+
+
+def assert_nothing_left(job: str, within: float = 15) -> None:
+    """No process of the ended job alive ``within`` seconds after scontrol says it ended."""
+    deadline = time.monotonic() + within
+    while (left := job_processes(job)) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert not left, f"job {job} ended {within:.0f} s ago and left running: {left}"
+
+
 def steps(run: Path) -> list[dict]:
     path = run / "logs" / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []

@@ -11,18 +11,21 @@ import subprocess
 from tests.helpers import REPO
 
 
-def _finish(tmp_path, rc: int, record: dict, max_requeues: int = 2) -> tuple[subprocess.CompletedProcess, str]:
+def _finish(
+    tmp_path, rc: int, record: dict | None, max_requeues: int = 2, **env: str
+) -> tuple[subprocess.CompletedProcess, str]:
     bin_dir, log_dir = tmp_path / "bin", tmp_path / "logs"
     bin_dir.mkdir(exist_ok=True)
     log_dir.mkdir(exist_ok=True)
     (bin_dir / "scontrol").write_text(f'#!/bin/sh\necho "$@" >> {tmp_path}/scontrol.log\n')
     (bin_dir / "scontrol").chmod(0o755)
-    (log_dir / "exit-7.json").write_text(json.dumps(record))
+    if record is not None:
+        (log_dir / "exit-7.json").write_text(json.dumps(record))
     script = (
         f"source {REPO}/examples/slurm_common.sh; MFC_CANCELLED=0 MFC_REQUEUE=0; "
         f"mfc_finish {rc} 7 {tmp_path}/ckpt {log_dir}"
     )
-    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAX_REQUEUES": str(max_requeues)}
+    env = {**os.environ, "PATH": f"{bin_dir}:{os.environ['PATH']}", "MAX_REQUEUES": str(max_requeues), **env}
     proc = subprocess.run(["bash", "-c", script], env=env, capture_output=True, text=True, timeout=60)
     log = tmp_path / "scontrol.log"
     return proc, log.read_text() if log.exists() else ""
@@ -141,3 +144,27 @@ def test_a_run_that_finished_completes_the_job_whatever_srun_said(tmp_path):
     assert "srun exited with code 137, but the training finished at step 30 of 30" in proc.stderr
     proc, _ = _finish(tmp_path, 137, {"code": 0, "step": 12, "max_steps": 30, "error": None})
     assert proc.returncode == 137, proc.stderr
+
+
+def test_rank_0_killed_leaves_an_exit_record_written_by_the_launcher_with_code_1(tmp_path):
+    """No exit record (rank 0 was killed in the attempt that ended the job) and srun's 143: the launcher writes the
+    record from the attempts' (code 1, the step, the rank that stopped answering) and ends with 1 and that line."""
+    from megatron_fixedcode.training.attempt_reports import write_failure_report
+    from megatron_fixedcode.training.attempts import Attempts
+
+    record = tmp_path / "logs" / "attempts.json"
+    record.parent.mkdir()
+    attempts = Attempts(str(record))
+    attempts.start(0, 100.0, ["n1", "n2"], "7.0")
+    attempts.resumed(0)
+    attempts.step_done(6, 1.0, 110.0)
+    write_failure_report(str(record), 0, 1, 7, "Connection closed by peer")
+    proc, _ = _finish(tmp_path, 143, None, MFC_ATTEMPTS_FILE=str(record), MAX_RESTARTS="0")
+    assert proc.returncode == 1, proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(
+        "error: rank 0 ended without its last word (killed, or its node lost; the launcher exited 143): the training"
+        " failed attempt 0 at step 7 (rank 0 (n1) stopped answering: hung or died)"
+    ), last
+    written = json.loads((tmp_path / "logs" / "exit-7.json").read_text())
+    assert (written["code"], written["step"], written["written_by"]) == (1, 6, "launcher")

@@ -17,7 +17,18 @@ from pathlib import Path
 import pytest
 
 from tests.helpers.pretrain import assert_same_steps
-from tests.helpers.slurm import SHRINK, SMALL, launcher_env, sbatch, steps, wait_done, wait_for_step, write_shards
+from tests.helpers.slurm import (
+    SHRINK,
+    SMALL,
+    assert_nothing_left,
+    job_processes,
+    launcher_env,
+    sbatch,
+    steps,
+    wait_done,
+    wait_for_step,
+    write_shards,
+)
 
 pytestmark = pytest.mark.slow
 TWO_NODES = ["--nodes=2", *SMALL[1:]]
@@ -119,23 +130,50 @@ def test_a_stopped_rank_is_found_by_the_collective_timeout_and_the_group_restart
     assert f"attempt 0 failed at step {failed} (rank 1 ({host}) stopped answering" in out, out[-4000:]
 
 
-def test_a_restart_budget_of_one_and_two_crashes_end_failed_saying_so(slurm, shards, tmp_path):
-    """MAX_RESTARTS=1: a rank on node 2 dies at step 5 (attempt 0), one on node 1 at step 7 (attempt 1): the job
-    ends FAILED, its output saying the in-job restarts are used up. (Each node's agent counts only its own
-    workers' failures: before the budget was the allocation's, this job restarted twice and COMPLETED.)"""
+def test_a_restart_budget_of_one_spent_in_start_up_ends_failed_saying_so_and_leaves_nothing(slurm, shards, tmp_path):
+    """MAX_RESTARTS=1: a rank on node 2 dies at step 5 (attempt 0), then one on node 1 while attempt 1 is still
+    starting (right after its process group exists): the job ends FAILED within the collective timeout, its
+    output saying the in-job restarts are used up, the record holding both attempts, and no process of the job
+    alive 15 s after it ended. (Each node's agent counts only its own workers' failures: before the budget was
+    the allocation's, two crashes on two nodes restarted twice and COMPLETED.)"""
     env = launcher_env(
         shards,
         tmp_path,
         SAVE_INTERVAL="4",
         MAX_RESTARTS="1",
-        MFC_SIM_FAULT="rank_killed;@mfc-node2;5;0 rank_killed;@mfc-node1;7;1",
+        MFC_SIM_FAULT="rank_killed;@mfc-node2;5;0 rank_killed_starting;@mfc-node1;0;1",
     )
     job = sbatch(tmp_path, env, *RUN, sbatch_opts=TWO_NODES)
     info = wait_done(job, tmp_path, 300)
+    ended, ended_at = time.monotonic(), time.time()
     out = (tmp_path / f"slurm-{job}.out").read_text()
     assert info["JobState"] == "FAILED" and info["Restarts"] == "0", out[-4000:]
     assert "failed: the in-job restarts are used up (MAX_RESTARTS=1): attempt 1 failed too" in out, out[-4000:]
-    assert [a["attempt"] for a in _attempts(tmp_path, job)] == [0, 1]
+    attempts = _attempts(tmp_path, job)
+    assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["resumed_from"] is None, attempts
+    assert ended_at - attempts[1]["started"] < 90, attempts  # the collective timeout is 60 s
+    assert_nothing_left(job, within=15 - (time.monotonic() - ended))
+
+
+def test_a_killed_launcher_agent_ends_the_job_as_the_run_did_and_leaves_nothing(slurm, shards, straight, tmp_path):
+    """SIGKILL of node 2's ft_launcher at step 6: its trainer rank goes on with its peer to the last step; the
+    node script waits for it, then ends what the agent left (its rank monitor); the job COMPLETED (the exit
+    record's code 0), every step once and as the straight run's, nothing of the job running 15 s after."""
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=TWO_NODES)
+    wait_for_step(tmp_path, 6, job)
+    agent = next(
+        pid
+        for pid, cmd in job_processes(job).items()
+        if "ft_launcher" in cmd and b"SLURMD_NODENAME=mfc-node2" in Path(f"/proc/{pid}/environ").read_bytes()
+    )
+    os.kill(agent, signal.SIGKILL)
+    info = wait_done(job, tmp_path, 300)
+    ended = time.monotonic()
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out[-4000:]
+    _assert_exact_and_once(tmp_path, straight)
+    assert "the launcher ft_launcher was killed (signal 9): its trainer ranks go on without it" in out, out[-4000:]
+    assert_nothing_left(job, within=15 - (time.monotonic() - ended))
 
 
 def test_the_same_step_crashing_twice_ends_failed_without_using_the_budget(slurm, shards, tmp_path):
