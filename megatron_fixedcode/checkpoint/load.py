@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import logging
 from pathlib import Path
-from typing import Any
 
 import torch.distributed as dist
 from megatron.core import dist_checkpointing
@@ -13,15 +12,7 @@ from megatron.core import dist_checkpointing
 from megatron_fixedcode.checkpoint.load_checks import log_precision_change, refuse_non_finite_weights
 from megatron_fixedcode.checkpoint.paths import checkpoint_dir, read_trainer_state, resolve_step
 from megatron_fixedcode.checkpoint.resume_scope import EVERYTHING, PER_PARAMETER, ResumeScope
-from megatron_fixedcode.checkpoint.state import (
-    _data_parallel_group,
-    _model_parallel_rng_object,
-    _optimizer_metadata,
-    _ranks,
-    _rng_object,
-    model_sharded_state,
-    unwrap,
-)
+from megatron_fixedcode.checkpoint.state import _data_parallel_group, _ranks, sharded_state, unwrap
 
 logger = logging.getLogger(__name__)
 
@@ -53,8 +44,6 @@ def load_checkpoint(
     step updates them and not the initial ones.
 
     Returns the trainer state, or None when ``root`` has no complete checkpoint."""
-    from megatron_fixedcode.compat.rng import restore_rng_state
-
     step = resolve_step(root, step)
     if step is None:
         return None
@@ -66,17 +55,26 @@ def load_checkpoint(
         if saved != now:
             raise ValueError(f"{target}: saved on layout {saved}, loaded on {now}: give the run plan's resume scope")
         scope = EVERYTHING
-    model_state = model_sharded_state(chunks)
-    template: dict[str, Any] = dict(model_state)
-    if scope.optimizer:
-        template["optimizer"] = optimizer.sharded_state_dict(
-            model_state, is_loading=True, metadata=_optimizer_metadata(saved_format)
-        )
-    if scope.rng == "per_rank":
-        template["rng"] = _rng_object(dist.get_world_size(), dist.get_rank())
-    elif scope.rng == "per_model_parallel_rank":  # every DP rank reads the object DP rank 0 saved
-        template["rng_tp_pp"] = _model_parallel_rng_object(_ranks())
+    # the RNG per model-parallel rank: every DP rank reads the object DP rank 0 saved
+    template = sharded_state(chunks, optimizer, saved_format if scope.optimizer else None, (scope.rng,), loading=True)
     loaded = dist_checkpointing.load(template, str(target), **_load_strategy(target))
+    restore(loaded, target, trainer_state, chunks, optimizer, scheduler, scope)
+    rank0 = dist.get_rank() == 0
+    if saved != now and rank0:  # Megatron-LM's line (checkpointing.py), which its log checks grep for
+        logger.info("Job sharding has changed: Rerun state will be ignored")
+    if saved != now and not scope.finetune:
+        logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
+    logger.info("resumed from %s (step %d)", target, trainer_state["step"])
+    if rank0:
+        log_loaded(root, trainer_state["step"])
+    return trainer_state
+
+
+def restore(loaded: dict, target, trainer_state: dict, chunks, optimizer, scheduler, scope: ResumeScope) -> None:
+    """Put a loaded state (any store's, :func:`~.state.sharded_state`'s keys) into the parts, with the checks every
+    resume runs: weights that are not finite refused, a precision change said; then what ``scope`` keeps."""
+    from megatron_fixedcode.compat.rng import restore_rng_state
+
     for i, chunk in enumerate(chunks):
         unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
     refuse_non_finite_weights(target, chunks, "fine-tune from" if scope.finetune else "resume from")
@@ -89,17 +87,8 @@ def load_checkpoint(
         restore_rng_state(loaded["rng"])
     elif scope.rng == "per_model_parallel_rank":
         restore_rng_state(loaded["rng_tp_pp"])
-    rank0 = dist.get_rank() == 0
-    if saved != now and rank0:  # Megatron-LM's line (checkpointing.py), which its log checks grep for
-        logger.info("Job sharding has changed: Rerun state will be ignored")
-    if saved != now and not scope.finetune:
-        logger.warning("checkpoint layout %s differs from this run's %s: %s", saved, now, scope.note)
     if scope.scheduler:
         scheduler.load_state_dict(loaded["opt_param_scheduler"])
-    logger.info("resumed from %s (step %d)", target, trainer_state["step"])
-    if rank0:
-        log_loaded(root, trainer_state["step"])
-    return trainer_state
 
 
 def log_loaded(root, step: int) -> None:

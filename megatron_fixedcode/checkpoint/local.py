@@ -24,22 +24,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
-from megatron_fixedcode.checkpoint.load import log_loaded
-from megatron_fixedcode.checkpoint.resume_scope import DP_RESHARDABLE, PER_PARAMETER
-from megatron_fixedcode.checkpoint.state import (
-    _data_parallel_group,
-    _model_parallel_rng_object,
-    _optimizer_metadata,
-    _ranks,
-    _rng_object,
-    model_sharded_state,
-    optimizer_format,
-    unwrap,
-)
+from megatron_fixedcode.checkpoint.load import log_loaded, restore
+from megatron_fixedcode.checkpoint.resume_scope import DP_RESHARDABLE, EVERYTHING, PER_PARAMETER
+from megatron_fixedcode.checkpoint.state import _data_parallel_group, optimizer_format, sharded_state, state_to_save
 
 logger = logging.getLogger(__name__)
 
 CHECKSUM_SUFFIX = ".sha256"
+CHECKSUMS_RECORDED = {"algorithm": "sha256", "record": f"<file>{CHECKSUM_SUFFIX}", "covers": "each rank's file"}
 MATCHES_THIS_RUN = ("identity", "layout", "global_batch_size", "seq_length", "seed", "dataset_type", "data_path")
 
 
@@ -131,30 +123,13 @@ class LocalCheckpoints:
     def directory(self) -> Path:
         return Path(self.manager.local_ckpt_dir)
 
-    def _state(self, chunks, optimizer, data_of_rng: bool, scheduler=None, trainer_state=None) -> dict:
-        from megatron_fixedcode.compat.rng import capture_rng_state
-
-        rng = capture_rng_state() if data_of_rng else None
-        model_state = model_sharded_state(chunks)
-        state = {
-            **model_state,
-            "optimizer": optimizer.sharded_state_dict(
-                model_state, is_loading=not data_of_rng, metadata=_optimizer_metadata(_optimizer_format(optimizer))
-            ),
-            "rng": _rng_object(dist.get_world_size(), dist.get_rank(), rng),
-            "rng_tp_pp": _model_parallel_rng_object(_ranks(), rng),
-        }
-        if trainer_state is not None:
-            state["trainer"] = {**trainer_state, "optimizer_format": _optimizer_format(optimizer)}
-            state["opt_param_scheduler"] = scheduler.state_dict()
-        return state
-
     def save(self, step: int, chunks, optimizer, scheduler, trainer_state: dict) -> Path:
         """Every rank its file; returns this rank's directory. The package removes older steps once every rank
         has this one."""
         from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
 
-        state = self._state(chunks, optimizer, True, scheduler, trainer_state)
+        trainer_state = {**trainer_state, "optimizer_format": _optimizer_format(optimizer)}
+        state = state_to_save(chunks, optimizer, scheduler, trainer_state, CHECKSUMS_RECORDED)
         # the shard distribution computed afresh each save (Megatron-LM reuses it only under
         # --ckpt-assume-constant-structure, which is inert here)
         tensor_aware, _ = MCoreTensorAwareStateDict.from_state_dict(
@@ -179,7 +154,6 @@ class LocalCheckpoints:
     def load(self, chunks, optimizer, scheduler, this_run: dict) -> dict | None:
         """Load the newest local checkpoint (after :meth:`newest_step`) into the parts and return its trainer
         state; None (nothing loaded) when it was saved by another run than ``this_run`` (a trainer state)."""
-        from megatron_fixedcode.compat.rng import restore_rng_state
 
         tensor_aware, _ = self.manager.load()
         saved = tensor_aware.common_state_dict["trainer"]
@@ -195,15 +169,11 @@ class LocalCheckpoints:
                     ", ".join(differs),
                 )
             return None
-        loaded = tensor_aware.to_state_dict(
-            self._state(chunks, optimizer, False), algo=self.algo, parallelization_group=_data_parallel_group()
-        )
-        for i, chunk in enumerate(chunks):
-            unwrap(chunk).load_state_dict(loaded["model" if len(chunks) == 1 else f"model{i}"])
-        optimizer.load_state_dict(loaded["optimizer"])
-        scheduler.num_steps = 0  # megatron's load_state_dict adds the saved steps: a persistent load came first
-        scheduler.load_state_dict(loaded["opt_param_scheduler"])
-        restore_rng_state(loaded["rng"])
+        # the optimizer in the format it was saved in (older local checkpoints: the one this code writes)
+        saved_format = saved.get("optimizer_format", _optimizer_format(optimizer))
+        template = sharded_state(chunks, optimizer, saved_format, loading=True)  # the rest: the common state
+        loaded = tensor_aware.to_state_dict(template, algo=self.algo, parallelization_group=_data_parallel_group())
+        restore(loaded, self.directory, saved, chunks, optimizer, scheduler, EVERYTHING)
         self.loaded_step = saved["step"]
         if dist.get_rank() == 0:
             logger.info("resumed from local checkpoint %s (step %d)", self.directory.parent, saved["step"])

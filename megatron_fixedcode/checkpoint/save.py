@@ -12,17 +12,10 @@ import torch.distributed as dist
 from megatron.core import dist_checkpointing
 
 from megatron_fixedcode.checkpoint.paths import CHECKSUMS, LATEST_MARKER, RUN_CONFIG, _fsync_write, checkpoint_dir
-from megatron_fixedcode.checkpoint.resume_scope import PER_PARAMETER
-from megatron_fixedcode.checkpoint.state import (
-    RNG_BY_MODEL_PARALLEL_RANK,
-    _data_parallel_group,
-    _model_parallel_rng_object,
-    _optimizer_metadata,
-    _ranks,
-    _rng_object,
-    model_sharded_state,
-)
-from megatron_fixedcode.checkpoint.verify import CHECKSUMS_CLAIM, record_checksums
+from megatron_fixedcode.checkpoint.state import _data_parallel_group, state_to_save
+from megatron_fixedcode.checkpoint.verify import record_checksums
+
+CHECKSUMS_RECORDED = {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"}  # the trainer state's claim
 
 
 def _save_strategy():
@@ -65,31 +58,15 @@ def save_checkpoint(
     shard files are written in the background and the rest (:func:`_finish`) runs when the queue
     finalizes the save; a save still in flight is finalized first. ``keep(step)``: whether an older
     checkpoint that pruning would drop must stay (one that awaits its downstream evaluation)."""
-    from megatron_fixedcode.compat.rng import capture_rng_state  # one snapshot for checkpoints and seeded_streams
-
     if async_queue is not None:
         async_queue.finalize(blocking=True)  # at most one save in flight
-    rank, world = dist.get_rank(), dist.get_world_size()
+    rank = dist.get_rank()
     target = checkpoint_dir(root, step)
     if rank == 0:
         shutil.rmtree(target, ignore_errors=True)  # a partial save of this step from a crashed run
         target.mkdir(parents=True)
     dist.barrier()
-    model_state = model_sharded_state(chunks)
-    state = {
-        **model_state,
-        "optimizer": optimizer.sharded_state_dict(
-            model_state, metadata=_optimizer_metadata(trainer_state.get("optimizer_format", PER_PARAMETER))
-        ),
-        "opt_param_scheduler": scheduler.state_dict(),
-        "trainer": {
-            **trainer_state,
-            RNG_BY_MODEL_PARALLEL_RANK: True,
-            CHECKSUMS_CLAIM: {"algorithm": "sha256", "record": CHECKSUMS, "covers": "every file"},
-        },
-        "rng": _rng_object(world, rank, capture_rng_state()),
-        "rng_tp_pp": _model_parallel_rng_object(_ranks(), capture_rng_state()),
-    }
+    state = state_to_save(chunks, optimizer, scheduler, trainer_state, CHECKSUMS_RECORDED)
     _fork_results_queue()
     finish = functools.partial(_finish, root, step, trainer_state, keep_last, retain_interval, keep)
     if async_queue is None:

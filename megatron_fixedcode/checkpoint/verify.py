@@ -20,13 +20,13 @@ from megatron_fixedcode.checkpoint.paths import (
     read_common_state_of,
     resolve_step,
 )
+from megatron_fixedcode.checkpoint.state import CHECKSUMS_CLAIM
 from megatron_fixedcode.utils.files import file_sha256
 
 logger = logging.getLogger(__name__)
 NO_VERIFY_FLAG = "--no-verify-checkpoint"
-# Trainer-state record that the checkpoint was saved with checksums: a checkpoint that claims them
-# and has no checksums.json is refused (it was not saved before checksums existed).
-CHECKSUMS_CLAIM = "checksums"
+# CHECKSUMS_CLAIM, the trainer-state record that the checkpoint was saved with checksums: a checkpoint that
+# claims them and has no checksums.json is refused (it was not saved before checksums existed).
 
 
 def _checkpoint_files(target: Path) -> list[Path]:

@@ -195,21 +195,21 @@ def build_run_datasets(cfg: PretrainConfig, tokenizer, max_steps: int, global_ba
 def resume(
     cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler, local=None
 ) -> tuple[int, int, dict | None]:
-    """Load ``plan.load_step`` into the parts, then, with ``--non-persistent-ckpt-type local`` (``local``: the rank's
-    :class:`~megatron_fixedcode.checkpoint.local.LocalCheckpoints`), the newest local checkpoint instead when it is
-    newer (Megatron-LM's choice). Returns (step, prediction targets, the trainer state resumed from) to continue
-    from: (0, 0, None) for a fresh start; (0, 0, None) after a --finetune load."""
+    """Load one checkpoint into the parts, once: with ``--non-persistent-ckpt-type local`` (``local``: the rank's
+    :class:`~megatron_fixedcode.checkpoint.local.LocalCheckpoints`) the newest local one when it is newer than the
+    plan's choice (Megatron-LM's choice), else ``plan.load_step`` from the plan's store. Returns (step, prediction
+    targets, the trainer state resumed from) to continue from: (0, 0, None) for a fresh start or after --finetune."""
     ck, o = cfg.checkpoint, cfg.optim
     state = None
-    if plan.load_step is not None:
+    if local is not None:
+        state = _resume_local(cfg, plan, chunks, optimizer, scheduler, local)
+    if state is None and plan.load_step is not None:
         _settle_verified_source(cfg, plan)
         if dist.get_rank() == 0 and not cfg.schedule.skip_train:
             set_aside(plan.source.passed_over)
         state = checkpoint.load_checkpoint(
             plan.load_dir, chunks, optimizer, scheduler, plan.load_step, scope=plan.resume
         )
-    if local is not None:
-        state = _resume_local(cfg, plan, chunks, optimizer, scheduler, local) or state
     if state is None or ck.finetune:
         return 0, 0, None
     if ck.override_opt_param_scheduler:
@@ -256,8 +256,9 @@ def _built_with(schedule: dict | None) -> dict:
 
 
 def _resume_local(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, scheduler, local) -> dict | None:
-    """The newest local checkpoint when it is newer than what loaded and the run resumes all of it (no --ckpt-step,
-    --finetune, --no-load-optim, --no-load-rng); otherwise the local ones are forgotten (a restart must not take up a timeline this run left)."""
+    """The newest local checkpoint, loaded, when it is newer than the plan's choice and the run resumes all of it (no
+    --ckpt-step, --finetune, --no-load-optim, --no-load-rng); otherwise None, and the local ones are forgotten (a
+    restart must not take up a timeline this run left)."""
     ck = cfg.checkpoint
     newest = local.newest_step()  # every rank: the steps every rank holds intact
     loaded = plan.load_step if plan.load_step is not None else 0

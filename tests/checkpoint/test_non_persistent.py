@@ -272,3 +272,50 @@ def test_the_flags_are_checked_before_anything_starts(flags, needle, capsys, tmp
     argv = [*model, "--ffn-hidden-size", "128", "--lr", "1e-3", "--train-iters", "2", "--mock-data", "--vocab-size"]
     argv += ["256", *flags] + ([] if needle == "it needs --save" else ["--save", str(tmp_path / "ckpt")])
     assert needle in parse_refused(argv, capsys)
+
+
+def _poison_local(files) -> None:
+    """Every floating tensor of each rank's local file set to NaN, the file's checksum rewritten to match: a
+    checkpoint saved so (weights that diverged), not one damaged after its save."""
+    import torch
+
+    for path in files:
+        state = torch.load(path, weights_only=False)
+        with torch.no_grad():
+            for tensor in state.tensors:
+                if tensor.is_floating_point():
+                    tensor.fill_(float("nan"))
+        torch.save(state, path)
+        Path(f"{path}.sha256").write_text(hashlib.sha256(path.read_bytes()).hexdigest())
+
+
+@pytest.mark.slow
+def test_a_local_checkpoint_loads_once_and_one_with_non_finite_weights_is_refused_as_a_persistent_one(corpus, tmp_path):
+    """Persistent saves at 2 and 4 (the end), a local one at 3; the persistent 4 lost (a crash before its marker
+    moved). The resume loads the local 3 alone (one load: no persistent load under it) and goes on; the same
+    local checkpoint saved with NaN weights and valid checksums is refused at resume as a persistent one is: one
+    line naming the tensor, exit 2."""
+    pytest.importorskip("nvidia_resiliency_ext")
+    local, ckpt = tmp_path / "local", tmp_path / "ckpt"
+    flags = ["--non-persistent-save-interval", "3", "--non-persistent-ckpt-type", "local"]
+    flags += ["--non-persistent-local-ckpt-dir", str(local), "--save-interval", "2", "--lr-decay-iters", "8"]
+
+    def run(iters: int, check=True):
+        args = [*data_args(corpus, "gpt"), *flags, "--train-iters", str(iters), "--save", str(ckpt)]
+        return pretrain(*args, "--load", str(ckpt), "--eval-interval", "1000", check=check)
+
+    run(4)
+    shutil.rmtree(checkpoint.checkpoint_dir(ckpt, 4))
+    (ckpt / checkpoint.LATEST_MARKER).write_text("2")
+    kept = tmp_path / "kept"
+    shutil.copytree(tmp_path, kept, ignore=shutil.ignore_patterns("kept"))
+    resumed = run(5)
+    log = resumed.stdout + resumed.stderr
+    assert log.count("resumed from local checkpoint") == 1 and "resumed from " + str(ckpt) not in log, log[-3000:]
+    assert log.count("successfully loaded checkpoint from") == 1, log[-3000:]
+    for crashed in (local, ckpt):  # back to the moment of the crash
+        shutil.rmtree(crashed)
+        shutil.copytree(kept / crashed.name, crashed)
+    _poison_local(sorted(local.glob("*/iter_0000003_*_local.pt")))
+    line = refused(run(5, check=False), "not finite")
+    assert str(local) in line and "is not finite; refusing to resume from it" in line, line
