@@ -127,7 +127,7 @@ print(r.get("error") or "")' "$1" 2>/dev/null) || return 0
     return 0
 }
 
-# The attempts' record (training/attempts.py): the goodput and, when the in-job restarts end the job, why.
+# The attempts' record (recovery/attempts.py): the goodput and, when the in-job restarts end the job, why.
 mfc_attempts_summary() {
     [[ -s ${MFC_ATTEMPTS_FILE:-} ]] || return 0
     python -m megatron_fixedcode.cli.attempts_summary "$MFC_ATTEMPTS_FILE" --max-restarts "${MAX_RESTARTS:-3}" >&2 || true
@@ -446,7 +446,7 @@ print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).n
     export MFC_EXIT_RECORD=$log_dir/exit-$job_id.json   # the trainer's last word (rank 0), read by mfc_finish
     export MFC_STOP_FILE=$log_dir/stop-$job_id          # written on USR1, read by ranks as they start
     # the run's attempts, every allocation's (requeues, resubmissions): kept, so that goodput is the run's
-    export MFC_ATTEMPTS_FILE=$log_dir/attempts.json   # (training/attempts.py; a run started at step 0 begins it anew)
+    export MFC_ATTEMPTS_FILE=$log_dir/attempts.json   # (recovery/attempts.py; a run started at step 0 begins it anew)
     rm -f "$MFC_EXIT_RECORD" "$MFC_STOP_FILE"
     if ((MFC_CANCELLED)); then
         mfc_log "cancelled before the training started: not starting it"

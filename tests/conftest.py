@@ -82,7 +82,7 @@ LONGEST_FIRST = (
     "launchers/test_slurm_downstream.py",
     "training/test_megatron_log_checks.py",
     "launchers/test_slurm_restarts.py",
-    "training/test_in_job_restarts.py",
+    "recovery/test_in_job_restarts.py",
 )
 
 

@@ -1,6 +1,6 @@
 """Megatron-LM's run-health flags (core_v0.16.1's names, dests and defaults): the rerun state machine, the
 NaN/spike/large-gradient checks, skipped iterations, garbage collection and the collectives' timeout; their
-refusals. Read after parsing as :class:`HealthConfig` (training/rerun.py)."""
+refusals. Read after parsing as :class:`HealthConfig` (recovery/rerun.py)."""
 
 from __future__ import annotations
 
@@ -127,7 +127,7 @@ def add_health_args(p: argparse.ArgumentParser) -> None:
 
 @dataclasses.dataclass(frozen=True, kw_only=True)
 class HealthConfig:
-    """Megatron-LM's run-health flags: the rerun state machine (training/rerun.py), the NaN/spike/large-grad
+    """Megatron-LM's run-health flags: the rerun state machine (recovery/rerun.py), the NaN/spike/large-grad
     checks, skipped iterations, garbage collection and the collectives' timeout."""
 
     rerun_mode: str

@@ -1,6 +1,6 @@
 """Megatron-LM's flags that watch a long run (core_v0.16.1's names, dests and defaults): the straggler detector
 (``StragglerDetectionConfig``), the profiler and memory history (``ProfilingConfig``), the weight-hash check
-across data-parallel replicas and ``--num-workers``. What they do: ``training/straggler.py``,
+across data-parallel replicas and ``--num-workers``. What they do: ``recovery/straggler.py``,
 ``training/profiling.py``, ``training/run_watch.py``, ``training/batch_reader.py``; docs/training.md.
 """
 

@@ -9,13 +9,13 @@ import json
 import os
 from pathlib import Path
 
-from megatron_fixedcode.training.attempt_reports import lost_last_word, summary_lines
-from megatron_fixedcode.training.attempts import Attempts
+from megatron_fixedcode.recovery.attempt_reports import lost_last_word, summary_lines
+from megatron_fixedcode.recovery.attempts import Attempts
 
 
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description="the goodput and why in-job restarts ended the job")
-    p.add_argument("file", help="the job's attempts record (training/attempts.py)")
+    p.add_argument("file", help="the job's attempts record (recovery/attempts.py)")
     p.add_argument("--max-restarts", type=int, required=True, help="the launcher's MAX_RESTARTS")
     p.add_argument("--lost-exit-record", help="the exit record rank 0 left none at: write it from the attempts")
     p.add_argument("--launcher-code", type=int, default=1, help="what srun exited with")

@@ -28,7 +28,7 @@ class ExitRecord(logging.Handler):
         self.stopped_by: str | None = None
         self.rerun_nodes: list[str] = []  # exit 16: where the unexpected result reproduced ("host (device N)")
         self.goodput: float | None = None  # share of the allocation's wall-clock time that produced kept steps
-        self.restarts: list[dict] = []  # each in-job restart's cost (training/attempts.py, RestartCost)
+        self.restarts: list[dict] = []  # each in-job restart's cost (recovery/attempts.py, RestartCost)
 
     def emit(self, record: logging.LogRecord) -> None:
         self.error = record.getMessage().splitlines()[0] if record.getMessage() else None

@@ -24,9 +24,9 @@ from megatron.core.utils import get_model_config
 
 from megatron_fixedcode.compat import runtime_device
 from megatron_fixedcode.compat.autocast import forward_autocast
-from megatron_fixedcode.training.rerun import validate_loss
+from megatron_fixedcode.recovery.rerun import validate_loss
 from megatron_fixedcode.training.batches import split_for_context_parallel, to_device
-from megatron_fixedcode.training.straggler import stimer
+from megatron_fixedcode.recovery.straggler import stimer
 from megatron_fixedcode.training.timers import timed
 
 
@@ -43,7 +43,7 @@ def _loss_func(loss_mask_BS: torch.Tensor, output_BS: torch.Tensor):
     losses = output_BS.float() * loss_mask_BS
     num_tokens = loss_mask_BS.sum().to(torch.int)
     total = losses.sum()
-    # Megatron-LM's checks of the local loss: NaN, Inf, spikes (training/rerun.py). A copy: the schedule
+    # Megatron-LM's checks of the local loss: NaN, Inf, spikes (recovery/rerun.py). A copy: the schedule
     # divides the returned tensor in place, which would change the result a re-run is compared with.
     validate_loss(total.detach().clone())
     return total, num_tokens, {"lm loss": torch.stack([total.detach(), num_tokens.float()])}

@@ -22,21 +22,21 @@ from megatron_fixedcode.checkpoint import CorruptCheckpoint
 from megatron_fixedcode.checkpoint.save_checks import check_save_dir
 from megatron_fixedcode.compat import describe_runtime, destroy_distributed
 from megatron_fixedcode.models.cost import model_flops_per_token
-from megatron_fixedcode.training.checkpoint_manager import CheckpointManager
-from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
-from megatron_fixedcode.training.attempts import Attempts
+from megatron_fixedcode.checkpoint.checkpointer import Checkpointer
+from megatron_fixedcode.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed, is_collective_failure
+from megatron_fixedcode.recovery.attempts import Attempts
+from megatron_fixedcode.training.downstream_evals import DownstreamEvals
 from megatron_fixedcode.training.exit_record import ExitRecord
-from megatron_fixedcode.training.in_job_restarts import (
+from megatron_fixedcode.training.hf_export import HFExport
+from megatron_fixedcode.training.progress_log import ProgressLog
+from megatron_fixedcode.recovery.ft_integration import ResiliencyClient, request_no_restart, start_resiliency_client
+from megatron_fixedcode.recovery.in_job_restarts import (
     InJobRestarts,
-    ResiliencyClient,
-    is_collective_failure,
     read_attempts,
     refuse_restart,
-    request_no_restart,
-    start_resiliency_client,
 )
 from megatron_fixedcode.training.metrics import MetricsSink, matmul_precision
-from megatron_fixedcode.training.rerun import end_on_rerun, skip_step
+from megatron_fixedcode.recovery.rerun import end_on_rerun, skip_step
 from megatron_fixedcode.training.run_health import RunHealth
 from megatron_fixedcode.training.profiling import start_memory_history
 from megatron_fixedcode.training.run_plan import RunPlan, plan_run
@@ -177,6 +177,27 @@ def _metrics_sink(trainer: Trainer, flops_per_token: float) -> MetricsSink:
     )
 
 
+def _checkpointer(trainer: Trainer, flops_per_token: float, restarts: InJobRestarts) -> Checkpointer:
+    """The run's one owner of saves, with the hand-offs of a complete checkpoint: Megatron-LM's progress.txt
+    (--log-progress), the downstream evaluation jobs (--downstream-eval-*), the Hugging Face export."""
+    cfg, rank0 = trainer.cfg, trainer.ranks["rank"] == 0
+    progress = ProgressLog(
+        cfg.checkpoint.save,
+        enabled=bool(cfg.logging and cfg.logging.log_progress),
+        rank0=rank0,
+        world_size=trainer.ranks["world_size"],
+        flops_per_sample=flops_per_token * cfg.schedule.seq_length,
+        seq_length=cfg.schedule.seq_length,
+    )
+    return Checkpointer(
+        trainer,
+        restarts.saving,  # the fault-tolerance "checkpointing" section around every save
+        progress=progress,
+        downstream=DownstreamEvals(trainer),
+        export=HFExport(cfg.checkpoint, rank0),
+    )
+
+
 def _evaluate_only(trainer: Trainer, sink: MetricsSink) -> int:
     """``--skip-train``: load, evaluate once, exit."""
     record = {"step": trainer.step, "tokens": trainer.tokens, **trainer.evaluate()}
@@ -227,7 +248,7 @@ def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobR
     )
     sink = _metrics_sink(trainer, flops_per_token)
     health = RunHealth(trainer, sink, flops_per_token)  # --log-params-norm, timers, --manual-gc (run_health.py)
-    saves = CheckpointManager(trainer, flops_per_token)  # every save and its waits (checkpoint_manager.py)
+    saves = _checkpointer(trainer, flops_per_token, restarts)  # every save, its store and waits (checkpointer.py)
     health.start()
     saves.start()
     if cfg.schedule.skip_train:
@@ -266,15 +287,10 @@ def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobR
             ck.exit_interval and trainer.step % ck.exit_interval == 0
         )
         last = stop or trainer.step == trainer.max_steps
-        if ck.save and ((ck.save_interval and trainer.step % ck.save_interval == 0) or last):
-            with restarts.saving():
-                saves.save(final=last)
+        if saves.after_step(last):  # the save due, if any (checkpoint/checkpointer.py)
             # A signal that came during the save (seconds, at scale) would otherwise cost one
             # more step and one more save inside the grace window: this checkpoint is the last.
             stop = stop or any_rank(exit_request.flag, trainer.device)
-        elif saves.non_persistent_due():  # Megatron-LM: a persistent save at the same step takes its place
-            with restarts.saving():
-                saves.save_non_persistent()
         if stop:
             reason = "signal" if exit_request.flag else "--exit-duration-in-mins" if timed_out else "--exit-interval"
             if rank0:
@@ -283,12 +299,8 @@ def _train_loop(trainer: Trainer, last_word: ExitRecord | None, restarts: InJobR
                 last_word.stopped_by = reason
             break
     watch.close()
-    if ck.save and saves.saved_at != trainer.step:
-        with restarts.saving():
-            saves.save(final=True)
-    saves.close()  # before the process may exit: a requeued job resumes from a complete checkpoint
-    try:
-        trainer.wait_for_export()  # a failed final export raises ExportFailed (rank 0)
+    try:  # the last step saved, the save in flight complete (a requeued job resumes from it), the final export done
+        saves.finish()
     finally:
         sink.close()
     if last_word is not None:

@@ -21,7 +21,7 @@ from megatron_fixedcode.data import build_datasets
 from megatron_fixedcode.models import build_transformer_config
 from megatron_fixedcode.models.builder import use_transformer_engine
 from megatron_fixedcode.models.config import BLOCKS
-from megatron_fixedcode.training.errors import DataError
+from megatron_fixedcode.errors import DataError
 from megatron_fixedcode.training.forward_backward import loss_config_fields
 from megatron_fixedcode.training.gpu_features import fusion_settings, settle_gelu_approximation, te_wgrad_fusion
 from megatron_fixedcode.training.model_chunks import build_model_chunks

@@ -1,11 +1,11 @@
 """The loop's hooks for Megatron-LM's watchers of a long run, in Megatron-LM's places (train() and
-post_training_step_callbacks): the straggler detector's report (``training/straggler.py``), the weight-hash
+post_training_step_callbacks): the straggler detector's report (``recovery/straggler.py``), the weight-hash
 check across data-parallel replicas, the profiler and the memory snapshots (``training/profiling.py``).
 
 ``--check-weight-hash-across-dp-replicas-interval N``: megatron-core's ``check_param_hashes_across_dp_replicas``
 (``cross_check=True``) before the first step and after every N-th, every rank; a match logs Megatron-LM's
 ``>>> Weight hashes match after N iterations...``, a mismatch (the same answer on every rank) stops the run,
-naming the step, before that step is saved (:class:`~megatron_fixedcode.training.errors.ReplicasDiverged`).
+naming the step, before that step is saved (:class:`~megatron_fixedcode.errors.ReplicasDiverged`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import torch
 import torch.distributed as dist
 from megatron.core.utils import check_param_hashes_across_dp_replicas
 
-from megatron_fixedcode.training.errors import ReplicasDiverged
+from megatron_fixedcode.errors import ReplicasDiverged
 from megatron_fixedcode.training.gpu_features import params_synced
 from megatron_fixedcode.training.profiling import Profiler
-from megatron_fixedcode.training.straggler import configure_straggler, report_straggler
+from megatron_fixedcode.recovery.straggler import configure_straggler, report_straggler
 
 logger = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from megatron_fixedcode.models.config import ModelConfig
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.training.gpu_features import check_gpu_features
 from megatron_fixedcode.training.metrics import require_logging_backends
-from megatron_fixedcode.training.rerun import check_rerun_flags
+from megatron_fixedcode.recovery.rerun import check_rerun_flags
 from megatron_fixedcode.training.profiling import cuda_refusal
 
 REQUIRE_CUDA_ENV = "MFC_REQUIRE_CUDA"

@@ -1,5 +1,5 @@
-"""The Trainer: one optimizer step, one evaluation, one save — built from small functions that
-tests, export and evaluation can use alone.
+"""The Trainer: one optimizer step, one evaluation, and the state a checkpoint holds — built from small functions
+that tests, export and evaluation can use alone (saving is checkpoint/checkpointer.py's).
 
 A sample is a pure function of (seed, global sample index) and step ``n`` reads indices
 ``[n·G, (n+1)·G)`` (G = global batch), so the data position *is* the step counter: resuming
@@ -21,27 +21,20 @@ import contextlib
 import dataclasses
 import logging
 import math
-import shutil
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import torch
 
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
-from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
 from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, runtime_device
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_host_streams, seed_streams
 from megatron_fixedcode.models import parameter_report
-from megatron_fixedcode.tokenizers import carried_record, tokenizer_record, write_carried_copy
-from megatron_fixedcode.utils.job_env import standalone_env
+from megatron_fixedcode.tokenizers import carried_record, tokenizer_record
 from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
-from megatron_fixedcode.training.errors import DataError, ExportFailed, NonFiniteTraining, SaveFailed
+from megatron_fixedcode.errors import DataError, NonFiniteTraining
 from megatron_fixedcode.training.forward_backward import forward_backward
-from megatron_fixedcode.training.in_job_restarts import is_collective_failure
 from megatron_fixedcode.training.gpu_features import (
     configure_tf32,
     describe_optimizer,
@@ -49,8 +42,8 @@ from megatron_fixedcode.training.gpu_features import (
     params_synced,
     use_fused_adamw,
 )
-from megatron_fixedcode.training.rerun import as_non_finite, checkpoint_state, forward_backward_step
-from megatron_fixedcode.training.rerun import restore_from, start_rerun
+from megatron_fixedcode.recovery.rerun import as_non_finite, checkpoint_state, forward_backward_step
+from megatron_fixedcode.recovery.rerun import restore_from, start_rerun
 from megatron_fixedcode.training.run_parts import (
     build_chunks,
     build_optimizer,
@@ -70,7 +63,7 @@ logger = logging.getLogger(__name__)
 
 
 class Trainer:
-    """The parts of one run on this rank, and what they do together: a step, an evaluation, a save.
+    """The parts of one run on this rank, and what they do together: a step, an evaluation; its state.
     The loop that decides when to do each is :func:`megatron_fixedcode.training.loop.train`."""
 
     def __init__(self, cfg: PretrainConfig, plan: RunPlan | None = None, on_process_group=None):
@@ -128,6 +121,14 @@ class Trainer:
 
     def _stream_identity(self) -> dict:
         return stream_identity(self.cfg, self.global_batch, self.max_steps)
+
+    @contextlib.contextmanager
+    def writing_checkpoint(self, timer: str):
+        """Around a checkpoint write (checkpoint/checkpointer.py): the parameters gathered (--overlap-param-gather),
+        Megatron-LM's timer, logged after the write as Megatron-LM does."""
+        with params_synced(self.chunks), timed(self.timers, timer, 0, barrier=True):
+            yield
+        log_timers(self.timers, [timer], rank0=self.ranks["rank"] == 0)
 
     def trainer_state(self) -> dict:
         r = self.ranks
@@ -239,129 +240,3 @@ class Trainer:
             return {}
         nll = sum(loss * n for loss, n in totals) / sum(n for _, n in totals)
         return {"val_loss": nll, "val_ppl": math.exp(min(nll, 50.0))}
-
-    def wait_for_export(self) -> None:
-        """Wait for the background export. A failed one leaves no directory under its name (the
-        converter writes ``OUT.partial`` and renames it when complete; a killed converter's
-        leftover is removed here). A failed intermediate export is logged and training goes on;
-        a failed final export fails the run (:class:`ExportFailed`), as it is what the run was
-        asked to deliver. No retry: a full disk or a bad tokenizer path would fail again."""
-        proc, self._export_proc = getattr(self, "_export_proc", None), None
-        if proc is None or proc.wait() == 0:
-            return
-        from megatron_fixedcode.export import hf_io
-
-        step, out = self._export_step, self._export_out
-        shutil.rmtree(hf_io.partial_dir(out), ignore_errors=True)  # nothing holds them: the child has exited
-        hf_io.lock_file(out).unlink(missing_ok=True)
-        how = f"killed by signal {-proc.returncode}" if proc.returncode < 0 else f"exit code {proc.returncode}"
-        message = (
-            f"the Hugging Face export of step {step} failed ({how}; see {self._export_log}): {out} was not "
-            f"written; checkpoint step {step} is saved, export it again with tools/convert_checkpoint_to_hf.py "
-            f"--load {self.cfg.checkpoint.save} --ckpt-step {step} --output {out}"
-        )
-        if self._export_final:
-            raise ExportFailed(message)
-        logger.error("%s (training goes on)", message)
-
-    def _export_to_hf(self, final: bool) -> None:
-        """On rank 0, convert the checkpoint just saved in a background process (training goes on;
-        the next save waits for it, so pruning never removes a checkpoint being exported)."""
-        ck = self.cfg.checkpoint
-        if (
-            not ck.hf_export_interval
-            or self.ranks["rank"] != 0
-            or not (final or self.step % ck.hf_export_interval == 0)
-        ):
-            return
-        out_root = Path(ck.hf_export_dir or Path(ck.save) / "hf")
-        out_root.mkdir(parents=True, exist_ok=True)
-        out = out_root / f"iter_{self.step:07d}"
-        self._export_log = out_root / f"iter_{self.step:07d}.log"
-        self._export_step, self._export_out, self._export_final = self.step, out, final
-        cmd = [
-            sys.executable,
-            "-m",
-            "megatron_fixedcode.cli.convert_checkpoint_to_hf",
-            "--load",
-            ck.save,
-            "--ckpt-step",
-            str(self.step),
-            "--output",
-            str(out),
-            "--overwrite",
-        ]
-        env = standalone_env()  # one process of its own, not a rank of this launch
-        # The converter runs on the CPU: on a GPU node it must not allocate a model on the GPU rank 0 trains on.
-        env["CUDA_VISIBLE_DEVICES"] = ""
-        self._export_proc = subprocess.Popen(cmd, stdout=open(self._export_log, "w"), stderr=subprocess.STDOUT, env=env)
-        logger.info("exporting step %d to Hugging Face format in %s", self.step, out)
-
-    def _save_local(self, timer: str) -> None:
-        """--non-persistent-ckpt-type local: every rank its file in node-local storage (checkpoint/local.py)."""
-        t0 = time.perf_counter()
-        with params_synced(self.chunks), timed(self.timers, timer, 0, barrier=True):
-            where = self.local_checkpoints.save(
-                self.step, self.chunks, self.optimizer, self.scheduler, self.trainer_state()
-            )
-        if self.ranks["rank"] == 0:
-            logger.info(
-                "saved non-persistent local checkpoint of step %d in %s in %.1f s",
-                self.step,
-                where.parent,
-                time.perf_counter() - t0,
-            )
-        log_timers(self.timers, [timer], rank0=self.ranks["rank"] == 0)
-
-    def save(self, final: bool = False, keep=None, async_saves=None, non_persistent: bool = False) -> None:
-        """``keep(step)``: an older checkpoint that --ckpt-keep-last / --save-retain-interval must not prune yet;
-        ``async_saves``: the run's --async-save queue (None: a synchronous save); ``non_persistent``: into the
-        non-persistent directory, keeping only the newest there (no export). Called by the run's
-        :class:`~.checkpoint_manager.CheckpointManager`."""
-        ck = self.cfg.checkpoint
-        root = ck.non_persistent_dir() if non_persistent else ck.save
-        timer = "save-checkpoint-non-persistent" if non_persistent else "save-checkpoint"  # Megatron-LM's names
-        self.wait_for_export()
-        if non_persistent and self.local_checkpoints is not None:
-            return self._save_local(timer)
-        t0 = time.perf_counter()
-        target, error = checkpoint.checkpoint_dir(root, self.step), None
-        try:
-            if self.ranks["rank"] == 0:
-                write_carried_copy(root, self.tokenizer_record)
-            with params_synced(self.chunks), timed(self.timers, timer, 0, barrier=True):
-                path = checkpoint.save_checkpoint(
-                    root,
-                    self.step,
-                    self.chunks,
-                    self.optimizer,
-                    self.scheduler,
-                    self.trainer_state(),
-                    1 if non_persistent else ck.keep_last,
-                    None if non_persistent else ck.retain_interval,
-                    async_saves,
-                    None if non_persistent else keep,
-                )
-        except BaseException as e:  # torch's CheckpointException is a BaseException
-            if not is_write_failure(e) or is_collective_failure(e):  # a lost peer: the group restarts
-                raise
-            error = checkpoint_write_error(target, e)  # before the partial directory frees its space
-        if error is not None:  # raised outside the handler: nothing keeps the writer's failure alive
-            # torch's checkpoint writer gathers every rank's failures, so every rank gets here;
-            # `latest` has not moved, and the partial directory goes (it is not a checkpoint).
-            if self.ranks["rank"] == 0:
-                shutil.rmtree(target, ignore_errors=True)
-            raise SaveFailed(str(error))
-        logger.info(
-            "%s %scheckpoint %s in %.1f s",
-            "started" if async_saves else "saved",
-            "non-persistent " if non_persistent else "",
-            path,
-            time.perf_counter() - t0,
-        )
-        log_timers(self.timers, [timer], rank0=self.ranks["rank"] == 0)  # as Megatron-LM, after each save
-        if non_persistent:
-            return
-        if async_saves:  # --async-save: an export needs the checkpoint complete
-            async_saves.before_export(final)
-        self._export_to_hf(final)

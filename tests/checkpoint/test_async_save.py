@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from megatron_fixedcode import checkpoint
-from megatron_fixedcode.training.async_saves import AsyncSaves
-from megatron_fixedcode.training.errors import SaveFailed
+from megatron_fixedcode.checkpoint.async_save import AsyncSaves
+from megatron_fixedcode.errors import SaveFailed
 from tests.helpers import REPO
 from tests.helpers.pretrain import TINY, assert_same_steps, pretrain, read_metrics, write_corpus
 

@@ -351,7 +351,7 @@ def test_non_finite_loss_stops_before_any_save(tmp_path, corpus):
         "--clip-grad",
         "0",
         "--vocab-size",
-        "1024",  # tests/training/test_rerun.py
+        "1024",  # tests/recovery/test_rerun.py
         "--rerun-mode",
         "disabled",
         *_common(corpus),

@@ -149,8 +149,8 @@ def test_a_run_that_finished_completes_the_job_whatever_srun_said(tmp_path):
 def test_rank_0_killed_leaves_an_exit_record_written_by_the_launcher_with_code_1(tmp_path):
     """No exit record (rank 0 was killed in the attempt that ended the job) and srun's 143: the launcher writes the
     record from the attempts' (code 1, the step, the rank that stopped answering) and ends with 1 and that line."""
-    from megatron_fixedcode.training.attempt_reports import write_failure_report
-    from megatron_fixedcode.training.attempts import Attempts
+    from megatron_fixedcode.recovery.attempt_reports import write_failure_report
+    from megatron_fixedcode.recovery.attempts import Attempts
 
     record = tmp_path / "logs" / "attempts.json"
     record.parent.mkdir()

@@ -13,6 +13,7 @@ import torch.distributed as dist
 from megatron_fixedcode.arguments.downstream_flags import DownstreamConfig
 from megatron_fixedcode.arguments.observe_flags import WatchConfig
 from megatron_fixedcode.arguments.logging_flags import LoggingConfig
+from megatron_fixedcode.checkpoint.checkpointer import Checkpointer
 from megatron_fixedcode.training import loop
 
 
@@ -32,6 +33,8 @@ class _FakeTrainer:
             async_save=False,
             hf_export_interval=None,
             non_persistent_save_interval=None,
+            keep_last=None,
+            retain_interval=None,
         )
         self.cfg = types.SimpleNamespace(
             schedule=schedule,
@@ -51,19 +54,17 @@ class _FakeTrainer:
         self.global_batch, self.tf32, self.wandb_run_id = 4, False, None
         self.identity = {"code_fingerprint": "0" * 16}
         self.saves: list[int] = []
+        self.local_checkpoints = None
         self.signal_at_save = signal_at_save
 
     def train_step(self) -> dict:
         self.step += 1
         return {"step": self.step}
 
-    def save(self, final: bool = False, keep=None, async_saves=None) -> None:
+    def write_checkpoint(self) -> None:  # the Checkpointer's write, in place of a real one
         self.saves.append(self.step)
         if self.step == self.signal_at_save:  # Slurm's signal, while the checkpoint is written
             os.kill(os.getpid(), signal.SIGTERM)
-
-    def wait_for_export(self) -> None:
-        pass
 
 
 @pytest.fixture
@@ -80,6 +81,7 @@ def test_sigterm_during_a_save_ends_the_run_at_that_checkpoint(tmp_path, monkeyp
         lambda *a, **k: types.SimpleNamespace(record=lambda r: None, close=lambda: None, metrics_file=None),
     )
     monkeypatch.setattr(loop, "model_flops_per_token", lambda *a: 1.0)
+    monkeypatch.setattr(Checkpointer, "_write", lambda self, *a, **k: self.trainer.write_checkpoint())
     handlers = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGUSR1)}
     trainer = _FakeTrainer(str(tmp_path / "ckpt"), signal_at_save=4)
     try:

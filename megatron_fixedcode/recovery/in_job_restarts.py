@@ -6,18 +6,14 @@ The restart itself is the elastic launcher's (``ft_launcher`` of nvidia-resilien
 monitor, and the new attempt resumes from the newest complete checkpoint (persistent or
 non-persistent). This module writes no launcher; it tells the launcher not to restart what a restart
 cannot fix (``WorkloadAction.ShutdownWorkload``, where ``ft_launcher`` runs; under torchrun the next
-attempt refuses at once), and keeps the record (training/attempts.py).
+attempt refuses at once), and keeps the record (recovery/attempts.py).
 
-``--enable-ft-package`` is Megatron-LM's ``ft_integration``: a "setup" section from start-up to the first
-step, a "step" section around each step after ``--ft-num-warmup-iters``, a "checkpointing" section around
-each save; ``--calc-ft-timeouts`` updates the timeouts from what was observed and keeps them in
-``SAVE/ft_state.json`` for the next attempt.
+The resiliency package's client and sections: recovery/ft_integration.py.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import os
 import socket
@@ -25,7 +21,7 @@ import time
 
 import torch
 
-from megatron_fixedcode.training.attempts import (
+from megatron_fixedcode.recovery.attempts import (
     Attempts,
     allocation_id,
     attempts_path,
@@ -33,50 +29,10 @@ from megatron_fixedcode.training.attempts import (
     process_start_time,
 )
 from megatron_fixedcode.recovery.fault_injection import FaultInjection
-from megatron_fixedcode.training.attempt_reports import silent_ranks, write_failure_report
+from megatron_fixedcode.recovery.ft_integration import ResiliencyClient, request_no_restart
+from megatron_fixedcode.recovery.attempt_reports import silent_ranks, write_failure_report
 
 logger = logging.getLogger(__name__)
-
-_MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
-
-
-def is_collective_failure(error: BaseException) -> bool:
-    """A collective that failed because a peer died or stopped answering (gloo's or NCCL's error, or
-    torch's DistError), anywhere in the exception's chain or among the ranks' failures that torch's
-    CheckpointException (a BaseException) gathers from a save or load."""
-    seen = set()
-    while error is not None and id(error) not in seen:
-        seen.add(id(error))
-        if isinstance(error, getattr(torch.distributed, "DistError", ())):
-            return True
-        if isinstance(error, RuntimeError) and any(
-            s in str(error)
-            for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
-        ):
-            return True
-        failures = getattr(error, "failures", None)  # {rank: (exception, traceback)}
-        if isinstance(failures, dict) and any(
-            is_collective_failure(f[0] if isinstance(f, tuple) else f) for f in failures.values()
-        ):
-            return True
-        error = error.__cause__ or error.__context__
-    return False
-
-
-def request_no_restart(reason: str) -> None:
-    """Ask ``ft_launcher`` not to restart the worker group (its next rendezvous is closed); nothing to
-    ask elsewhere: under torchrun the next attempt refuses to start (:meth:`Attempts.refusal`)."""
-    if not os.environ.get("FT_LAUNCHER_IPC_SOCKET"):
-        return
-    try:
-        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient, WorkloadAction, WorkloadControlRequest
-        from nvidia_resiliency_ext.fault_tolerance.data import RankInfo
-
-        client = RankMonitorClient()
-        client.rank_info = RankInfo.get_for_current_rank()  # what init_workload_monitoring would set
-        client.send_workload_control_request(WorkloadControlRequest(WorkloadAction.ShutdownWorkload, reason))
-    except Exception as e:  # the launcher may already be gone; the next attempt refuses anyway
-        logger.warning("could not ask ft_launcher not to restart (%s): the next attempt refuses to start instead", e)
 
 
 def read_attempts(save_dir: str | None) -> Attempts:
@@ -97,109 +53,6 @@ def refuse_restart(attempts: Attempts, rank0: bool) -> int | None:
         logger.error("%s (the attempts' record: %s)", reason, attempts.path)
     request_no_restart(reason)
     return code
-
-
-class ResiliencyClient:
-    """Megatron-LM's ft_integration on nvidia-resiliency-ext's RankMonitorClient (under ft_launcher)."""
-
-    def __init__(self, save_dir: str, warmup_steps: int, calc_timeouts: bool, asynchronous_saves: bool, rank0: bool):
-        from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
-
-        self.client = RankMonitorClient()
-        self.state_path = os.path.join(save_dir, "ft_state.json")
-        self.warmup_steps, self.calc_timeouts = warmup_steps, calc_timeouts
-        self.asynchronous_saves, self.rank0 = asynchronous_saves, rank0
-        self.steps = self.saves = self.eval_steps = 0
-        self.loaded_persistent = False
-        if os.path.exists(self.state_path):
-            with open(self.state_path) as f:
-                self.client.load_state_dict(json.load(f))
-        self.client.init_workload_monitoring()
-        if rank0:
-            logger.info("FT: initialized. Timeouts=%s", self.client.section_timeouts)
-        self.client.start_section("setup")
-        self.setup_open = True
-
-    def step_start(self) -> None:
-        self._batch_start(self.steps)
-
-    def step_end(self) -> None:
-        self._batch_end(self.steps)
-        self.steps += 1
-        self.eval_steps = 0  # Megatron-LM: each evaluation counts its own warmup batches
-
-    def eval_step_start(self) -> None:
-        self._batch_start(self.eval_steps)
-
-    def eval_step_end(self) -> None:
-        self._batch_end(self.eval_steps)
-        self.eval_steps += 1
-
-    def _batch_start(self, seen: int) -> None:
-        """A training step or evaluation batch begins: "setup" ends at the first; "step" opens after the warmup."""
-        if self.setup_open:
-            self.client.end_section("setup")
-            self.setup_open = False
-        if seen >= self.warmup_steps:
-            self.client.start_section("step")
-
-    def _batch_end(self, seen: int) -> None:
-        if seen >= self.warmup_steps:
-            self.client.end_section("step")
-
-    @contextlib.contextmanager
-    def checkpointing(self):
-        self.client.start_section("checkpointing")
-        try:
-            yield
-        finally:
-            self.client.end_section("checkpointing")
-        self.saves += 1
-        self._update_timeouts(closing=False)
-
-    def shutdown(self) -> None:
-        self._update_timeouts(closing=True)
-        self.client.shutdown_workload_monitoring()
-
-    def _update_timeouts(self, closing: bool) -> None:
-        """Megatron-LM's _maybe_update_timeouts: each section once it has been seen enough."""
-        if not self.calc_timeouts:
-            return
-        sections = ["setup"] if self.loaded_persistent else []
-        if self.steps >= _MIN_STEPS_FOR_STEP_TIMEOUT:
-            sections.append("step")
-        if self.saves and not self.asynchronous_saves:
-            sections.append("checkpointing")
-        out_of_section = closing and {"setup", "step"} <= set(sections) and self.saves > 0
-        if not sections and not out_of_section:
-            return
-        self.client.calculate_and_set_section_timeouts(selected_sections=sections, calc_out_of_section=out_of_section)
-        if self.rank0:
-            tmp = f"{self.state_path}.tmp"
-            with open(tmp, "w") as f:
-                json.dump(self.client.state_dict(), f)
-            os.replace(tmp, self.state_path)
-            logger.info("FT: updated timeouts saved to %s. %s", self.state_path, self.client.section_timeouts)
-
-
-def start_resiliency_client(cfg) -> ResiliencyClient | None:
-    """``--enable-ft-package``: the rank's client, its "setup" section open; ``ValueError`` (one line, exit 2)
-    outside ft_launcher."""
-    health = cfg.health
-    if not health.enable_ft_package:
-        return None
-    if not os.environ.get("FT_RANK_MONITOR_IPC_SOCKET"):
-        raise ValueError(
-            "--enable-ft-package: this rank was not started by ft_launcher (nvidia-resiliency-ext's launcher, "
-            "a drop-in for torchrun; examples/slurm_common.sh uses it when the package is installed)"
-        )
-    return ResiliencyClient(
-        cfg.checkpoint.save,
-        health.ft_num_warmup_iters,
-        health.calc_ft_timeouts,
-        bool(cfg.checkpoint.async_save),
-        int(os.environ.get("RANK", "0")) == 0,
-    )
 
 
 class InJobRestarts:

@@ -1,4 +1,4 @@
-"""Megatron-LM's rerun state machine as wired here (training/rerun.py): an injected or real fault is
+"""Megatron-LM's rerun state machine as wired here (recovery/rerun.py): an injected or real fault is
 caught and handled in each --rerun-mode, a re-run replays the same microbatches, the spike detector's
 statistics survive a checkpoint, --iterations-to-skip reads its batch without an update; one 2-rank
 run checks the wiring (the loss function, megatron DDP's checks, the loop's exit codes and checkpoint)."""
@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from megatron_fixedcode.arguments.health_flags import HealthConfig
-from megatron_fixedcode.training.errors import NonFiniteTraining
+from megatron_fixedcode.errors import NonFiniteTraining
 from megatron_fixedcode.training import rerun
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
 

@@ -16,9 +16,11 @@ from pathlib import Path
 import pytest
 
 from megatron_fixedcode.cli.attempts_summary import main as attempts_main
-from megatron_fixedcode.training.attempt_reports import silent_ranks, write_failure_report
-from megatron_fixedcode.training.attempts import Attempts, attempts_path
-from megatron_fixedcode.training.in_job_restarts import ResiliencyClient, is_collective_failure, refuse_restart
+from megatron_fixedcode.recovery.attempt_reports import silent_ranks, write_failure_report
+from megatron_fixedcode.recovery.attempts import Attempts, attempts_path
+from megatron_fixedcode.recovery.ft_integration import ResiliencyClient
+from megatron_fixedcode.errors import is_collective_failure
+from megatron_fixedcode.recovery.in_job_restarts import refuse_restart
 from tests.helpers import REPO
 from tests.helpers.errors import parse_refused
 from tests.helpers.pretrain import TINY, assert_same_steps, data_args, pretrain, read_metrics, write_corpus

@@ -9,7 +9,7 @@ import os
 import time
 from pathlib import Path
 
-from megatron_fixedcode.training.attempts import NO_RESTART_CODES, Attempts
+from megatron_fixedcode.recovery.attempts import NO_RESTART_CODES, Attempts
 
 
 # -- failure reports: each rank that saw its attempt fail says so; a rank that did not, died or hung ----

@@ -34,3 +34,28 @@ class ExportFailed(RuntimeError):
 class ReplicasDiverged(NonFiniteTraining):
     """The weights of the data-parallel replicas differ (``--check-weight-hash-across-dp-replicas-interval``):
     found alike on every rank, handled as a non-finite loss (one line on rank 0, exit code 3, nothing saved)."""
+
+
+def is_collective_failure(error: BaseException) -> bool:
+    """A collective that failed because a peer died or stopped answering (gloo's or NCCL's error, or
+    torch's DistError), anywhere in the exception's chain or among the ranks' failures that torch's
+    CheckpointException (a BaseException) gathers from a save or load."""
+    import torch
+
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, getattr(torch.distributed, "DistError", ())):
+            return True
+        if isinstance(error, RuntimeError) and any(
+            s in str(error)
+            for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
+        ):
+            return True
+        failures = getattr(error, "failures", None)  # {rank: (exception, traceback)}
+        if isinstance(failures, dict) and any(
+            is_collective_failure(f[0] if isinstance(f, tuple) else f) for f in failures.values()
+        ):
+            return True
+        error = error.__cause__ or error.__context__
+    return False

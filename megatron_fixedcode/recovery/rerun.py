@@ -33,7 +33,7 @@ from megatron.core.rerun_state_machine import (
 from megatron.core.tensor_parallel import get_cuda_rng_tracker
 
 from megatron_fixedcode.arguments.health_flags import HealthConfig
-from megatron_fixedcode.training.errors import NonFiniteTraining
+from megatron_fixedcode.errors import NonFiniteTraining
 
 logger = logging.getLogger(__name__)
 machine_logger = logging.getLogger("megatron.core.rerun_state_machine")
@@ -315,7 +315,7 @@ def end_on_rerun(trainer, saves, record: dict, last_word=None) -> int:
     machine's state when the step is to be re-run after a resume), then its exit code; the exit record
     (``last_word``) gets the step, what stopped it and, for 16, the node the resume must avoid."""
     if record["rerun_save"] and trainer.cfg.checkpoint.save:
-        saves.save(final=True)  # the run's CheckpointManager
+        saves.save(final=True)  # the run's Checkpointer (checkpoint/checkpointer.py)
     nodes = suspicious_nodes()
     if last_word is not None:
         last_word.step, last_word.max_steps = trainer.step, trainer.max_steps
