@@ -51,6 +51,9 @@ def test_a_reparented_process_of_the_launch_is_found_by_its_token_and_ended(caps
         assert f"node 1: ended what it left running: {mine} (python" in capsys.readouterr().err
     finally:
         job_processes.main([other, "--grace", "0"])
+    deadline = time.monotonic() + 5  # SIGKILL is delivered asynchronously
+    while _alive(theirs) and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert not _alive(theirs)
 
 

@@ -16,7 +16,7 @@ import torch
 
 from megatron_fixedcode.arguments.health_flags import HealthConfig
 from megatron_fixedcode.errors import NonFiniteTraining
-from megatron_fixedcode.training import rerun
+from megatron_fixedcode.recovery import rerun
 from tests.helpers.pretrain import data_args, pretrain, write_corpus
 
 
