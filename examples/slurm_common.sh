@@ -146,11 +146,16 @@ mfc_finish() {
     fi
     mfc_read_exit_record "$log_dir/exit-$job_id.json"
     [[ -n $MFC_EXIT_CODE && $MFC_EXIT_CODE != 0 ]] && rc=$MFC_EXIT_CODE   # torchrun says 1 whatever the ranks returned
-    # the run finished (rank 0's last word) though srun did not say 0 (a node's launcher agent lost after its
-    # ranks went on): the job's state is what the run did, so that afterok dependants run
-    if ((rc != 0)) && [[ $MFC_EXIT_CODE == 0 && -n $MFC_EXIT_STEP && -n $MFC_EXIT_LAST ]] && ((MFC_EXIT_STEP >= MFC_EXIT_LAST)); then
-        mfc_log "srun exited with code $rc, but the training finished at step $MFC_EXIT_STEP of $MFC_EXIT_LAST (its exit record, code 0): the job completed"
-        rc=0
+    # the run ended cleanly (rank 0's last word: finished, or stopped as asked) though srun did not say 0 (a node's
+    # launcher agent lost while its ranks went on): the job's state is what the run did, so that afterok dependants run
+    if ((rc != 0)) && [[ $MFC_EXIT_CODE == 0 && -n $MFC_EXIT_STEP && -n $MFC_EXIT_LAST ]]; then
+        if ((MFC_EXIT_STEP >= MFC_EXIT_LAST)); then
+            mfc_log "srun exited with code $rc, but the training finished at step $MFC_EXIT_STEP of $MFC_EXIT_LAST (its exit record, code 0): the job completed"
+            rc=0
+        elif [[ -n $MFC_EXIT_STOPPED_BY ]]; then
+            mfc_log "srun exited with code $rc, but the training stopped cleanly at step $MFC_EXIT_STEP of $MFC_EXIT_LAST ($MFC_EXIT_STOPPED_BY; its exit record, code 0)"
+            rc=0
+        fi
     fi
     mfc_attempts_summary
     if ((MFC_CANCELLED)); then

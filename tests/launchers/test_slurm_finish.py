@@ -142,8 +142,11 @@ def test_a_run_that_finished_completes_the_job_whatever_srun_said(tmp_path):
     proc, calls = _finish(tmp_path, 137, {"code": 0, "step": 30, "max_steps": 30, "error": None})
     assert proc.returncode == 0 and calls == "", proc.stderr
     assert "srun exited with code 137, but the training finished at step 30 of 30" in proc.stderr
+    proc, _ = _finish(tmp_path, 137, {"code": 0, "step": 12, "max_steps": 30, "stopped_by": "--exit-interval"})
+    assert proc.returncode == 0, proc.stderr  # stopped as asked: what the run did
+    assert "but the training stopped cleanly at step 12 of 30 (--exit-interval" in proc.stderr
     proc, _ = _finish(tmp_path, 137, {"code": 0, "step": 12, "max_steps": 30, "error": None})
-    assert proc.returncode == 137, proc.stderr
+    assert proc.returncode == 137, proc.stderr  # a record that says no why: srun's code stands
 
 
 def test_rank_0_killed_leaves_an_exit_record_written_by_the_launcher_with_code_1(tmp_path):

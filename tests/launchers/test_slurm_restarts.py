@@ -164,7 +164,8 @@ def test_a_killed_launcher_agent_ends_the_job_as_the_run_did_and_leaves_nothing(
     agent = next(
         pid
         for pid, cmd in job_processes(job).items()
-        if "ft_launcher" in cmd and b"SLURMD_NODENAME=mfc-node2" in Path(f"/proc/{pid}/environ").read_bytes()
+        if cmd.split()[1].endswith("/ft_launcher")  # the agent (python .../ft_launcher), not the node script
+        and b"SLURMD_NODENAME=mfc-node2" in Path(f"/proc/{pid}/environ").read_bytes()
     )
     os.kill(agent, signal.SIGKILL)
     info = wait_done(job, tmp_path, 300)
