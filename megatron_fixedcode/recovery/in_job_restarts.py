@@ -133,8 +133,9 @@ class InJobRestarts:
         if self.rank0:
             self.attempts.step_done(record["step"], record.get("step_time_s", 0.0), time.time())
             if len(self.attempts.records) > 1 and self.trainer.step == self.attempts.current["resumed_from"] + 1:
-                cost = self.attempts.restart_costs()[-1]
-                logger.info("in-job restart %d cost: %s", cost.attempt, cost.text())
+                costs = self.attempts.restart_costs()  # none after a requeue: another allocation is no restart
+                if costs and costs[-1].attempt == self.attempt:
+                    logger.info("in-job restart %d cost: %s", costs[-1].attempt, costs[-1].text())
 
     @contextlib.contextmanager
     def evaluation_batch(self):

@@ -20,7 +20,7 @@ from megatron_fixedcode.recovery.attempt_reports import silent_ranks, write_fail
 from megatron_fixedcode.recovery.attempts import Attempts, attempts_path
 from megatron_fixedcode.recovery.ft_integration import ResiliencyClient
 from megatron_fixedcode.errors import is_collective_failure
-from megatron_fixedcode.recovery.in_job_restarts import refuse_restart
+from megatron_fixedcode.recovery.in_job_restarts import InJobRestarts, refuse_restart
 from tests.helpers import REPO
 from tests.helpers.errors import parse_refused
 from tests.helpers.pretrain import TINY, assert_same_steps, data_args, pretrain, read_metrics, write_corpus
@@ -168,6 +168,25 @@ def test_the_record_and_goodput_continue_across_requeues():
     a.start(a.next_attempt, 2000.0, ["n1"], allocation="8.0")  # the same LOG_DIR, a new run from scratch
     a.resumed(0)
     assert [r["attempt"] for r in a.records] == [2]
+
+
+def test_the_first_step_after_a_requeue_logs_no_restart_cost(tmp_path, monkeypatch, caplog):
+    """The first step of a requeued allocation's attempt is no in-job restart: no cost line (its lookup of the last
+    restart's cost raised IndexError on rank 0 there, failing the requeued run)."""
+    import types
+
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    monkeypatch.setenv("SLURM_RESTART_COUNT", "1")
+    a = Attempts(str(tmp_path / "attempts.json"))
+    a.begin(0, 100.0, 0, ["n1"], allocation="7.0")
+    a.step_done(10, 10.0, 112.0)
+    a.end(0, None, 115.0)
+    restarts = InJobRestarts(None, a, rank=0, world=1)
+    restarts.process_group_ready()
+    restarts.start(types.SimpleNamespace(step=10, local_checkpoints=None))
+    restarts.trainer.step = 11
+    restarts.after_step({"step": 11, "step_time_s": 1.0})
+    assert "in-job restart" not in caplog.text and a.current["step"] == 11
 
 
 def test_where_the_attempts_are_kept():
