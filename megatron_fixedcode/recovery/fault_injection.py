@@ -4,7 +4,7 @@ As Megatron-LM's ``FT_SIM_FAULT_DESC`` but at a chosen step, so that a test can 
 step by step with an uninterrupted one. Space-separated ``KIND;WHO;STEP[;ATTEMPT]``:
 
 - KIND ``rank_killed`` (SIGKILL before step STEP), ``rank_hung`` (SIGSTOP there: found by a timeout),
-  ``rank_killed_saving`` (SIGKILL as the save after step STEP begins), ``rank_killed_starting`` (SIGKILL in
+  ``rank_killed_saving`` / ``rank_hung_saving`` (as the save after step STEP begins), ``rank_killed_starting`` (SIGKILL in
   start-up, right after the process group exists; STEP is ignored, give 0);
 - WHO a global rank, or ``@NODE``: the first rank on that Slurm node (ranks move between attempts);
 - ATTEMPT: only in that attempt of the run (0 the first).
@@ -19,7 +19,7 @@ import signal
 logger = logging.getLogger(__name__)
 
 SIM_FAULT_ENV = "MFC_SIM_FAULT"
-KINDS = ("rank_killed", "rank_hung", "rank_killed_saving", "rank_killed_starting")
+KINDS = ("rank_killed", "rank_hung", "rank_killed_saving", "rank_hung_saving", "rank_killed_starting")
 START_UP = -1  # the key of a start-up fault
 
 
@@ -48,8 +48,8 @@ class FaultInjection:
             self._fire(self.faults[step], f"step {step}")
 
     def at_save(self, step: int) -> None:
-        if self.faults.get(step) == "rank_killed_saving":
-            self._fire("rank_killed", f"the save of step {step}")
+        if self.faults.get(step) in ("rank_killed_saving", "rank_hung_saving"):
+            self._fire(self.faults[step].removesuffix("_saving"), f"the save of step {step}")
 
     def _fire(self, kind: str, where: str) -> None:
         logger.warning("%s: simulating %s on rank %d at %s", SIM_FAULT_ENV, kind, self.rank, where)

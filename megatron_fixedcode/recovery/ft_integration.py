@@ -13,10 +13,12 @@ import contextlib
 import json
 import logging
 import os
+import threading
 
 logger = logging.getLogger(__name__)
 
 _MIN_STEPS_FOR_STEP_TIMEOUT = 16  # Megatron-LM's _MIN_ITERS_FOR_STEP_TIMEOUT_UPDATE
+OVERDUE_SHARE = 0.8  # of a section's timeout: when a rank still in it says so (see ResiliencyClient.on_overdue)
 
 
 def request_no_restart(reason: str) -> None:
@@ -36,7 +38,13 @@ def request_no_restart(reason: str) -> None:
 
 
 class ResiliencyClient:
-    """Megatron-LM's ft_integration on nvidia-resiliency-ext's RankMonitorClient (under ft_launcher)."""
+    """Megatron-LM's ft_integration on nvidia-resiliency-ext's RankMonitorClient (under ft_launcher).
+
+    ``on_overdue(section, waited_s)``: called from a thread when this rank is still in its ``step`` or
+    ``checkpointing`` section at 80% of the section's timeout. A rank waiting on a stopped peer is ended by its own
+    monitor too, before any collective fails and so before it could report; said from a thread (which runs while the
+    rank waits in a collective, and not in a stopped process), it lets the next attempt name the rank that said
+    nothing."""
 
     def __init__(self, save_dir: str, warmup_steps: int, calc_timeouts: bool, asynchronous_saves: bool, rank0: bool):
         from nvidia_resiliency_ext.fault_tolerance import RankMonitorClient
@@ -47,6 +55,8 @@ class ResiliencyClient:
         self.asynchronous_saves, self.rank0 = asynchronous_saves, rank0
         self.steps = self.saves = self.eval_steps = 0
         self.loaded_persistent = False
+        self.on_overdue = None
+        self._watchdog: threading.Timer | None = None
         if os.path.exists(self.state_path):
             with open(self.state_path) as f:
                 self.client.load_state_dict(json.load(f))
@@ -77,21 +87,36 @@ class ResiliencyClient:
             self.client.end_section("setup")
             self.setup_open = False
         if seen >= self.warmup_steps:
-            self.client.start_section("step")
+            self._open("step")
 
     def _batch_end(self, seen: int) -> None:
         if seen >= self.warmup_steps:
-            self.client.end_section("step")
+            self._close("step")
 
     @contextlib.contextmanager
     def checkpointing(self):
-        self.client.start_section("checkpointing")
+        self._open("checkpointing")
         try:
             yield
         finally:
-            self.client.end_section("checkpointing")
+            self._close("checkpointing")
         self.saves += 1
         self._update_timeouts(closing=False)
+
+    def _open(self, section: str) -> None:
+        self.client.start_section(section)
+        timeout = (self.client.section_timeouts.section or {}).get(section) if self.client.section_timeouts else None
+        if self.on_overdue is not None and timeout:
+            waited = OVERDUE_SHARE * timeout
+            self._watchdog = threading.Timer(waited, self.on_overdue, (section, waited))
+            self._watchdog.daemon = True
+            self._watchdog.start()
+
+    def _close(self, section: str) -> None:
+        if self._watchdog is not None:
+            self._watchdog.cancel()
+            self._watchdog = None
+        self.client.end_section(section)
 
     def shutdown(self) -> None:
         self._update_timeouts(closing=True)

@@ -71,6 +71,8 @@ class InJobRestarts:
         # restarts this allocation had before this attempt (the records every rank read at its start)
         self.restarts_before = self.attempts.started_in(self.allocation)
         self.faults = FaultInjection(self.rank, self.attempt)  # nothing unless MFC_SIM_FAULT is set
+        if client is not None:
+            client.on_overdue = self._overdue
         self._step_began = None
         self.began = False  # process_group_ready() ran: this attempt is in the record
 
@@ -88,6 +90,13 @@ class InJobRestarts:
         if self.rank0:
             self.attempts.start(self.attempt, process_start_time(), hosts, self.allocation)
         self.faults.at_start()
+
+    def _overdue(self, section: str, waited: float) -> None:
+        """From the client's thread: this rank is still in ``section`` near its timeout (waiting on a peer, or
+        slow); its report says so, so that a restart line names only the ranks that said nothing."""
+        step = None if self.trainer is None else self.trainer.step + 1
+        error = f"still in its '{section}' section after {waited:.0f} s"
+        write_failure_report(self.attempts.path, self.attempt, self.rank, step, error)
 
     def start(self, trainer) -> None:
         """After the load: the step this attempt resumed from, and the restart line."""
