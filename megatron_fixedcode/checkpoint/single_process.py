@@ -18,6 +18,7 @@ from megatron.core import dist_checkpointing
 
 from megatron_fixedcode.checkpoint.paths import LATEST_MARKER, _fsync_write, checkpoint_dir, read_trainer_state
 from megatron_fixedcode.checkpoint.save import _fork_results_queue
+from megatron_fixedcode.checkpoint.state import model_sharded_state
 from megatron_fixedcode.checkpoint.verify import verified_step, write_checksums
 from megatron_fixedcode.compat import ParallelLayout, initialize_distributed
 from megatron_fixedcode.models import ModelConfig, build_gpt_model, build_transformer_config
@@ -84,7 +85,7 @@ def load_megatron_checkpoint(root: str | Path, step: int | None = None, verify: 
     cfg = model_config_from_trainer_state(trainer_state)
     torch.manual_seed(0)
     model = build_single_rank_model(cfg, saved_padded_vocab(path))
-    loaded = dist_checkpointing.load({"model": model.sharded_state_dict()}, str(path))
+    loaded = dist_checkpointing.load(model_sharded_state([model]), str(path))  # the model alone: no optimizer, RNG
     model.load_state_dict(loaded["model"])
     refuse_non_finite(model.state_dict().items(), f"--load {path}", "use these weights")
     model.eval()
@@ -102,7 +103,7 @@ def save_megatron_checkpoint(
         raise ValueError(f"--save {root}: {target} already exists")
     target.mkdir(parents=True)
     _fork_results_queue()
-    dist_checkpointing.save({"model": model.sharded_state_dict(), "trainer": trainer_state}, str(target))
+    dist_checkpointing.save({**model_sharded_state([model]), "trainer": trainer_state}, str(target))
     write_checksums(target)
     _fsync_write(Path(root) / LATEST_MARKER, str(step))
     return target

@@ -94,6 +94,8 @@ def test_a_killed_rank_restarts_the_group_in_the_job_and_ends_as_the_straight_ru
     _assert_exact_and_once(tmp_path, straight)
     attempts = _attempts(tmp_path, job)
     assert [a["attempt"] for a in attempts] == [0, 1] and attempts[1]["resumed_from"] in (4, 6), attempts
+    loaded = attempts[1]["loaded"]  # the record names the store the one load came from
+    assert loaded["store"] == ("local" if attempts[1]["resumed_from"] == 6 else "persistent"), attempts
     if attempts[1]["resumed_from"] == 6:
         assert "Loading from a non-persistent checkpoint (non-persistent iter 6)" in out, out[-4000:]
     assert sorted(p.name for p in local.glob("*/iter_*")) == [  # 15 the newest local one (16: persistent)

@@ -250,3 +250,22 @@ def test_the_training_loop_reads_in_one_screen():
     tree = ast.parse((PACKAGE / "training" / "loop.py").read_text())
     (train,) = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "train"]
     assert train.end_lineno - train.lineno + 1 < 100
+
+
+def test_one_builder_of_a_checkpoints_state_and_no_rewrite_of_the_checkpoint_config():
+    """Every store's save and load build their sharded state in checkpoint/state.py (the copies had begun to
+    differ); nothing outside arguments/ replaces cfg.checkpoint (the run plan carries the resume source)."""
+    builders, rewrites = set(), []
+    for path, tree in _trees().items():
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Call) and getattr(node.func, "attr", None) == "sharded_state_dict":
+                builders.add(path.relative_to(PACKAGE).as_posix())
+            if (
+                isinstance(node, ast.Call)
+                and getattr(node.func, "attr", None) == "replace"
+                and node.args
+                and ast.unparse(node.args[0]).endswith(".checkpoint")
+                and path.relative_to(PACKAGE).parts[0] != "arguments"
+            ):
+                rewrites.append(f"{path.name}:{node.lineno}")
+    assert builders == {"checkpoint/state.py"} and rewrites == []
