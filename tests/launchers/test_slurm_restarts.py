@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -108,6 +109,7 @@ def test_a_killed_rank_restarts_the_group_in_the_job_and_ends_as_the_straight_ru
     assert "goodput: " in out and "1 in-job restart: #1 after step" in out, out[-3000:]
     record = json.loads((tmp_path / "logs" / f"exit-{job}.json").read_text())
     assert record["code"] == 0 and 0 < record["goodput"] <= 1 and len(record["restarts"]) == 1, record
+    assert_nothing_left(job)
 
 
 def test_a_stopped_rank_is_found_by_the_collective_timeout_and_the_group_restarts(slurm, shards, straight, tmp_path):
@@ -130,6 +132,7 @@ def test_a_stopped_rank_is_found_by_the_collective_timeout_and_the_group_restart
     assert f"step {failed}: a collective failed" in out, out[-4000:]
     host = node[b"SLURMD_NODENAME"].decode()
     assert f"attempt 0 failed at step {failed} (rank 1 ({host}) stopped answering" in out, out[-4000:]
+    assert_nothing_left(job)  # the stopped rank too
 
 
 def test_a_restart_budget_of_one_spent_in_start_up_ends_failed_saying_so_and_leaves_nothing(slurm, shards, tmp_path):
@@ -177,6 +180,7 @@ def test_a_killed_launcher_agent_ends_the_job_as_the_run_did_and_leaves_nothing(
     _assert_exact_and_once(tmp_path, straight)
     assert "the launcher ft_launcher was killed (signal 9): its trainer ranks go on without it" in out, out[-4000:]
     assert_nothing_left(job, within=15 - (time.monotonic() - ended))
+    assert not list(Path(tempfile.gettempdir()).glob(f"_ft_launcher{agent}*.socket")), "the agent's sockets were left"
 
 
 def test_the_same_step_crashing_twice_ends_failed_without_using_the_budget(slurm, shards, tmp_path):
