@@ -105,7 +105,8 @@ class ResiliencyClient:
 
     def _open(self, section: str) -> None:
         self.client.start_section(section)
-        timeout = (self.client.section_timeouts.section or {}).get(section) if self.client.section_timeouts else None
+        timeouts = getattr(self.client, "section_timeouts", None)  # set once monitoring is initialized
+        timeout = (timeouts.section or {}).get(section) if timeouts is not None else None
         if self.on_overdue is not None and timeout:
             waited = OVERDUE_SHARE * timeout
             self._watchdog = threading.Timer(waited, self.on_overdue, (section, waited))

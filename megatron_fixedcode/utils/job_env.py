@@ -4,7 +4,8 @@ the trainer's without what makes a process one rank of the trainer's launch.
 torchrun gives its workers ``TORCHELASTIC_USE_AGENT_STORE=True``: a child that inherits it opens its one-process
 TCP store as a client of an agent store that does not exist and waits out the process-group timeout. The Slurm
 launchers' ``MFC_*`` files (exit record, stop file, node log) are the training job's: a child that wrote or read
-them would speak for the trainer."""
+them would speak for the trainer. ``MFC_LAUNCH_TOKEN`` marks the processes of one node's launch, which the node
+script ends when the launch ends (recovery/job_processes.py): a job that outlives the training must not carry it."""
 
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ _RANK_VARIABLES = frozenset(
         "MFC_EXIT_RECORD",
         "MFC_STOP_FILE",
         "MFC_NODE_LOG_DIR",
+        "MFC_LAUNCH_TOKEN",
     }
 )
 _RANK_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")

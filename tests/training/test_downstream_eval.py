@@ -191,6 +191,7 @@ def test_jobs_of_their_own_leave_the_launchs_variables_behind():
         "MFC_EXIT_RECORD": "/logs/exit-7.json",
         "MFC_STOP_FILE": "/logs/stop-7",
         "MFC_NODE_LOG_DIR": "/logs",
+        "MFC_LAUNCH_TOKEN": "7.0.1.4242",  # the node script ends what carries it when the launch ends
     }
     kept = {"PATH": "/bin", "OMP_NUM_THREADS": "1", "MFC_REQUIRE_CUDA": "0", "HF_HOME": "/hf"}
     assert standalone_env({**launch, **kept}) == kept
