@@ -235,12 +235,36 @@ class _RecordingMonitor:
         self.calls.append(f"-{name}")
 
 
+def test_a_rank_still_in_its_section_near_the_timeout_says_so_from_a_thread():
+    """At 80% of a section's timeout a rank still in it (waiting on a stopped peer, which its own monitor will end
+    too) calls on_overdue from a thread; a section closed in time does not."""
+    import threading
+    import types
+
+    monitor = _RecordingMonitor()
+    monitor.section_timeouts = types.SimpleNamespace(section={"step": 0.25, "checkpointing": None})
+    client = object.__new__(ResiliencyClient)
+    client.client, client.warmup_steps, client.setup_open = monitor, 0, False
+    client.steps = client.eval_steps = client.saves = 0
+    client.calc_timeouts = False
+    said, event = [], threading.Event()
+    client.on_overdue, client._watchdog = lambda section, waited: (said.append((section, waited)), event.set()), None
+    client.step_start()
+    client.step_end()  # closed in time
+    client.step_start()
+    assert event.wait(2) and said == [("step", 0.2)] and threading.current_thread() is threading.main_thread()
+    client.step_end()
+    with client.checkpointing():  # no timeout: no watchdog
+        assert client._watchdog is None
+
+
 def test_the_sections_open_as_megatron_lms_ft_integration_opens_them():
     """ "setup" until the first training or evaluation batch; "step" around each training step and each evaluation
     batch after the warmup ones (2 here; an evaluation counts its own, from 0 after each training step)."""
     client = object.__new__(ResiliencyClient)
     client.client, client.warmup_steps, client.setup_open = _RecordingMonitor(), 2, True
     client.steps = client.eval_steps = 0
+    client.on_overdue, client._watchdog = None, None
     for _ in range(3):
         client.step_start()
         client.step_end()
@@ -258,6 +282,7 @@ def test_the_sections_open_as_megatron_lms_ft_integration_opens_them():
     evaluation_first = object.__new__(ResiliencyClient)
     evaluation_first.client, evaluation_first.warmup_steps, evaluation_first.setup_open = _RecordingMonitor(), 0, True
     evaluation_first.steps = evaluation_first.eval_steps = 0
+    evaluation_first.on_overdue, evaluation_first._watchdog = None, None
     evaluation_first.eval_step_start()
     assert evaluation_first.client.calls == ["-setup", "+step"]
 
