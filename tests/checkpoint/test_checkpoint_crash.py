@@ -10,6 +10,7 @@ from megatron_fixedcode import checkpoint
 from tests.helpers.checkpoints import make_trained_parts, weights
 
 
+@pytest.mark.slow  # ~40 s: the fast lane stays under 2 minutes
 def test_crash_during_save_keeps_previous_checkpoint(single_rank, tmp_path, monkeypatch):
     chunks, opt, sched = make_trained_parts(single_rank)
     state = {"step": 1, "tokens": 8, "layout": {"world_size": 1, "tp_size": 1, "pp_size": 1, "dp_size": 1}}

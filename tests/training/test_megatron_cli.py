@@ -997,6 +997,7 @@ def test_the_loop_hands_the_start_up_signals_back():
             signal.signal(s, handler)
 
 
+@pytest.mark.slow  # ~40 s: the fast lane stays under 2 minutes
 def test_kv_channels_rotary_percent_and_interleaving_reach_the_model(single_rank):
     """--kv-channels, --rotary-percent and --rotary-interleaved are megatron-core's TransformerConfig /
     GPTModel fields: 4 heads of 8 dims on a 64-wide model, RoPE on half of each head's dims."""
