@@ -21,9 +21,10 @@ import time
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.checkpoint.async_save import AsyncSaves
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
-from megatron_fixedcode.errors import is_collective_failure
+from megatron_fixedcode.errors import SaveFailed, is_collective_failure
 from megatron_fixedcode.tokenizers import write_carried_copy
-from megatron_fixedcode.errors import SaveFailed
+
+TIMERS = {False: "save-checkpoint", True: "save-checkpoint-non-persistent"}  # Megatron-LM's timer names
 
 logger = logging.getLogger(__name__)
 
@@ -93,11 +94,10 @@ class Checkpointer:
         with self.saving():
             self._write(
                 self.ck.save,
-                "save-checkpoint",  # Megatron-LM's timer names
+                non_persistent=False,
                 keep_last=self.ck.keep_last,
                 retain_interval=self.ck.retain_interval,
                 keep=self.downstream.keep if self.downstream.enabled else None,
-                async_saves=self.async_saves if self.asynchronous else None,
             )
         self.saved_at = step
         self.progress.saved(step, step * self.trainer.global_batch, self.asynchronous)
@@ -114,25 +114,22 @@ class Checkpointer:
         self.async_saves.finalize(blocking=True)
         with self.saving():
             if self.trainer.local_checkpoints is not None:
-                return self._write_local("save-checkpoint-non-persistent")
+                return self._write_local()
             if self.asynchronous:
                 self._non_persistent_in_flight = self.trainer.step
-            self._write(
-                self.ck.non_persistent_dir(),
-                "save-checkpoint-non-persistent",
-                keep_last=1,
-                async_saves=self.async_saves if self.asynchronous else None,
-            )
+            self._write(self.ck.non_persistent_dir(), non_persistent=True, keep_last=1)
 
-    def _write(self, root, timer: str, keep_last=None, retain_interval=None, keep=None, async_saves=None) -> None:
-        t = self.trainer
+    def _write(self, root, non_persistent: bool, keep_last=None, retain_interval=None, keep=None) -> None:
+        """A sharded save into ``root`` (checkpoint/save.py), in the background under --async-save; a write
+        failure is one line (:class:`SaveFailed`), its partial directory removed."""
+        t, async_saves = self.trainer, (self.async_saves if self.asynchronous else None)
         self.export.wait()  # pruning must not remove a checkpoint being exported
         t0 = time.perf_counter()
         target, error = checkpoint.checkpoint_dir(root, t.step), None
         try:
             if self.rank0:
                 write_carried_copy(root, t.tokenizer_record)
-            with t.writing_checkpoint(timer):
+            with t.writing_checkpoint(TIMERS[non_persistent]):
                 path = checkpoint.save_checkpoint(
                     root,
                     t.step,
@@ -158,15 +155,15 @@ class Checkpointer:
         logger.info(
             "%s %scheckpoint %s in %.1f s",
             "started" if async_saves else "saved",
-            "non-persistent " if timer.endswith("non-persistent") else "",
+            "non-persistent " if non_persistent else "",
             path,
             time.perf_counter() - t0,
         )
 
-    def _write_local(self, timer: str) -> None:
+    def _write_local(self) -> None:
         """--non-persistent-ckpt-type local: every rank its file in node-local storage (checkpoint/local.py)."""
         t, t0 = self.trainer, time.perf_counter()
-        with t.writing_checkpoint(timer):
+        with t.writing_checkpoint(TIMERS[True]):
             where = t.local_checkpoints.save(t.step, t.chunks, t.optimizer, t.scheduler, t.trainer_state())
         if self.rank0:
             logger.info(
