@@ -38,29 +38,35 @@ def _combined_state(states: list[str]) -> str | None:
 
 
 def slurm_state(job_id: str, log=print) -> str | None:
-    """The job's state from every line sacct prints for it (an array job: one per task); without
-    accounting (sacct fails) from squeue, then scontrol, which forget a job MinJobAge after it ends.
-    None when Slurm does not know the job."""
+    """The job's state from every line sacct prints for it (an array job: one per task) and from the
+    controller (squeue, then scontrol, which forget a job MinJobAge after it ends): slurmdbd lags the
+    controller, so an array whose pending remainder it has not recorded yet reads COMPLETED from sacct
+    alone. None when Slurm does not know the job."""
+    states: list[str] = []
     if shutil.which("sacct") is not None:
         res = subprocess.run(
             ["sacct", "-n", "-X", "-P", "-j", str(job_id), "-o", "State"], capture_output=True, text=True
         )
         states = [s.split()[0] for s in res.stdout.split("\n") if s.strip()] if res.returncode == 0 else []
-        if states:
-            return _combined_state(states)
         if res.returncode != 0:
             log(
                 f"sacct failed ({res.stderr.strip() or res.returncode}): job {job_id}'s state from squeue/scontrol instead"
             )
-        # rc 0 and no line: slurmdbd has not recorded the job yet (it lags the controller): ask the controller
+        if states and _combined_state(states) in IN_FLIGHT:
+            return _combined_state(states)
+    return _combined_state(states + _controller_states(job_id))
+
+
+def _controller_states(job_id: str) -> list[str]:
+    """The states slurmctld still holds for the job's records (none once it forgot the job)."""
     if shutil.which("squeue") is None:
-        return None
+        return []
     res = subprocess.run(["squeue", "-h", "-j", str(job_id), "-o", "%T"], capture_output=True, text=True)
     states = [s.strip() for s in res.stdout.splitlines() if s.strip()] if res.returncode == 0 else []
     if not states and shutil.which("scontrol") is not None:
         res = subprocess.run(["scontrol", "show", "job", "-o", str(job_id)], capture_output=True, text=True)
         states = re.findall(r"\bJobState=(\S+)", res.stdout) if res.returncode == 0 else []
-    return _combined_state(states)
+    return states
 
 
 def _sbatch(args: list[str]) -> str:

@@ -127,3 +127,26 @@ def test_an_export_with_a_damaged_config_is_named_and_redone(tmp_path):
     config.write_text('{"architectures": ["LlamaForCausalLM"], "hidden_')
     job = build_graph(opts)[0]
     assert not job.done and str(config) in job.problem and "cannot parse it" in job.problem
+
+
+def _fake_slurm(bin_dir: Path, **outputs: str) -> None:
+    bin_dir.mkdir()
+    for name, text in outputs.items():
+        (bin_dir / name).write_text(f"#!/bin/sh\nprintf '{text}'\n")
+        (bin_dir / name).chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "sacct, squeue, state",
+    [
+        ("COMPLETED\\n", "PENDING\\n", "PENDING"),  # slurmdbd has not recorded the array's pending remainder
+        ("COMPLETED\\nRUNNING\\n", "", "RUNNING"),
+        ("COMPLETED\\nCOMPLETED\\n", "", "COMPLETED"),
+        ("FAILED\\nCOMPLETED\\n", "", "FAILED"),
+        ("", "PENDING\\n", "PENDING"),  # nothing in the database yet: the controller answers
+    ],
+)
+def test_a_job_done_in_sacct_is_asked_of_the_controller_too(tmp_path, monkeypatch, sacct, squeue, state):
+    _fake_slurm(tmp_path / "bin", sacct=sacct, squeue=squeue, scontrol="")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:/usr/bin:/bin")
+    assert slurm_submit.slurm_state("276") == state
