@@ -178,24 +178,25 @@ def as_non_finite(e: RuntimeError, where: str, consequence: str) -> RuntimeError
     )
 
 
-def forward_backward_step(trainer) -> tuple[float, float, tuple[bool, bool, int]]:
-    """Megatron-LM's train_step up to the optimizer: (loss, targets, (save, exit, exit code))."""
+def forward_backward_step(trainer) -> tuple[float, float, str | None, tuple[bool, bool, int]]:
+    """Megatron-LM's train_step up to the optimizer: (loss, targets, sample digest, (save, exit, exit code))."""
     m = get_rerun_state_machine()
     loss = targets = float("nan")
+    samples = None
     while m.should_run_forward_backward(trainer.train_iter):
         for chunk in trainer.chunks:
             chunk.zero_grad_buffer()
         trainer.optimizer.zero_grad()
         microbatches = [next(trainer.train_iter) for _ in range(trainer.num_microbatches)]
         try:
-            loss, targets = trainer._run(microbatches, forward_only=False)
+            loss, targets, samples = trainer._run(microbatches, forward_only=False)
         except RuntimeError as e:  # a fatal check under --rerun-mode disabled (the loss's or megatron DDP's)
             raise as_non_finite(
                 e,
                 f"step {trainer.step + 1}: rank {trainer.ranks['rank']}",
                 "stopping before the optimizer step, nothing of this step is saved",
             ) from None
-    return loss, targets, m.should_checkpoint_and_exit()
+    return loss, targets, samples, m.should_checkpoint_and_exit()
 
 
 def skip_step(trainer) -> None:

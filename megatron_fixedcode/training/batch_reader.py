@@ -15,6 +15,7 @@ import weakref
 
 import torch
 
+from megatron_fixedcode.data.sample_digest import with_digest
 from megatron_fixedcode.data.sampler import RankMicrobatchSampler, fetch_microbatch, rank_microbatch_indices
 from megatron_fixedcode.data.validate import TokenIdOutOfRange
 from megatron_fixedcode.utils.exit_signals import ignore_launcher_signals
@@ -22,16 +23,18 @@ from megatron_fixedcode.utils.locks import SAVE_DIR_LOCK_NAME
 
 
 class _Microbatches(torch.utils.data.Dataset):
-    """Indexed by a microbatch's list of sample indices; a bad token id comes back as its message (one line)."""
+    """Indexed by a microbatch's list of sample indices; a bad token id comes back as its message (one line).
+    ``digest_batch``: the global batch size when each microbatch carries its samples' digest (data/sample_digest.py)."""
 
-    def __init__(self, dataset):
-        self.dataset = dataset
+    def __init__(self, dataset, digest_batch: int | None = None):
+        self.dataset, self.digest_batch = dataset, digest_batch
 
     def __getitem__(self, indices: list[int]) -> dict:
         try:
-            return fetch_microbatch(self.dataset, indices)
+            batch = fetch_microbatch(self.dataset, indices)
         except TokenIdOutOfRange as e:  # names shard, document and sample
             return {"error": str(e)}
+        return batch if self.digest_batch is None else with_digest(batch, indices, self.digest_batch)
 
 
 def _worker_init(exit_signal: str):
@@ -51,7 +54,8 @@ def _worker_init(exit_signal: str):
 
 
 class MicrobatchReader:
-    """``read(step)``: (this rank's microbatches of ``step``, the error message of a bad sample or None)."""
+    """``read(step)``: (this rank's microbatches of ``step``, the error message of a bad sample or None).
+    ``digest``: each microbatch carries its samples' digest (the training data: metrics.jsonl's ``samples``)."""
 
     def __init__(
         self,
@@ -65,35 +69,34 @@ class MicrobatchReader:
         total_samples: int,
         num_workers: int = 0,
         exit_signal: str = "SIGTERM",
+        digest: bool = False,
     ):
         self.dataset, self.global_batch, self.micro_batch_size = dataset, global_batch, micro_batch_size
         self.dp_rank, self.dp_size, self.num_microbatches = dp_rank, dp_size, num_microbatches
         self.total_samples, self.num_workers, self.exit_signal = total_samples, num_workers, exit_signal
         self._batches, self._next_step, self._closes_at_exit = None, None, False
+        self._read = _Microbatches(dataset, global_batch if digest else None)  # in a worker too, with --num-workers
 
     def read(self, step: int) -> tuple[list[dict], str | None]:
         if self.num_workers == 0:
-            try:
-                return [
-                    fetch_microbatch(
-                        self.dataset,
-                        rank_microbatch_indices(
-                            step,
-                            m,
-                            global_batch_size=self.global_batch,
-                            micro_batch_size=self.micro_batch_size,
-                            dp_rank=self.dp_rank,
-                            dp_size=self.dp_size,
-                        ),
+            batches = [
+                self._read[
+                    rank_microbatch_indices(
+                        step,
+                        m,
+                        global_batch_size=self.global_batch,
+                        micro_batch_size=self.micro_batch_size,
+                        dp_rank=self.dp_rank,
+                        dp_size=self.dp_size,
                     )
-                    for m in range(self.num_microbatches)
-                ], None
-            except TokenIdOutOfRange as e:
-                return [], str(e)
-        if step != self._next_step:
-            self._start(step)
-        batches = [next(self._batches) for _ in range(self.num_microbatches)]
-        self._next_step = step + 1
+                ]
+                for m in range(self.num_microbatches)
+            ]
+        else:
+            if step != self._next_step:
+                self._start(step)
+            batches = [next(self._batches) for _ in range(self.num_microbatches)]
+            self._next_step = step + 1
         error = next((b["error"] for b in batches if "error" in b), None)
         return ([], error) if error else (batches, None)
 
@@ -119,7 +122,7 @@ class MicrobatchReader:
             self._closes_at_exit = True
         self._batches = iter(
             torch.utils.data.DataLoader(
-                _Microbatches(self.dataset),
+                self._read,
                 sampler=sampler,
                 batch_size=None,
                 num_workers=self.num_workers,
@@ -144,6 +147,7 @@ def reader_of(trainer, dataset) -> MicrobatchReader:
             total_samples=trainer.max_steps * trainer.global_batch,
             num_workers=trainer.cfg.data.num_workers if dataset is trainer.train_ds else 0,
             exit_signal=trainer.cfg.checkpoint.exit_signal,
+            digest=dataset is trainer.train_ds,
         )
     return readers[id(dataset)]
 

@@ -31,6 +31,7 @@ from megatron_fixedcode.compat import initialize_distributed, parallel_ranks, ru
 from megatron_fixedcode.compat.rng import PIPELINE_STAGE_SEED_STRIDE, seed_host_streams, seed_streams
 from megatron_fixedcode.models import parameter_report
 from megatron_fixedcode.tokenizers import carried_record, tokenizer_record
+from megatron_fixedcode.data.sample_digest import as_hex, from_lanes, split_digests, to_lanes
 from megatron_fixedcode.training.batch_reader import reader_of
 from megatron_fixedcode.training.batches import pin
 from megatron_fixedcode.errors import DataError, NonFiniteTraining
@@ -154,8 +155,10 @@ class Trainer:
         # The forward step moves each to the GPU with non_blocking=True: from pinned memory that overlaps.
         return [pin(b) for b in batches] if self.device.type == "cuda" else batches
 
-    def _run(self, microbatches, forward_only: bool) -> tuple[float, float]:
-        """(mean NLL over the global batch, prediction targets of the global batch)."""
+    def _run(self, microbatches, forward_only: bool) -> tuple[float, float, str | None]:
+        """(mean NLL over the global batch, prediction targets of the global batch, the digest of its samples:
+        None for batches read without one, the validation's)."""
+        microbatches, digest = split_digests(microbatches)
         out = forward_backward(
             self.chunks,
             microbatches,
@@ -168,12 +171,19 @@ class Trainer:
         )
         # The loss lives on the last pipeline stage, replicated over its TP ranks: count TP rank 0 only.
         owns = out is not None and self.ranks["tp_rank"] == 0
-        total, count = global_sum([out[0] if owns else 0.0, float(out[1]) if owns else 0.0], self.device)
-        return total / count, count
+        # The sample digest rides along: one rank per data-parallel rank adds its share (its CP and TP peers,
+        # its other stages read the same samples), so the sum over all ranks is the data-parallel group's.
+        adds_digest = owns and self.ranks["cp_rank"] == 0 and digest is not None
+        lanes = to_lanes(digest if adds_digest else 0)
+        total, count, *lanes = global_sum(
+            [out[0] if owns else 0.0, float(out[1]) if owns else 0.0, *lanes], self.device
+        )
+        return total / count, count, None if digest is None else as_hex(from_lanes(lanes))
 
     def train_step(self) -> dict:
         t0 = time.perf_counter()
-        loss, targets, (save, stop, code) = forward_backward_step(self)  # re-runs it as the rerun state machine says
+        # re-runs it as the rerun state machine says
+        loss, targets, samples, (save, stop, code) = forward_backward_step(self)
         if stop:
             return {"step": self.step, "rerun_exit": code, "rerun_save": save}
         check = self.cfg.health.check_for_nan_in_loss_and_grad
@@ -203,6 +213,7 @@ class Trainer:
             "tokens": self.tokens,
             "step_tokens": int(targets),
             "step_time_s": time.perf_counter() - t0,
+            **({"samples": samples} if samples is not None else {}),  # equal at any DP size (data/sample_digest.py)
         }
 
     @torch.no_grad()
@@ -220,7 +231,7 @@ class Trainer:
                     break
                 try:
                     with around_batch():
-                        totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True))
+                        totals.append(self._run(self._microbatches(self.valid_ds, k), forward_only=True)[:2])
                 except RuntimeError as e:
                     raise as_non_finite(
                         e,

@@ -57,13 +57,13 @@ class _Trainer:
         value = self.loss(self.step + 1)
         for _ in microbatches:
             rerun.validate_loss(torch.tensor(value))
-        return value, 10.0
+        return value, 10.0, None  # (loss, targets, sample digest)
 
 
 def _train(trainer, steps):
     """Step like the loop: (exit code or None, the verdicts of save-and-exit)."""
     for _ in range(steps):
-        loss, _, (save, stop, code) = rerun.forward_backward_step(trainer)
+        loss, _, _, (save, stop, code) = rerun.forward_backward_step(trainer)
         if stop:
             return code, save
         trainer.step += 1

@@ -86,6 +86,18 @@ def test_interrupted_run_continues_exactly_on_two_ranks(tmp_path, corpus):
     assert_same_steps(read_metrics(tmp_path / "straight.jsonl"), resumed)
 
 
+def test_two_ranks_and_one_write_the_same_sample_digest_each_step(tmp_path, corpus):
+    """A run relaunched on fewer ranks with the same global and micro batch reads the same samples, grouped alike,
+    each step (metrics.jsonl's ``samples``), and its losses agree to the summation order."""
+    common = ["--input-embedding", "gf2", "--train-iters", "3", *data_args(corpus, "document_windows")]
+    pretrain(*common, "--metrics-file", str(tmp_path / "one.jsonl"))
+    pretrain(*common, "--metrics-file", str(tmp_path / "two.jsonl"), nproc=2)
+    one, two = read_metrics(tmp_path / "one.jsonl"), read_metrics(tmp_path / "two.jsonl")
+    assert [r["samples"] for r in two] == [r["samples"] for r in one]
+    assert len({r["samples"] for r in one}) == 3 and all(len(r["samples"]) == 16 for r in one)
+    assert [r["loss"] for r in two] == pytest.approx([r["loss"] for r in one], rel=1e-5)
+
+
 @pytest.mark.parametrize(
     "layout",
     [

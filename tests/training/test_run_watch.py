@@ -96,11 +96,13 @@ class _Samples:
 
 def test_workers_read_the_same_microbatches_as_the_training_process_from_any_step():
     kwargs = dict(global_batch=8, micro_batch_size=2, dp_rank=1, dp_size=2, num_microbatches=2, total_samples=64)
+    kwargs["digest"] = True  # each microbatch's sample digest, computed in the worker: the same as inline
     inline, workers = MicrobatchReader(_Samples(), **kwargs), MicrobatchReader(_Samples(), num_workers=2, **kwargs)
     for step in (0, 1, 2, 2, 5, 6, 1):  # a step run again, a jump: the workers restart there
         expected, got = inline.read(step), workers.read(step)
         assert got[1] is None and all(torch.equal(a[k], b[k]) for a, b in zip(expected[0], got[0]) for k in a)
     assert [b["tokens"][:, 0].tolist() for b in inline.read(1)[0]] == [[10, 11], [14, 15]]
+    assert all("sample_digest" in b for b in workers.read(3)[0])
 
 
 def _run(*args: str) -> subprocess.CompletedProcess:
