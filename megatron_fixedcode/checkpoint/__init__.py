@@ -21,6 +21,8 @@ verifies (``--ckpt-step N``).
 * :mod:`.verify` — checksums recorded and verified; :mod:`.save`, :mod:`.load` — every rank;
 * :mod:`.resume_scope` — what a resume keeps on another layout (pure);
 * :mod:`.save_checks`, :mod:`.load_checks` — ``--save`` probes and readable write failures; loaded weights finite;
+* :mod:`.stores` — the three stores (persistent, global non-persistent, local) behind one interface;
+* :mod:`.resume_source` — which store and step a resume loads, decided once; :mod:`.checkpointer` — every save;
 * :mod:`.local` — ``--non-persistent-ckpt-type local``: each rank's file in node-local storage (nvidia-resiliency-ext);
 * :mod:`.single_process` — any checkpoint into a TP=1/PP=1 model in one process, and one saved from it.
 """

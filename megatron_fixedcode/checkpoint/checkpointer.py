@@ -21,6 +21,7 @@ import time
 from megatron_fixedcode import checkpoint
 from megatron_fixedcode.checkpoint.async_save import AsyncSaves
 from megatron_fixedcode.checkpoint.save_checks import checkpoint_write_error, is_write_failure
+from megatron_fixedcode.checkpoint.stores import NON_PERSISTENT, PERSISTENT, DirectoryStore, Parts
 from megatron_fixedcode.errors import SaveFailed, is_collective_failure
 from megatron_fixedcode.tokenizers import write_carried_copy
 
@@ -43,6 +44,12 @@ class Checkpointer:
         self.async_saves = AsyncSaves(trainer)  # --async-save: finalized at the next step, waited for at the end
         self.async_saves.on_finalized = self._async_complete
         self.saved_at = trainer.step  # the step of the newest checkpoint this run has (or resumed from)
+        ck = self.ck
+        self.persistent = DirectoryStore(PERSISTENT, ck.save, ck.keep_last, ck.retain_interval) if ck.save else None
+        # the non-persistent store: each rank's node-local one (checkpoint/local.py), else the global directory
+        self.non_persistent = trainer.local_checkpoints or (
+            DirectoryStore(NON_PERSISTENT, ck.non_persistent_dir(), keep_last=1) if ck.non_persistent_dir() else None
+        )
         self._non_persistent_in_flight = None  # the step of a non-persistent save written in the background
         if self.asynchronous and trainer.local_checkpoints is not None and self.rank0:
             logger.info(
@@ -92,13 +99,7 @@ class Checkpointer:
         """A persistent checkpoint of the trainer's step (``final``: the run's last, an export's too)."""
         step = self.trainer.step
         with self.saving():
-            self._write(
-                self.ck.save,
-                non_persistent=False,
-                keep_last=self.ck.keep_last,
-                retain_interval=self.ck.retain_interval,
-                keep=self.downstream.keep if self.downstream.enabled else None,
-            )
+            self._write(self.persistent, keep=self.downstream.keep if self.downstream.enabled else None)
         self.saved_at = step
         self.progress.saved(step, step * self.trainer.global_batch, self.asynchronous)
         if self.asynchronous:
@@ -113,16 +114,17 @@ class Checkpointer:
         persistent ones, ``local`` synchronously (checkpoint/local.py)."""
         self.async_saves.finalize(blocking=True)
         with self.saving():
-            if self.trainer.local_checkpoints is not None:
+            if self.non_persistent.kind != NON_PERSISTENT:
                 return self._write_local()
             if self.asynchronous:
                 self._non_persistent_in_flight = self.trainer.step
-            self._write(self.ck.non_persistent_dir(), non_persistent=True, keep_last=1)
+            self._write(self.non_persistent)
 
-    def _write(self, root, non_persistent: bool, keep_last=None, retain_interval=None, keep=None) -> None:
-        """A sharded save into ``root`` (checkpoint/save.py), in the background under --async-save; a write
-        failure is one line (:class:`SaveFailed`), its partial directory removed."""
+    def _write(self, store: DirectoryStore, keep=None) -> None:
+        """A sharded save into a directory ``store`` (checkpoint/save.py), in the background under --async-save; a
+        write failure is one line (:class:`SaveFailed`), its partial directory removed."""
         t, async_saves = self.trainer, (self.async_saves if self.asynchronous else None)
+        root, non_persistent = store.root, store.kind == NON_PERSISTENT
         self.export.wait()  # pruning must not remove a checkpoint being exported
         t0 = time.perf_counter()
         target, error = checkpoint.checkpoint_dir(root, t.step), None
@@ -130,18 +132,7 @@ class Checkpointer:
             if self.rank0:
                 write_carried_copy(root, t.tokenizer_record)
             with t.writing_checkpoint(TIMERS[non_persistent]):
-                path = checkpoint.save_checkpoint(
-                    root,
-                    t.step,
-                    t.chunks,
-                    t.optimizer,
-                    t.scheduler,
-                    t.trainer_state(),
-                    keep_last,
-                    retain_interval,
-                    async_saves,
-                    keep,
-                )
+                path = store.save(t.step, self._parts(), t.trainer_state(), async_saves, keep)
         except BaseException as e:  # torch's CheckpointException is a BaseException
             if not is_write_failure(e) or is_collective_failure(e):  # a lost peer: the group restarts
                 raise
@@ -164,7 +155,7 @@ class Checkpointer:
         """--non-persistent-ckpt-type local: every rank its file in node-local storage (checkpoint/local.py)."""
         t, t0 = self.trainer, time.perf_counter()
         with t.writing_checkpoint(TIMERS[True]):
-            where = t.local_checkpoints.save(t.step, t.chunks, t.optimizer, t.scheduler, t.trainer_state())
+            where = self.non_persistent.save(t.step, self._parts(), t.trainer_state())
         if self.rank0:
             logger.info(
                 "saved non-persistent local checkpoint of step %d in %s in %.1f s",
@@ -172,6 +163,9 @@ class Checkpointer:
                 where.parent,
                 time.perf_counter() - t0,
             )
+
+    def _parts(self) -> Parts:
+        return Parts(self.trainer.chunks, self.trainer.optimizer, self.trainer.scheduler)
 
     def _async_complete(self, step: int) -> None:
         if step == self._non_persistent_in_flight:  # no progress line or evaluation for a non-persistent save

@@ -27,6 +27,7 @@ import torch.distributed as dist
 from megatron_fixedcode.checkpoint.load import log_loaded, restore
 from megatron_fixedcode.checkpoint.resume_scope import DP_RESHARDABLE, EVERYTHING, PER_PARAMETER
 from megatron_fixedcode.checkpoint.state import _data_parallel_group, optimizer_format, sharded_state, state_to_save
+from megatron_fixedcode.checkpoint.stores import LOCAL, Parts
 
 logger = logging.getLogger(__name__)
 
@@ -112,7 +113,10 @@ def _optimizer_format(optimizer) -> str:
 
 
 class LocalCheckpoints:
-    """This rank's local non-persistent checkpoints (created after the process groups)."""
+    """This rank's local non-persistent checkpoints (created after the process groups): the ``local`` store of
+    :mod:`.stores`."""
+
+    kind = LOCAL
 
     def __init__(self, root: str, algo: str = "fully_parallel", verify: bool = True):
         self.algo = algo
@@ -123,13 +127,13 @@ class LocalCheckpoints:
     def directory(self) -> Path:
         return Path(self.manager.local_ckpt_dir)
 
-    def save(self, step: int, chunks, optimizer, scheduler, trainer_state: dict) -> Path:
+    def save(self, step: int, parts: Parts, trainer_state: dict) -> Path:
         """Every rank its file; returns this rank's directory. The package removes older steps once every rank
         has this one."""
         from megatron.core.dist_checkpointing.tensor_aware_state_dict import MCoreTensorAwareStateDict
 
-        trainer_state = {**trainer_state, "optimizer_format": _optimizer_format(optimizer)}
-        state = state_to_save(chunks, optimizer, scheduler, trainer_state, CHECKSUMS_RECORDED)
+        trainer_state = {**trainer_state, "optimizer_format": _optimizer_format(parts.optimizer)}
+        state = state_to_save(*parts, trainer_state, CHECKSUMS_RECORDED)
         # the shard distribution computed afresh each save (Megatron-LM reuses it only under
         # --ckpt-assume-constant-structure, which is inert here)
         tensor_aware, _ = MCoreTensorAwareStateDict.from_state_dict(
@@ -151,12 +155,15 @@ class LocalCheckpoints:
         step = self.manager.find_latest()
         return None if step < 0 else step
 
-    def load(self, chunks, optimizer, scheduler, this_run: dict) -> dict | None:
-        """Load the newest local checkpoint (after :meth:`newest_step`) into the parts and return its trainer
-        state; None (nothing loaded) when it was saved by another run than ``this_run`` (a trainer state)."""
-
+    def load(self, step: int, parts: Parts, this_run: dict, **_) -> dict | None:
+        """Load ``step``, the newest local checkpoint (after :meth:`newest_step`, a collective), into the parts and
+        return its trainer state; None (nothing loaded) when it was saved by another run than ``this_run`` (a
+        trainer state)."""
+        chunks, optimizer, scheduler = parts
         tensor_aware, _ = self.manager.load()
         saved = tensor_aware.common_state_dict["trainer"]
+        if saved["step"] != step:
+            raise ValueError(f"{self.directory}: holds step {saved['step']}, asked for {step}")
         gathered = [None] * dist.get_world_size()  # every rank decides alike
         dist.all_gather_object(gathered, [k for k in MATCHES_THIS_RUN if saved.get(k) != this_run.get(k)])
         differs = sorted({k for keys in gathered for k in keys})

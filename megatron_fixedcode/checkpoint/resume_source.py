@@ -18,13 +18,11 @@ import os
 import time
 from pathlib import Path
 
-from megatron_fixedcode.checkpoint.paths import CorruptCheckpoint, checkpoint_dir, latest_step
-from megatron_fixedcode.checkpoint.verify import corrupt_message, verified_step, verify_checkpoint
+from megatron_fixedcode.checkpoint.paths import CorruptCheckpoint, checkpoint_dir
+from megatron_fixedcode.checkpoint.stores import NON_PERSISTENT, PERSISTENT, DirectoryStore, directory_stores
+from megatron_fixedcode.checkpoint.verify import corrupt_message, verified_step
 
 logger = logging.getLogger(__name__)
-
-PERSISTENT = "persistent"
-NON_PERSISTENT = "non-persistent"
 
 
 @dataclasses.dataclass
@@ -43,6 +41,10 @@ class ResumeSource:
     def target(self) -> Path:
         return checkpoint_dir(self.root, self.step)
 
+    def directory_store(self) -> DirectoryStore:
+        """The store it lives in, which loads it."""
+        return DirectoryStore(self.store, self.root)
+
     def pass_over(self, why: str, rank0: bool) -> "ResumeSource | None":
         """This one failed (``why``): the next candidate that verifies in sizes, or None."""
         self.passed_over.append({"checkpoint": str(self.target), "store": self.store, "why": why})
@@ -59,38 +61,8 @@ class ResumeSource:
         return None
 
 
-def _steps(root: str, rank0: bool) -> list[int]:
-    """The complete checkpoints of a store, newest first: up to its ``latest`` marker (a newer directory is a
-    save that did not finish); with the marker unreadable, every one that has megatron's metadata."""
-    base = Path(root)
-    if not base.is_dir():
-        return []
-    try:
-        marker = latest_step(base)
-    except ValueError as e:
-        marker = None
-        if rank0:
-            logger.warning("%s; taking the newest checkpoint of %s that verifies", e, root)
-    steps = sorted(
-        (int(p.name[5:]) for p in base.glob("iter_*") if p.name[5:].isdigit() and (p / "metadata.json").exists()),
-        reverse=True,
-    )
-    if marker is not None:
-        steps = [s for s in steps if s <= marker]
-        if marker not in steps:  # the marker names a step whose directory is gone or incomplete: say so below
-            steps.insert(0, marker)
-    return steps
-
-
 def _size_check(root: str, step: int) -> str | None:
-    target = checkpoint_dir(root, step)
-    if not (target / "metadata.json").exists():
-        return f"{target}: not a complete checkpoint (megatron's metadata.json missing)"
-    try:
-        verify_checkpoint(target, hash_files=False)
-    except CorruptCheckpoint as e:
-        return str(e)
-    return None
+    return DirectoryStore(PERSISTENT, root).check(step)  # the same files and sizes in either store
 
 
 def choose_resume_source(ck, rank0: bool = True, evaluation: bool = False) -> ResumeSource | None:
@@ -101,12 +73,10 @@ def choose_resume_source(ck, rank0: bool = True, evaluation: bool = False) -> Re
     if ck.load_step is not None or ck.finetune:  # named: no other is taken in its place
         step = verified_step(ck.load, ck.load_step, hash_files=False, verify=ck.verify)
         return None if step is None else ResumeSource(PERSISTENT, ck.load, step, pinned=True)
-    stores = [(PERSISTENT, ck.load)]
-    if ck.non_persistent_ckpt_type == "global":
-        stores.append((NON_PERSISTENT, ck.non_persistent_dir(ck.load)))
+    stores = directory_stores(ck)
     # newest first; at the same step the non-persistent one first (Megatron-LM: "same step or newer wins")
     candidates = sorted(
-        ((store, root, step) for store, root in stores for step in _steps(root, rank0 and store == PERSISTENT)),
+        ((s.kind, s.root, step) for s in stores for step in s.steps(rank0 and s.kind == PERSISTENT)),
         key=lambda c: (c[2], c[0] == NON_PERSISTENT),
         reverse=True,
     )
@@ -133,7 +103,7 @@ def choose_resume_source(ck, rank0: bool = True, evaluation: bool = False) -> Re
     store, root, step = candidates[0]
     raise CorruptCheckpoint(
         f"no checkpoint verifies in --load {ck.load}"
-        + (f" nor {stores[1][1]}" if len(stores) > 1 else "")
+        + (f" nor {stores[1].root}" if len(stores) > 1 else "")
         + f": {corrupt_message(root, step, passed[0]['why'])}"
     )
 

@@ -16,6 +16,7 @@ from megatron_fixedcode import checkpoint
 from megatron_fixedcode.arguments.parse import PretrainConfig
 from megatron_fixedcode.checkpoint.resume_source import set_aside
 from megatron_fixedcode.checkpoint.save_checks import find_os_error
+from megatron_fixedcode.checkpoint.stores import NON_PERSISTENT, Parts, directory_stores
 from megatron_fixedcode.compat import parallel_ranks, runtime_device
 from megatron_fixedcode.data import build_datasets
 from megatron_fixedcode.models import build_transformer_config
@@ -207,9 +208,8 @@ def resume(
         _settle_verified_source(cfg, plan)
         if dist.get_rank() == 0 and not cfg.schedule.skip_train:
             set_aside(plan.source.passed_over)
-        state = checkpoint.load_checkpoint(
-            plan.load_dir, chunks, optimizer, scheduler, plan.load_step, scope=plan.resume
-        )
+        state = plan.source.directory_store().load(plan.load_step, Parts(chunks, optimizer, scheduler), plan.resume)
+        _forget_left_timelines(cfg, plan)
     if state is None or ck.finetune:
         return 0, 0, None
     if ck.override_opt_param_scheduler:
@@ -250,6 +250,25 @@ def _settle_verified_source(cfg: PretrainConfig, plan: RunPlan) -> None:
             )
 
 
+def _forget_left_timelines(cfg: PretrainConfig, plan: RunPlan) -> None:
+    """A resume the user pinned (--ckpt-step, --finetune) leaves the timeline of a newer global non-persistent
+    checkpoint: it is forgotten (rank 0), as a local one is, so that no later resume takes up that timeline."""
+    ck = cfg.checkpoint
+    if not (ck.load_step is not None or ck.finetune) or dist.get_rank() != 0 or cfg.schedule.skip_train:
+        return
+    for store in directory_stores(ck):
+        newest = store.newest_step() if store.kind == NON_PERSISTENT else None
+        if newest is not None and newest > plan.load_step:
+            logger.warning(
+                "non-persistent checkpoint of step %d in %s forgotten: this run resumes from step %d (%s)",
+                newest,
+                store.root,
+                plan.load_step,
+                "--finetune" if ck.finetune else f"--ckpt-step {ck.load_step}",
+            )
+            store.forget()
+
+
 def _built_with(schedule: dict | None) -> dict:
     """What :func:`build_optimizer` took from a checkpoint's schedule."""
     return {k: (schedule or {}).get(k) for k in ("max_lr", "min_lr", "decoupled_lr", "decoupled_min_lr")}
@@ -274,7 +293,7 @@ def _resume_local(cfg: PretrainConfig, plan: RunPlan, chunks, optimizer, schedul
             "layout": checkpoint.layout_of(parallel_ranks()),
             **stream_identity(cfg, plan.global_batch, plan.max_steps),
         }
-        state = local.load(chunks, optimizer, scheduler, this_run)
+        state = local.load(newest, Parts(chunks, optimizer, scheduler), this_run=this_run)
         if state is not None:
             return state
     elif newest is not None and usable and dist.get_rank() == 0:

@@ -80,6 +80,20 @@ def test_a_newer_non_persistent_checkpoint_is_the_one_a_restart_resumes_from_exa
 
 
 @pytest.mark.slow
+def test_a_pinned_resume_forgets_a_newer_non_persistent_checkpoint_of_the_timeline_it_leaves(corpus, tmp_path):
+    """--ckpt-step 4 leaves the timeline of non-persistent step 6: it is removed, so that the next resume without a
+    pin takes this run's newest checkpoint (5), not step 6 of the run it left."""
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "m.jsonl"
+    _run(corpus, ckpt, metrics, *NON_PERSISTENT)
+    _crashed_after_step_6(ckpt)
+    pinned = _run(corpus, ckpt, metrics, *NON_PERSISTENT, "--ckpt-step", "4", "--exit-interval", "5")
+    assert "non-persistent checkpoint of step 6 in" in pinned.stderr and "--ckpt-step 4" in pinned.stderr
+    assert not list((ckpt / "non_persistent").glob("iter_*")) and checkpoint.latest_step(ckpt) == 5
+    again = _run(corpus, ckpt, metrics, *NON_PERSISTENT)
+    assert "Loading from a non-persistent checkpoint" not in again.stderr and "at iteration 5" in again.stderr
+
+
+@pytest.mark.slow
 def test_damaged_newest_checkpoints_are_passed_over_for_the_newest_that_verifies(corpus, tmp_path):
     """The newest persistent checkpoint (8) with a shard gone, the non-persistent one (6) with a changed byte (its
     sizes match: found when the ranks hash their shares): a resubmission passes over both with a warning naming
