@@ -9,7 +9,13 @@ GPUs). Each strategy is simulated (400 runs) and compared side by side with the 
 * ``in-job restart``: the same checkpoints; the group restarts inside the allocation (detect + restart + load);
 * ``+ non-persistent (sync)``: in-job restart, and non-persistent checkpoints at Young/Daly's interval;
 * ``+ non-persistent (async)``: the same, their save blocking training only for the staging share that
-  ``benchmarks/async_save.py`` measured.
+  ``benchmarks/async_save.py`` measured;
+* ``requeue and wait``: in-job restart, except that a node loss (the hardware share of faults, ~78% in Llama 3)
+  ends the allocation: the job waits ``--queue-wait-hours`` (default 2) in the queue, then restarts;
+* ``shrink and continue``: a node loss is cut out: the run relaunches on the nodes left (8 GPUs each) within the
+  restart time and goes on at (nodes - lost) / nodes of the throughput; the node returns after
+  ``--repair-hours`` (default 24) and the run grows back at its next save for one restart
+  (``recovery/node_loss.py`` states the model's choices).
 
 Inputs measured on this machine: the per-rank write and read rates of the trainer's save and load
 (``docs/benchmark_runs/checkpoint_io_2026-12-02.json``), the async save's blocking share
@@ -41,11 +47,13 @@ from megatron_fixedcode.checkpoint.cadence import (  # noqa: E402
     young_daly_interval,
 )
 from megatron_fixedcode.checkpoint.save_checks import estimate_checkpoint_bytes  # noqa: E402
+from megatron_fixedcode.recovery.node_loss import LLAMA3_HARDWARE_SHARE, expected_node_loss_goodput  # noqa: E402
 
 PARAMS = 1_711_400_000  # paper 2's binary/gf2 model (docs/SCALING.md)
 TOKENS_16 = 100e9  # paper 2's budget on 16 GPUs
 STEP_TOKENS = 128 * 2048  # paper 2's global batch x sequence
 SAVE_INTERVAL_STEPS = 1000  # examples/slurm_common.sh's SAVE_INTERVAL
+GPUS_PER_NODE = 8
 RUNS = REPO / "docs" / "benchmark_runs"
 
 
@@ -86,19 +94,30 @@ def scenarios(a, rates: dict, restart_fixed_s: float) -> list[dict]:
         restart_s = a.detect_s + restart_fixed_s + load_s
         nonpersistent_s = young_daly_interval(save_s, mtbf)
         async_save_s = save_s * rates["async_blocking_share"]
+        queue_s = a.queue_wait_hours * 3600
+        loss = dict(nodes=gpus // GPUS_PER_NODE, hardware_share=LLAMA3_HARDWARE_SHARE, queue_wait_s=queue_s)
+        grow = dict(shrink=True, repair_s=a.repair_hours * 3600, grow_s=restart_fixed_s + load_s)
         strategies = [
-            ("requeue by a person", persistent_s, save_s, a.human_hours * 3600 + restart_s),
-            ("in-job restart", persistent_s, save_s, restart_s),
-            ("+ non-persistent (sync)", min(persistent_s, nonpersistent_s), save_s, restart_s),
+            ("requeue by a person", persistent_s, save_s, a.human_hours * 3600 + restart_s, None),
+            ("in-job restart", persistent_s, save_s, restart_s, None),
+            ("+ non-persistent (sync)", min(persistent_s, nonpersistent_s), save_s, restart_s, None),
             (
                 "+ non-persistent (async)",
                 min(persistent_s, young_daly_interval(async_save_s, mtbf)),
                 async_save_s,
                 restart_s,
+                None,
             ),
+            ("requeue and wait", persistent_s, save_s, queue_s + restart_s, loss),  # restart: a node loss's
+            ("shrink and continue", persistent_s, save_s, restart_s, {**loss, **grow}),
         ]
-        for name, interval, cost, restart in strategies:
-            mean, p10, failures = expected_goodput(compute_s, interval, cost, restart, mtbf, trials=a.trials)
+        for name, interval, cost, restart, policy in strategies:
+            if policy is None:
+                mean, p10, failures = expected_goodput(compute_s, interval, cost, restart, mtbf, trials=a.trials)
+            else:
+                mean, p10, failures = expected_node_loss_goodput(
+                    compute_s, interval, cost, restart_s, mtbf, trials=a.trials, **policy
+                )
             rows.append(
                 {
                     "gpus": gpus,
@@ -127,7 +146,9 @@ def table(result: dict) -> str:
         f"{result['rates']['read_bytes_per_s'] / 1e6:.0f} MB/s per rank, async blocking share "
         f"{result['rates']['async_blocking_share']:.2f}, restart fixed cost {result['restart_fixed_s']:.1f} s",
         f"assumed: {a['tokens_per_gpu_s']:,} tokens/GPU/s, filesystem {a['fs_gbs']} GB/s, detection "
-        f"{a['detect_s']} s, a person resubmits after {a['human_hours']} h",
+        f"{a['detect_s']} s, a person resubmits after {a['human_hours']} h, a requeue waits {a['queue_wait_hours']} h, "
+        f"a lost node is back after {a['repair_hours']} h ({GPUS_PER_NODE} GPUs a node, "
+        f"{100 * LLAMA3_HARDWARE_SHARE:.0f}% of faults lose one)",
         "",
         "| GPUs | strategy | checkpoint every | save blocks | restart | failures | goodput (p10) | vs requeue |",
         "|---|---|---|---|---|---|---|---|",
@@ -141,6 +162,9 @@ def table(result: dict) -> str:
     return "\n".join(lines)
 
 
+ASSUMED = ("tokens_per_gpu_s", "fs_gbs", "detect_s", "human_hours", "queue_wait_hours", "repair_hours")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--json", action="store_true")
@@ -149,6 +173,8 @@ def main() -> None:
     p.add_argument("--fs-gbs", type=float, default=20.0, help="assumed aggregate write rate of the shared filesystem")
     p.add_argument("--detect-s", type=float, default=30.0, help="assumed time to detect a crash or hang")
     p.add_argument("--human-hours", type=float, default=4.0, help="assumed wait for a person to resubmit")
+    p.add_argument("--queue-wait-hours", type=float, default=2.0, help="assumed queue wait of a requeued job")
+    p.add_argument("--repair-hours", type=float, default=24.0, help="assumed time until a lost node is back")
     a = p.parse_args()
     a.trials = 40 if a.smoke else 400
     rates = measured_rates()
@@ -157,7 +183,7 @@ def main() -> None:
         "failures_per_gpu_hour": LLAMA3_FAILURES_PER_GPU_HOUR,
         "rates": rates,
         "restart_fixed_s": restart_fixed_s,
-        "assumed": {k: getattr(a, k) for k in ("tokens_per_gpu_s", "fs_gbs", "detect_s", "human_hours")},
+        "assumed": {k: getattr(a, k) for k in ASSUMED},
         "trials": a.trials,
         "rows": scenarios(a, rates, restart_fixed_s),
     }
