@@ -49,6 +49,9 @@
 #                     MAX_RESTARTS times (its own count, beside MAX_REQUEUES). Not restarted: a user error (exit
 #                     2), Megatron's exit 17, a step that failed again after a restart; the job ends FAILED with
 #                     a line that says why. A node that is gone is Slurm's (requeue). 0: no in-job restart.
+#   MIN_NODES         default 1: the fewest nodes a run may continue on after losing some (issue 62); the
+#                     --dry-run line "# node counts that keep global batch ..." lists the counts from the job's
+#                     size down to it on which the global batch still splits (recovery/node_plan.py)
 #   ELASTIC_LAUNCHER  ft_launcher (nvidia-resiliency-ext's torchrun; the default where the package is
 #                     installed: pip install '.[ft]') or torchrun (elastic restarts without the rank monitors)
 #   FT_SECTION_TIMEOUTS  ft_launcher's section timeouts in seconds, for --enable-ft-package (default
@@ -399,6 +402,7 @@ mfc_launch() {
     fi
     [[ $elastic == torchrun || $elastic == ft_launcher ]] || mfc_die "ELASTIC_LAUNCHER=$elastic: give ft_launcher or torchrun"
     [[ ${MAX_RESTARTS:-3} =~ ^[0-9]+$ ]] || mfc_die "MAX_RESTARTS=$MAX_RESTARTS: give a whole number (0: no in-job restart)"
+    [[ ${MIN_NODES:-1} =~ ^[1-9][0-9]*$ ]] || mfc_die "MIN_NODES=$MIN_NODES: give a whole number of nodes, 1 or more"
     local -a elastic_args=(--max-restarts "${MAX_RESTARTS:-3}")
     if [[ $elastic == ft_launcher ]]; then
         # a restart stops the healthy ranks with TERM: their peers are gone, so 15 s (not 30) before the SIGKILL
@@ -421,6 +425,10 @@ mfc_launch() {
     if ((dry_run)); then
         echo "# nodes=$num_nodes gpus_per_node=$gpus_per_node cpus_per_task=$cpus_per_task job=$job_id recipe=$RECIPE"
         echo "# paths passed: ${counts[*]:-none, the recipe has them}"
+        local node_counts   # where a relaunch on fewer nodes keeps the global batch (recovery/node_plan.py)
+        node_counts=$(python -m megatron_fixedcode.recovery.node_plan --config-json - --gpus-per-node "$gpus_per_node" \
+            --nodes "$num_nodes" --min-nodes "${MIN_NODES:-1}" <<<"$config") || node_counts="node counts: not computed"
+        echo "# $node_counts"
         echo "# env: CUDA_DEVICE_MAX_CONNECTIONS=$CUDA_DEVICE_MAX_CONNECTIONS" \
             "TORCH_NCCL_ASYNC_ERROR_HANDLING=$TORCH_NCCL_ASYNC_ERROR_HANDLING NCCL_IB_TIMEOUT=$NCCL_IB_TIMEOUT" \
             "TORCH_ELASTIC_SHUTDOWN_TIMEOUT=$TORCH_ELASTIC_SHUTDOWN_TIMEOUT OMP_NUM_THREADS=$OMP_NUM_THREADS" \

@@ -195,11 +195,28 @@ def test_dry_run_extra_flags_override_the_recipe_and_node_count_keeps_global_bat
     # 4 nodes x 8 GPUs x micro batch 8 > 128: refused with the reason
     _, _, stderr = run_dry("pretrain_1p7b_learned.sh", [], launcher_env(tmp_path, SLURM_NNODES="4"))
     assert "would be refused" in stderr and "data-parallel size 32" in stderr
+    # where a relaunch on fewer nodes keeps the global batch (recovery/node_plan.py), down to MIN_NODES
+    lines = dry_run_lines("pretrain_1p7b_learned.sh", launcher_env(tmp_path, SLURM_NNODES="4"))
+    assert (
+        "# node counts that keep global batch 128: 2 (dp 16, 1 microbatch per rank), 1 (dp 8, 2 microbatches per rank)"
+        in lines
+    )
+    lines = dry_run_lines("pretrain_1p7b_learned.sh", launcher_env(tmp_path, SLURM_NNODES="4", MIN_NODES="2"))
+    assert "# node counts that keep global batch 128: 2 (dp 16, 1 microbatch per rank)" in lines
+    assert "MIN_NODES" in (EXAMPLES / "slurm_common.sh").read_text().split("mfc_log()")[0]  # documented in the header
     # TensorBoard by default, under LOG_DIR
     env = launcher_env(tmp_path)
     del env["TENSORBOARD_DIR"]
     _, config, _ = run_dry("pretrain_1p7b_learned.sh", [], env)
     assert config["tensorboard_dir"] == str(tmp_path / "logs" / "tensorboard")
+
+
+def dry_run_lines(script: str, env: dict[str, str]) -> list[str]:
+    out = subprocess.run(
+        ["bash", str(EXAMPLES / script), "--dry-run"], env=env, cwd=ROOT, capture_output=True, text=True, timeout=300
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
 
 
 def test_paper1_launcher_rejects_unknown_recipe(tmp_path):
