@@ -36,6 +36,16 @@ class ReplicasDiverged(NonFiniteTraining):
     found alike on every rank, handled as a non-finite loss (one line on rank 0, exit code 3, nothing saved)."""
 
 
+# what gloo's, NCCL's and the TCP store's errors say when a peer died or stopped answering
+COLLECTIVE_FAILURE_TEXTS = ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
+
+
+def is_collective_failure_text(text: str) -> bool:
+    """An error's text that names a peer's failure: the attempts' failure reports keep text, not the exception,
+    and are read on a login node or in the batch script, where torch is not imported (recovery/usable_nodes.py)."""
+    return any(s in text for s in COLLECTIVE_FAILURE_TEXTS)
+
+
 def is_collective_failure(error: BaseException) -> bool:
     """A collective that failed because a peer died or stopped answering (gloo's or NCCL's error, or
     torch's DistError), anywhere in the exception's chain or among the ranks' failures that torch's
@@ -47,10 +57,7 @@ def is_collective_failure(error: BaseException) -> bool:
         seen.add(id(error))
         if isinstance(error, getattr(torch.distributed, "DistError", ())):
             return True
-        if isinstance(error, RuntimeError) and any(
-            s in str(error)
-            for s in ("gloo/transport", "Connection reset", "Connection closed", "Timed out waiting", "NCCL")
-        ):
+        if isinstance(error, RuntimeError) and is_collective_failure_text(str(error)):
             return True
         failures = getattr(error, "failures", None)  # {rank: (exception, traceback)}
         if isinstance(failures, dict) and any(
