@@ -13,6 +13,7 @@
 #SBATCH --time=24:00:00
 #SBATCH --signal=B:USR1@300
 #SBATCH --requeue
+#SBATCH --no-kill
 #SBATCH --open-mode=append
 #SBATCH --output=slurm-%x-%j.out
 set -euo pipefail

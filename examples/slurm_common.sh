@@ -466,14 +466,23 @@ print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).n
         exit 0
     fi
     ((MFC_REQUEUE)) && mfc_finish 0 "$job_id" "$ckpt_dir" "$log_dir"
-    MFC_STEP_STARTED=1
-    "${launch[@]}" &
-    local pid=$! rc=0
-    # A trapped signal interrupts `wait`; keep waiting until srun itself has exited.
+    MFC_STEP_STARTED=1 MFC_RELAUNCHES=0 MFC_LAUNCH=("${launch[@]}")
+    local pid rc
     while :; do
-        wait "$pid" && rc=0 || rc=$?
-        ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
-        break
+        "${MFC_LAUNCH[@]}" &
+        pid=$! rc=0
+        # A trapped signal interrupts `wait`; keep waiting until srun itself has exited.
+        while :; do
+            wait "$pid" && rc=0 || rc=$?
+            ((rc > 128)) && kill -0 "$pid" 2>/dev/null && continue
+            break
+        done
+        # a node lost or gone bad: the step again on the nodes left, at the same global batch (slurm_relaunch.sh)
+        mfc_relaunch_plan "$rc" "$job_id" "$log_dir" "$gpus_per_node" "$num_nodes" "$config" || break
+        MFC_RELAUNCHES=$((MFC_RELAUNCHES + 1))
+        mfc_relaunch_command "${launch[@]}"
     done
     mfc_finish "$rc" "$job_id" "$ckpt_dir" "$log_dir"
 }
+
+source "$(dirname "${BASH_SOURCE[0]}")/slurm_relaunch.sh"

@@ -5,8 +5,9 @@
 #   bash scripts/slurm_local.sh status   # the daemons and `sinfo`; exit 0 when the cluster takes jobs
 #   bash scripts/slurm_local.sh stop     # stop exactly the daemons `start` started (their pid files)
 #
-# Debian 12's slurm-wlm 22.05 (+ munge, slurmdbd, mariadb-server: apt-get, ~25 s, needs root). Two nodes on
-# one host (`slurmd -N mfc-node1|mfc-node2`, each its own Port, names resolved through an /etc/hosts line),
+# Debian 12's slurm-wlm 22.05 (+ munge, slurmdbd, mariadb-server: apt-get, ~25 s, needs root). Three nodes on
+# one host (`slurmd -N mfc-node1|2|3`, each its own Port, names resolved through an /etc/hosts line): partition
+# `debug` (the default) has the first two, `three` all three (a run that loses a node goes on with two),
 # 8 fake GPUs each (character devices: Slurm refuses a GRES without File= and regular files), accounting
 # through slurmdbd (its own port) on a local mariadb, so `sacct` answers as on a real cluster.
 # AuthInfo=cred_expire=30 and sched_interval=10 make a requeued job start again within ~30 s (default 121 s).
@@ -17,8 +18,8 @@ set -euo pipefail
 STATE=${MFC_SLURM_DIR:-/var/tmp/mfc-slurm}
 CONF_DIR=/etc/slurm
 MARK="# written by megatron-fixedcode scripts/slurm_local.sh"
-NODES=(mfc-node1 mfc-node2)
-PORTS=(6818 6838)
+NODES=(mfc-node1 mfc-node2 mfc-node3)
+PORTS=(6818 6838 6848)
 DBD_PORT=6819
 CPUS=${MFC_SLURM_CPUS:-8}
 log() { echo "slurm_local: $*" >&2; }
@@ -43,12 +44,13 @@ install_packages() {
 }
 
 write_config() {
-    local host n i
+    local host n i before
     host=$(hostname)
+    before=$(cat "$CONF_DIR/slurm.conf" "$CONF_DIR/gres.conf" 2>/dev/null | md5sum)
     if [[ -f $CONF_DIR/slurm.conf ]] && ! grep -qF "$MARK" "$CONF_DIR/slurm.conf"; then
         die "$CONF_DIR/slurm.conf exists and was not written by this script: not touching a real cluster's config"
     fi
-    mkdir -p "$CONF_DIR" "$STATE"/{ctld,log,dev,spool/mfc-node1,spool/mfc-node2}
+    mkdir -p "$CONF_DIR" "$STATE"/{ctld,log,dev} "${NODES[@]/#/$STATE/spool/}"
     for i in 0 1 2 3 4 5 6 7; do
         [[ -c $STATE/dev/nvidia$i ]] || { rm -f "$STATE/dev/nvidia$i"; mknod "$STATE/dev/nvidia$i" c 195 "$i"; }
     done
@@ -89,12 +91,13 @@ KillWait=30
 MinJobAge=600
 InactiveLimit=0
 EOF
-        for i in 0 1; do
+        for i in "${!NODES[@]}"; do
             echo "NodeName=${NODES[$i]} NodeHostname=$host NodeAddr=127.0.0.1 Port=${PORTS[$i]} CPUs=$CPUS RealMemory=$((CPUS * 512)) Gres=gpu:8 State=UNKNOWN"
         done
-        echo "PartitionName=debug Nodes=ALL Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+        echo "PartitionName=debug Nodes=mfc-node[1-2] Default=YES MaxTime=INFINITE State=UP OverSubscribe=YES"
+        echo "PartitionName=three Nodes=ALL MaxTime=INFINITE State=UP OverSubscribe=YES"
     } >"$CONF_DIR/slurm.conf"
-    { echo "$MARK"; echo "NodeName=mfc-node[1-2] Name=gpu File=$STATE/dev/nvidia[0-7]"; } >"$CONF_DIR/gres.conf"
+    { echo "$MARK"; echo "NodeName=mfc-node[1-3] Name=gpu File=$STATE/dev/nvidia[0-7]"; } >"$CONF_DIR/gres.conf"
     # slurmdbd refuses a config readable by others
     (umask 077; cat >"$CONF_DIR/slurmdbd.conf" <<EOF
 $MARK
@@ -111,6 +114,8 @@ PidFile=$STATE/slurmdbd.pid
 LogFile=$STATE/log/slurmdbd.log
 EOF
     )
+    # a controller started with another node list keeps it: the daemons restart to read this one
+    [[ $(cat "$CONF_DIR/slurm.conf" "$CONF_DIR/gres.conf" | md5sum) == "$before" ]] || CONFIG_CHANGED=1
     # the second node's name must resolve (the launcher's rendezvous address is the first node's name)
     for n in "${NODES[@]}"; do
         getent hosts "$n" >/dev/null || echo "127.0.0.1 $n   $MARK" >>/etc/hosts
@@ -126,10 +131,10 @@ wait_for() {  # $1: seconds, $2...: command that must succeed
     done
 }
 
-nodes_ready() {  # both nodes idle, mixed or allocated (not down, drained or unknown)
+nodes_ready() {  # every node idle, mixed or allocated (not down, drained or unknown)
     local states
-    states=$(sinfo -h -N -o '%N %T' 2>/dev/null) || return 1
-    [[ $(grep -cE '^mfc-node[12] (idle|mixed|allocated|completing)' <<<"$states") == 2 ]]
+    states=$(sinfo -h -N -o '%N %T' 2>/dev/null | sort -u) || return 1
+    [[ $(grep -cE '^mfc-node[1-3] (idle|mixed|allocated|completing)' <<<"$states") == "${#NODES[@]}" ]]
 }
 
 start_daemons() {
@@ -163,7 +168,7 @@ start_daemons() {
         alive "$STATE/slurmd-$n.pid" || /usr/sbin/slurmd -N "$n" 9>&-
     done
     if ! wait_for 60 nodes_ready; then
-        scontrol update nodename=mfc-node[1-2] state=resume >/dev/null 2>&1 || true
+        scontrol update nodename=mfc-node[1-3] state=resume >/dev/null 2>&1 || true
         wait_for 30 nodes_ready || die "nodes not idle: $(sinfo -h -N -o '%N %T %E' | tr '\n' ' ') (logs: $STATE/log)"
     fi
 }
@@ -210,9 +215,19 @@ case $cmd in
         ((EUID == 0)) || die "needs root (daemons, /etc/slurm, /etc/hosts)"
         if command -v sinfo >/dev/null && nodes_ready; then log "already running"; exit 0; fi
         install_packages
+        CONFIG_CHANGED=0
         write_config
+        if ((CONFIG_CHANGED)) && alive "$STATE/slurmctld.pid"; then
+            log "the node list changed: restarting slurmctld and the slurmd's"
+            for f in "$STATE"/slurmd-*.pid "$STATE/slurmctld.pid"; do
+                alive "$f" || continue
+                pid=$(cat "$f")
+                kill -TERM "$pid" && { wait_for 20 bash -c "! kill -0 $pid" || kill -KILL "$pid"; } || true
+                rm -f "$f"
+            done
+        fi
         start_daemons
-        log "ready: $(sinfo -h -N -o '%N %T' | tr '\n' ' ')(state, logs: $STATE)" ;;
+        log "ready: $(sinfo -h -N -o '%N %T' | sort -u | tr '\n' ' ')(state, logs: $STATE)" ;;
     stop) stop_daemons ;;
     status) status ;;
 esac

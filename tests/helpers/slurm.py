@@ -4,6 +4,7 @@ submitted with sbatch as its header shows (shrunk to a CPU model by trainer flag
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -213,3 +214,31 @@ def write_shards(root: Path) -> Path:
         root / "00000_valid_text_document", [rng.integers(1, 49000, size=120) for _ in range(10)], dtype=np.uint16
     )
     return root
+
+
+# The uninterrupted two-node run the restart and node-loss tests compare with (12 samples a step: 3 microbatches
+# of 2 on each of two ranks, 2 on each of three), run once per test session and shared by the files and xdist
+# workers that ask for it.
+STRAIGHT_LAST = 16
+STRAIGHT_RUN = [*SHRINK, "--global-batch-size", "12", "--exit-interval", str(STRAIGHT_LAST)]
+STRAIGHT_RUN += ["--distributed-timeout-minutes", "1"]
+TWO_NODES = ["--nodes=2", *SMALL[1:]]
+
+
+def shared_straight_run(tmp_path_factory) -> list[dict]:
+    """The steps of :data:`STRAIGHT_RUN` on two nodes, persistent checkpoints every 4 steps; the first caller of
+    the session runs it (under a lock in the session's base directory, which every xdist worker shares)."""
+    base = tmp_path_factory.getbasetemp()  # an xdist worker's is popen-gwN in the session's own directory
+    root = (base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / "shared-straight-run"
+    (root / "shards").mkdir(parents=True, exist_ok=True)
+    with open(root.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        done = root / "steps.json"
+        if not done.exists():
+            run = root / "run"
+            shards = write_shards(root / "shards")
+            job = sbatch(run, launcher_env(shards, run, SAVE_INTERVAL="4"), *STRAIGHT_RUN, sbatch_opts=TWO_NODES)
+            info = wait_done(job, run, 300)
+            assert info["JobState"] == "COMPLETED", (run / f"slurm-{job}.out").read_text()[-3000:]
+            done.write_text(json.dumps(steps(run)))
+    return json.loads(done.read_text())

@@ -66,7 +66,7 @@ def test_all_shell_scripts_parse():
 def test_sbatch_header(script):
     text = (EXAMPLES / script).read_text()
     sbatch = dict(re.findall(r"^#SBATCH --([\w-]+)(?:=(.*))?$", text, flags=re.M))
-    for key in ("nodes", "gpus-per-node", "ntasks-per-node", "time", "signal", "requeue", "output"):
+    for key in ("nodes", "gpus-per-node", "ntasks-per-node", "time", "signal", "requeue", "no-kill", "output"):
         assert key in sbatch, f"{script}: no #SBATCH --{key}"
     assert sbatch["gpus-per-node"] == "8" and sbatch["ntasks-per-node"] == "1"
     assert sbatch["signal"] == "B:USR1@300"
@@ -76,6 +76,27 @@ def test_sbatch_header(script):
     # SBATCH lines are only read before the first command
     first_command = re.search(r"^[^#\n]", text, flags=re.M).start()
     assert text.rfind("#SBATCH") < first_command
+
+
+def test_a_relaunch_runs_the_same_command_on_the_nodes_left_with_a_rendezvous_of_its_own():
+    """slurm_relaunch.sh: srun's node count and list, the elastic launcher's node count, a new rendezvous (host,
+    port, id); the trainer's flags untouched, whatever they hold."""
+    launch = (
+        "srun --nodes 3 --ntasks-per-node 1 bash slurm_node.sh torchrun --nnodes 3 --nproc_per_node 8 "
+        "--rdzv_backend c10d --rdzv_endpoint mfc-node1:20042 --rdzv_id 42 --max-restarts 3 "
+        "-m megatron_fixedcode.pretrain --config r.yaml --nodes x --rdzv_id y"
+    )
+    script = (
+        f"source {EXAMPLES / 'slurm_relaunch.sh'}; MFC_RELAUNCHES=2 MFC_RELAUNCH_COUNT=2 "
+        "MFC_RELAUNCH_NODES=mfc-node1,mfc-node3 MFC_RENDEZVOUS_HOST=mfc-node1; "
+        f'mfc_relaunch_command {launch}; printf "%s\\n" "${{MFC_LAUNCH[@]}}"'
+    )
+    out = subprocess.run(["bash", "-c", script], capture_output=True, text=True, check=True).stdout.split("\n")[:-1]
+    assert " ".join(out) == (
+        "srun --nodes 2 --ntasks 2 --nodelist mfc-node1,mfc-node3 --ntasks-per-node 1 bash slurm_node.sh torchrun --nnodes 2 "
+        "--nproc_per_node 8 --rdzv_backend c10d --rdzv_endpoint mfc-node1:20044 --rdzv_id 42.2 --max-restarts 3 "
+        "-m megatron_fixedcode.pretrain --config r.yaml --nodes x --rdzv_id y"
+    )
 
 
 def elastic_index(command: list[str]) -> int:

@@ -19,12 +19,14 @@ import pytest
 
 from tests.helpers.pretrain import assert_same_steps
 from tests.helpers.slurm import (
-    SHRINK,
-    SMALL,
+    STRAIGHT_LAST,
+    STRAIGHT_RUN,
+    TWO_NODES,
     assert_nothing_left,
     job_processes,
     launcher_env,
     sbatch,
+    shared_straight_run,
     steps,
     wait_done,
     wait_for_step,
@@ -32,9 +34,7 @@ from tests.helpers.slurm import (
 )
 
 pytestmark = pytest.mark.slow
-TWO_NODES = ["--nodes=2", *SMALL[1:]]
-LAST = 16
-RUN = [*SHRINK, "--exit-interval", str(LAST), "--distributed-timeout-minutes", "1"]
+LAST, RUN = STRAIGHT_LAST, STRAIGHT_RUN
 
 
 @pytest.fixture(scope="module")
@@ -43,13 +43,9 @@ def shards(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="module")
-def straight(slurm, shards, tmp_path_factory) -> list[dict]:
-    """The uninterrupted run: steps 1..LAST on the same two nodes."""
-    run = tmp_path_factory.mktemp("straight")
-    job = sbatch(run, launcher_env(shards, run), *RUN, sbatch_opts=TWO_NODES)
-    info = wait_done(job, run, 300)
-    assert info["JobState"] == "COMPLETED", (run / f"slurm-{job}.out").read_text()[-3000:]
-    return steps(run)
+def straight(slurm, tmp_path_factory) -> list[dict]:
+    """The uninterrupted run: steps 1..LAST on two nodes (shared with the other Slurm files)."""
+    return shared_straight_run(tmp_path_factory)
 
 
 def _rank_pid(run: Path, rank: int) -> int:

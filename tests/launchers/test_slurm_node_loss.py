@@ -1,0 +1,75 @@
+"""A node that fails is cut out, not waited for (examples/slurm_relaunch.sh), on the real local Slurm cluster's
+partition of three nodes (tests/helpers/slurm.py), one CPU rank each, launched as users submit it: a node set DOWN
+mid-run leaves the job (``#SBATCH --no-kill``), and the launcher runs the step again on the two nodes left, in the
+same job, at the same global batch: every step once, each step's samples (metrics.jsonl's digest) those of the
+uninterrupted run's, its loss equal within the reduction order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.helpers.slurm import (
+    SMALL,
+    STRAIGHT_LAST,
+    STRAIGHT_RUN,
+    assert_nothing_left,
+    job_info,
+    launcher_env,
+    sbatch,
+    shared_straight_run,
+    steps,
+    wait_done,
+    wait_for_step,
+    write_shards,
+)
+
+pytestmark = pytest.mark.slow
+THREE_NODES = ["--partition=three", "--nodes=3", *SMALL[1:]]
+LAST, RUN = STRAIGHT_LAST, STRAIGHT_RUN
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory) -> Path:
+    return write_shards(tmp_path_factory.mktemp("node_loss"))
+
+
+@pytest.fixture(scope="module")
+def straight(slurm, tmp_path_factory) -> list[dict]:
+    """The uninterrupted run on two nodes (shared with the other Slurm files): the same samples each step at any
+    data-parallel size, the loss equal up to the reduction order."""
+    return shared_straight_run(tmp_path_factory)
+
+
+def _same_samples_and_loss(straight: list[dict], got: list[dict]) -> None:
+    assert [r["step"] for r in got] == list(range(1, LAST + 1)), [r["step"] for r in got]
+    for a, b in zip(straight, got):
+        assert a["samples"] == b["samples"] and a["tokens"] == b["tokens"] and a["lr"] == b["lr"], b["step"]
+        assert abs(a["loss"] - b["loss"]) <= 1e-5 * abs(a["loss"]), (b["step"], a["loss"], b["loss"])
+
+
+def test_a_node_set_down_is_cut_out_and_the_run_goes_on_with_the_two_left(slurm, shards, straight, tmp_path):
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=THREE_NODES)
+    wait_for_step(tmp_path, 6, job)
+    info = job_info(job)
+    nodes = subprocess.run(["scontrol", "show", "hostnames", info["NodeList"]], capture_output=True, text=True)
+    lost = next(n for n in nodes.stdout.split() if n != info["BatchHost"])
+    down = time.time()
+    subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=mfc-test"], check=True)
+    try:
+        info = wait_done(job, tmp_path, 400)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], capture_output=True)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0"), out[-5000:]
+    assert f"cut out: {lost}" in out and "continuing on 2 of 3 nodes" in out, out[-5000:]
+    assert "data-parallel size 2, 3 microbatches per rank" in out, out[-5000:]
+    _same_samples_and_loss(straight, steps(tmp_path))
+    attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
+    assert attempts[-1]["first_step_at"] - down < 90, attempts
+    assert {h for h, _, _ in attempts[-1]["hosts"]} == set(nodes.stdout.split()) - {lost}, attempts
+    assert_nothing_left(job)
