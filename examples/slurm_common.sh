@@ -479,7 +479,7 @@ print(signal.Signals(json.loads(os.environ["MFC_CONFIG_JSON"])["exit_signal"]).n
         done
         # a node lost or gone bad: the step again on the nodes left, at the same global batch (slurm_relaunch.sh)
         mfc_relaunch_plan "$rc" "$job_id" "$log_dir" "$gpus_per_node" "$num_nodes" "$config" || break
-        MFC_RELAUNCHES=$((MFC_RELAUNCHES + 1))
+        export MFC_RELAUNCHES=$((MFC_RELAUNCHES + 1))   # the relaunch's own MAX_RESTARTS (recovery/attempts.py)
         mfc_relaunch_command "${launch[@]}"
     done
     mfc_finish "$rc" "$job_id" "$ckpt_dir" "$log_dir"

@@ -30,6 +30,11 @@ mfc_relaunch_plan() {
     fi
     if ((MFC_RELAUNCH)); then
         MFC_STEP_NODES=$MFC_RELAUNCH_NODES
+        # for the trainer: its attempts record and its log line at every logging interval (slurm_node.sh exports)
+        export MFC_REDUCED_SIZE="$MFC_RELAUNCH_COUNT of $nodes nodes (data-parallel $MFC_RELAUNCH_DP)"
+        export MFC_RELAUNCH_NOTE="cut out: $MFC_CUT_OUT; $nodes -> $MFC_RELAUNCH_COUNT nodes ($MFC_RELAUNCH_NODES),\
+ data-parallel size $((MFC_RELAUNCH_DP * nodes / MFC_RELAUNCH_COUNT)) -> $MFC_RELAUNCH_DP,\
+ $MFC_RELAUNCH_MICROBATCHES microbatches per rank"
         mfc_log "continuing on $MFC_RELAUNCH_COUNT of $nodes nodes ($MFC_RELAUNCH_NODES): data-parallel size" \
             "$MFC_RELAUNCH_DP, $MFC_RELAUNCH_MICROBATCHES microbatches per rank, the same global batch and samples"
         rm -f "$log_dir/exit-$job_id.json"   # the next step's last word

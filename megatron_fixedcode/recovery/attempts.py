@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ENV = "MFC_ATTEMPTS_FILE"
+RELAUNCH_ENV = "MFC_RELAUNCH_NOTE"  # set by examples/slurm_relaunch.sh on a launch on fewer nodes
 NO_RESTART_CODES = {2: "a user error (exit 2)", 17: "Megatron's exit 17 (the fault reproduced)"}
 KEPT_CHECKPOINTS = 8  # per attempt: the cumulative step time at its newest checkpoints
 
@@ -51,10 +52,12 @@ def attempts_path(save_dir: str | None, environ: dict[str, str] | None = None) -
 
 def allocation_id(environ: dict[str, str] | None = None) -> str:
     """The allocation an attempt runs in: Slurm's job id and requeue count (a requeue is a new allocation
-    under the same id), else the elastic launch's rendezvous id."""
+    under the same id) and relaunch on fewer nodes, else the elastic launch's rendezvous id."""
     env = os.environ if environ is None else environ
     if env.get("SLURM_JOB_ID"):
-        return f"{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT') or 0}"
+        # a launch on fewer nodes after a node was cut out (examples/slurm_relaunch.sh) has a budget of its own
+        relaunch = f".r{env['MFC_RELAUNCHES']}" if env.get("MFC_RELAUNCHES", "0") != "0" else ""
+        return f"{env['SLURM_JOB_ID']}.{env.get('SLURM_RESTART_COUNT') or 0}{relaunch}"
     return env.get("TORCHELASTIC_RUN_ID") or "local"
 
 
@@ -132,6 +135,8 @@ class Attempts:
                 "passed_over": [],
             }
         )
+        if os.environ.get(RELAUNCH_ENV):  # the launcher's line: the nodes cut out, the size before and after
+            self.records[-1]["relaunch"] = os.environ[RELAUNCH_ENV]
         self.write()
 
     def resumed(self, step: int, loaded: dict | None = None) -> None:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import threading
 import time
 from datetime import datetime
@@ -275,6 +276,8 @@ class MetricsSink:
         if peak:
             line += f" TFLOP/s/GPU: {tflops:.1f} | MFU ({self.matmul} peak): {100 * tflops * 1e12 / peak:.1f}% |"
         line += f" mem (GiB): {memory_gib():.2f} | ETA: {_hms(eta_s)} | code: {self.code} |"
+        if os.environ.get("MFC_REDUCED_SIZE"):  # a launch on fewer nodes (examples/slurm_relaunch.sh)
+            line += f" reduced size: {os.environ['MFC_REDUCED_SIZE']} |"
         self._losses, self._nan_iterations = [], 0
         logger.info("%s", line)
         values = {"tokens-per-sec": tokens_per_s}

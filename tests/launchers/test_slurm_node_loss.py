@@ -72,4 +72,7 @@ def test_a_node_set_down_is_cut_out_and_the_run_goes_on_with_the_two_left(slurm,
     attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
     assert attempts[-1]["first_step_at"] - down < 90, attempts
     assert {h for h, _, _ in attempts[-1]["hosts"]} == set(nodes.stdout.split()) - {lost}, attempts
+    note = attempts[-1]["relaunch"]
+    assert note.startswith(f"cut out: {lost}: ") and "3 -> 2 nodes" in note and "data-parallel size 3 -> 2" in note
+    assert "reduced size: 2 of 3 nodes (data-parallel 2)" in out, out[-5000:]
     assert_nothing_left(job)
