@@ -25,6 +25,7 @@ from tests.helpers.slurm import (
     steps,
     wait_done,
     wait_for_step,
+    wait_until,
     write_shards,
 )
 
@@ -75,4 +76,47 @@ def test_a_node_set_down_is_cut_out_and_the_run_goes_on_with_the_two_left(slurm,
     note = attempts[-1]["relaunch"]
     assert note.startswith(f"cut out: {lost}: ") and "3 -> 2 nodes" in note and "data-parallel size 3 -> 2" in note
     assert "reduced size: 2 of 3 nodes (data-parallel 2)" in out, out[-5000:]
+    assert_nothing_left(job)
+
+
+def test_a_node_whose_rank_fails_at_two_attempts_in_a_row_is_cut_out(slurm, shards, straight, tmp_path):
+    """Slurm keeps calling the node up; its rank is killed at step 5 and, after the in-job restart, at step 7: the
+    launcher cuts it out (the attempts record names it) and the run goes on on the two nodes left."""
+    faults = "rank_killed;@mfc-node3;5;0 rank_killed;@mfc-node3;7;1"
+    env = launcher_env(shards, tmp_path, SAVE_INTERVAL="4", MAX_RESTARTS="1", MFC_SIM_FAULT=faults)
+    job = sbatch(tmp_path, env, *RUN, sbatch_opts=THREE_NODES)
+    info = wait_done(job, tmp_path, 500)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "0"), out[-5000:]
+    assert "cut out: mfc-node3: its ranks failed at attempts 0 and 1" in out, out[-5000:]
+    _same_samples_and_loss(straight, steps(tmp_path))
+    attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
+    assert [a["attempt"] for a in attempts] == [0, 1, 2] and "mfc-node3" in attempts[2]["relaunch"], attempts
+    assert "mfc-node3" not in {h for h, _, _ in attempts[2]["hosts"]}, attempts
+    assert_nothing_left(job)
+
+
+def test_a_requeue_after_a_shrink_grows_back_to_full_size_and_continues_exactly(slurm, shards, straight, tmp_path):
+    job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=THREE_NODES)
+    wait_for_step(tmp_path, 4, job)
+    info = job_info(job)
+    lost = next(
+        n
+        for n in subprocess.run(
+            ["scontrol", "show", "hostnames", info["NodeList"]], capture_output=True, text=True
+        ).stdout.split()
+        if n != info["BatchHost"]
+    )
+    subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=mfc-test"], check=True)
+    try:
+        wait_until(lambda: "reduced size" in (tmp_path / f"slurm-{job}.out").read_text(), 200, "the shrink", tmp_path)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], capture_output=True)
+    subprocess.run(["scancel", "--batch", "--signal=USR1", job], check=True)  # the time limit near: requeue
+    info = wait_done(job, tmp_path, 500)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert (info["JobState"], info["Restarts"]) == ("COMPLETED", "1"), out[-5000:]
+    _same_samples_and_loss(straight, steps(tmp_path))
+    attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
+    assert len({h for h, _, _ in attempts[-1]["hosts"]}) == 3 and "relaunch" not in attempts[-1], attempts
     assert_nothing_left(job)
