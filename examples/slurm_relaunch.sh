@@ -7,8 +7,9 @@
 # (more microbatches per rank, not under MIN_NODES: recovery/node_plan.py). The step is then launched again
 # on those nodes, by Slurm and the elastic launcher as before; the trainer resumes from the newest
 # persistent or global checkpoint on the new data-parallel size (a node-local one belongs to the old layout
-# and is passed over with a line). When no smaller count works, the job is requeued without the nodes cut
-# out (`scontrol update ExcNodeList`, then `scontrol requeue`), so that it comes back at full size elsewhere.
+# and is passed over with a line). When no smaller count works, the job is requeued (within MAX_REQUEUES) to
+# come back at full size: Slurm does not schedule a DOWN node; it refuses to change a running job's ExcNodeList,
+# so a node found bad that Slurm calls up can come back (the line says to resubmit with --exclude).
 # Every requeue comes back at the job's full size: the run grows back there.
 
 # $1 the failed step's exit code, $2 job id, $3 log dir, $4 GPUs per node, $5 the job's node count, $6 the
@@ -42,14 +43,20 @@ mfc_relaunch_plan() {
     fi
     mfc_log "not continuing on fewer nodes: $MFC_RELAUNCH_WHY"
     if [[ -n $MFC_CUT_OUT_NODES && $MFC_RELAUNCH_WHY != *"batch host"* ]]; then
-        # the job goes back to the queue without the nodes it found bad or lost, to come back at full size
-        if scontrol update jobid="$job_id" ExcNodeList="$MFC_CUT_OUT_NODES" 2>/dev/null; then
-            mfc_log "requeueing job $job_id without $MFC_CUT_OUT_NODES (ExcNodeList): it comes back at full size"
+        # back to the queue, to come back at full size: within MAX_REQUEUES of the launcher's own requeues. Slurm
+        # refuses ExcNodeList while the job runs: a node Slurm still calls up may be allocated again (a DOWN one not)
+        local counter=$log_dir/requeues-$job_id used
+        used=$(cat "$counter" 2>/dev/null || echo 0)
+        [[ $used =~ ^[0-9]+$ ]] || used=0
+        if ((used < ${MAX_REQUEUES:-20})); then
+            echo $((used + 1)) >"$counter" 2>/dev/null || true
+            mfc_log "requeueing job $job_id without the step's failed nodes ($MFC_CUT_OUT_NODES; the launcher's requeue" \
+                "$((used + 1)) of MAX_REQUEUES=${MAX_REQUEUES:-20}): it resumes at full size; to keep a node out, resubmit" \
+                "with sbatch --exclude=$MFC_CUT_OUT_NODES"
             MFC_REQUEUED=1
             scontrol requeue "$job_id"
             exit 0
         fi
-        mfc_log "could not exclude $MFC_CUT_OUT_NODES from job $job_id: not requeueing"
     fi
     return 1
 }

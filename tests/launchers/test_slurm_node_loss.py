@@ -120,3 +120,22 @@ def test_a_requeue_after_a_shrink_grows_back_to_full_size_and_continues_exactly(
     attempts = json.loads((tmp_path / "logs" / "attempts.json").read_text())["attempts"]
     assert len({h for h, _, _ in attempts[-1]["hosts"]}) == 3 and "relaunch" not in attempts[-1], attempts
     assert_nothing_left(job)
+
+
+def test_under_min_nodes_the_job_requeues_saying_why_and_comes_back_at_full_size(slurm, shards, straight, tmp_path):
+    env = launcher_env(shards, tmp_path, SAVE_INTERVAL="4", MIN_NODES="3")
+    job = sbatch(tmp_path, env, *RUN, sbatch_opts=THREE_NODES)
+    wait_for_step(tmp_path, 5, job)
+    lost = "mfc-node3" if job_info(job)["BatchHost"] != "mfc-node3" else "mfc-node2"
+    subprocess.run(["scontrol", "update", f"nodename={lost}", "state=down", "reason=mfc-test"], check=True)
+    try:
+        wait_until(lambda: job_info(job).get("Restarts") == "1", 200, "the requeue", tmp_path)
+    finally:
+        subprocess.run(["scontrol", "update", f"nodename={lost}", "state=resume"], capture_output=True)
+    info = wait_done(job, tmp_path, 500)
+    out = (tmp_path / f"slurm-{job}.out").read_text()
+    assert info["JobState"] == "COMPLETED", out[-5000:]
+    assert f"not continuing on fewer nodes: 1 node(s) cut out ({lost}: " in out, out[-5000:]
+    assert "2 usable node(s), fewer than MIN_NODES=3: no relaunch on fewer nodes" in out, out[-5000:]
+    assert f"requeueing job {job} without the step's failed nodes ({lost};" in out, out[-5000:]
+    _same_samples_and_loss(straight, steps(tmp_path))
