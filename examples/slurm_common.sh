@@ -48,7 +48,7 @@
 #                     it resumes from the newest complete checkpoint (persistent or non-persistent), at most
 #                     MAX_RESTARTS times (its own count, beside MAX_REQUEUES). Not restarted: a user error (exit
 #                     2), Megatron's exit 17, a step that failed again after a restart; the job ends FAILED with
-#                     a line that says why. A node that is gone is Slurm's (requeue). 0: no in-job restart.
+#                     a line that says why. A node lost is cut out (slurm_relaunch.sh). 0: no in-job restart.
 #   MIN_NODES         default 1: the fewest nodes a run may continue on after losing some (issue 62); the
 #                     --dry-run line "# node counts that keep global batch ..." lists the counts from the job's
 #                     size down to it on which the global batch still splits (recovery/node_plan.py)
