@@ -47,9 +47,11 @@ class Checkpointer:
         ck = self.ck
         self.persistent = DirectoryStore(PERSISTENT, ck.save, ck.keep_last, ck.retain_interval) if ck.save else None
         # the non-persistent store: each rank's node-local one (checkpoint/local.py), else the global directory
-        self.non_persistent = trainer.local_checkpoints or (
-            DirectoryStore(NON_PERSISTENT, ck.non_persistent_dir(), keep_last=1) if ck.non_persistent_dir() else None
-        )
+        self.non_persistent = None
+        if ck.non_persistent_save_interval:
+            self.non_persistent = trainer.local_checkpoints or DirectoryStore(
+                NON_PERSISTENT, ck.non_persistent_dir(), keep_last=1
+            )
         self._non_persistent_in_flight = None  # the step of a non-persistent save written in the background
         if self.asynchronous and trainer.local_checkpoints is not None and self.rank0:
             logger.info(
