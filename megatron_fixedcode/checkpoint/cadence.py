@@ -77,10 +77,14 @@ def expected_goodput(
 ) -> tuple[float, float, float]:
     """(mean goodput, its 10th percentile, mean failures) over ``trials`` simulated runs."""
     rng = random.Random(seed)
-    outcomes = [simulate_run(compute_s, interval_s, save_s, restart_s, mtbf_s, rng) for _ in range(trials)]
+    return summarize([simulate_run(compute_s, interval_s, save_s, restart_s, mtbf_s, rng) for _ in range(trials)])
+
+
+def summarize(outcomes: list) -> tuple[float, float, float]:
+    """(mean goodput, its 10th percentile, mean failures) of simulated runs (each with ``goodput``, ``failures``)."""
     goodputs = sorted(o.goodput for o in outcomes)
     return (
-        sum(goodputs) / trials,
-        goodputs[int(0.1 * (trials - 1))],
-        sum(o.failures for o in outcomes) / trials,
+        sum(goodputs) / len(goodputs),
+        goodputs[int(0.1 * (len(goodputs) - 1))],
+        sum(o.failures for o in outcomes) / len(outcomes),
     )

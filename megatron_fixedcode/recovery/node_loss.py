@@ -27,6 +27,8 @@ from __future__ import annotations
 import dataclasses
 import random
 
+from megatron_fixedcode.checkpoint.cadence import summarize
+
 LLAMA3_HARDWARE_SHARE = 0.78  # "approximately 78% of unexpected interruptions": hardware (Llama 3, sec. 3.3.4)
 
 
@@ -118,12 +120,6 @@ def expected_node_loss_goodput(
     """(mean goodput, its 10th percentile, mean failures) over ``trials`` runs; ``policy``: the keyword
     arguments of ``simulate_node_loss_run``."""
     rng = random.Random(seed)
-    outcomes = [
-        simulate_node_loss_run(compute_s, interval_s, save_s, restart_s, mtbf_s, rng, **policy) for _ in range(trials)
-    ]
-    goodputs = sorted(o.goodput for o in outcomes)
-    return (
-        sum(goodputs) / trials,
-        goodputs[int(0.1 * (trials - 1))],
-        sum(o.failures for o in outcomes) / trials,
+    return summarize(
+        [simulate_node_loss_run(compute_s, interval_s, save_s, restart_s, mtbf_s, rng, **policy) for _ in range(trials)]
     )
