@@ -184,10 +184,14 @@ def failed_hosts(attempts: Attempts, record: dict) -> dict[str, list[str]]:
 
 
 def bad_nodes(attempts: Attempts) -> dict[str, str]:
-    """The nodes whose ranks failed at each of the last two attempts, both failed: node -> why."""
+    """The nodes whose ranks failed at each of the last two attempts, both failed: node -> why. Not when both
+    failed at the same step: that is the run's own failure, which a restart cannot fix on any nodes
+    (:meth:`Attempts.refusal` ends the job saying so), not a node's."""
     if len(attempts.records) < 2 or not all(attempts._failed(r) for r in attempts.records[-2:]):
         return {}
     a, b = attempts.records[-2:]
+    if attempts.failed_step(a) is not None and attempts.failed_step(a) == attempts.failed_step(b):
+        return {}
     at_a, at_b = failed_hosts(attempts, a), failed_hosts(attempts, b)
     return {
         host: f"its ranks failed at attempts {a['attempt']} and {b['attempt']} "

@@ -64,16 +64,17 @@ def slurm(tmp_path, monkeypatch):
     return write
 
 
-def _attempts(tmp_path, nodes: int, outcomes: list[dict[int, str | None]]) -> str:
+def _attempts(tmp_path, nodes: int, outcomes: list[dict[int, str | None]], same_step: int | None = None) -> str:
     """An attempts' record of failed attempts on ``nodes`` nodes of GPUS ranks; ``outcomes[a]``: rank -> its
-    report's error (None: no report) for attempt ``a``; a rank not named reports a peer's collective failure."""
+    report's error (None: no report) for attempt ``a``; a rank not named reports a peer's collective failure.
+    Attempts fail at steps 7 and 8 in turn, or each after step ``same_step``."""
     path = str(tmp_path / "attempts.json")
     hosts = [f"n{1 + rank // GPUS}" for rank in range(nodes * GPUS)]
     record = Attempts(path)
     for attempt, outcome in enumerate(outcomes):
         record.start(attempt, 100.0 * attempt, hosts, "4242.0")
         record.resumed(0 if attempt == 0 else 5)
-        record.step_done(7, 1.0, 100.0 * attempt + 50)
+        record.step_done(6 + attempt % 2 if same_step is None else same_step, 1.0, 100.0 * attempt + 50)
         for rank in range(len(hosts)):
             error = outcome.get(rank, COLLECTIVE)
             if error is not None:
@@ -129,6 +130,13 @@ def test_a_node_whose_ranks_failed_at_two_attempts_in_a_row_is_bad(slurm, tmp_pa
     assert d.why.endswith("; 3 usable node(s): 2 (dp 4, 4 microbatches per rank) keeps global batch 16")
     # --batch-host (else SLURMD_NODENAME, else the job's BatchHost) names the rendezvous
     assert _decide(attempts, batch_host="n4").nodes == ["n4", "n1"]
+
+
+def test_the_same_step_failing_twice_on_a_node_is_the_runs_failure_not_the_nodes(slurm, tmp_path):
+    """Attempts.refusal ends the job for it (a restart cannot fix it): no node is blamed, nothing relaunched."""
+    slurm(["alloc"] * 4, batch_host="n2")
+    d = _decide(_attempts(tmp_path, 4, [{4: None, 5: None}, {4: CUDA}], same_step=7))
+    assert (d.relaunch, d.bad) == (False, {})
 
 
 def test_one_failure_only_is_not_bad(slurm, tmp_path):
