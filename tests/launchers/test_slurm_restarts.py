@@ -63,6 +63,11 @@ def _rank_pid(run: Path, rank: int) -> int:
     raise AssertionError(f"no rank {rank} process of {run}")
 
 
+def _parent(pid: int) -> int:
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return int(stat[stat.rindex(")") + 2 :].split()[1])
+
+
 def _attempts(run: Path, job: str) -> list[dict]:
     return json.loads((run / "logs" / "attempts.json").read_text())["attempts"]
 
@@ -162,10 +167,12 @@ def test_a_killed_launcher_agent_ends_the_job_as_the_run_did_and_leaves_nothing(
     record's code 0), every step once and as the straight run's, nothing of the job running 15 s after."""
     job = sbatch(tmp_path, launcher_env(shards, tmp_path, SAVE_INTERVAL="4"), *RUN, sbatch_opts=TWO_NODES)
     wait_for_step(tmp_path, 6, job)
-    agent = next(
+    processes = job_processes(job)
+    agent = next(  # the agent (python .../ft_launcher) the node script started, not its forked rank monitor server
         pid
-        for pid, cmd in job_processes(job).items()
-        if cmd.split()[1].endswith("/ft_launcher")  # the agent (python .../ft_launcher), not the node script
+        for pid, cmd in processes.items()
+        if cmd.split()[1].endswith("/ft_launcher")
+        and "slurm_node.sh" in processes.get(_parent(pid), "")
         and b"SLURMD_NODENAME=mfc-node2" in Path(f"/proc/{pid}/environ").read_bytes()
     )
     os.kill(agent, signal.SIGKILL)
